@@ -1,0 +1,203 @@
+"""cgroup v2 for jobs: startup checks, per-job cgroups with limits, pruning.
+
+Job cgroups live under ``/sys/fs/cgroup/hpc-batch`` rather than inside the
+service's own cgroup, so restarting the unit never touches a job::
+
+    hpc-batch/shepherds/   every shepherd (no limits: an OOM kill of a job
+                           must never take the exit record with it)
+    hpc-batch/job-<id>/    the job: cpuset.cpus, cpuset.mems, memory.max,
+                           memory.swap.max=0, memory.oom.group=1
+
+The daemon creates and limits a job's cgroup before starting its shepherd,
+and reads the limits back: a job whose confinement the kernel did not apply
+does not start.
+"""
+
+import os
+import signal
+
+from . import defaults
+
+CGROUP_FS = "/sys/fs/cgroup"
+REQUIRED = ("cpuset", "memory")
+SHEPHERDS = "shepherds"
+
+
+class CgroupError(Exception):
+    """cgroups cannot provide the isolation asked for; the message names the piece."""
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _is_cgroup2(mountpoint: str) -> bool:
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields = left.split()
+                if len(fields) > 4 and fields[4] == mountpoint and right.split()[:1] == ["cgroup2"]:
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+def own_cgroup() -> str:
+    """The daemon's own cgroup v2 path (from /proc/self/cgroup)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        pass
+    return "/"
+
+
+def check_available(root: str = defaults.CGROUP_ROOT) -> None:
+    """Refuse (CgroupError) unless cgroup v2 with cpuset and memory is usable by us."""
+    optout = "pass --no-cgroups to run without isolation (development only)"
+    if os.geteuid() != 0:
+        raise CgroupError(f"hpc-batchd is not running as root, so it cannot create job cgroups; {optout}")
+    if not _is_cgroup2(CGROUP_FS):
+        raise CgroupError(f"cgroup v2 is not mounted at {CGROUP_FS} (a unified hierarchy is needed; "
+                          f"boot with systemd.unified_cgroup_hierarchy=1); {optout}")
+    mine = os.path.join(CGROUP_FS, own_cgroup().lstrip("/"))
+    try:
+        have = _read(os.path.join(mine, "cgroup.controllers")).split()
+    except OSError as exc:
+        raise CgroupError(f"cannot read {mine}/cgroup.controllers: {exc.strerror}; {optout}") from None
+    missing = [c for c in REQUIRED if c not in have]
+    if missing:
+        raise CgroupError(
+            f"the {' and '.join(missing)} controller{'s are' if len(missing) > 1 else ' is'} not available "
+            f"in the daemon's cgroup {mine}; the unit needs Delegate=cpuset memory pids "
+            f"(was it removed by a drop-in?); {optout}")
+
+
+def setup(root: str = defaults.CGROUP_ROOT) -> None:
+    """Create the job tree and enable the controllers jobs need."""
+    parent = os.path.dirname(root)
+    try:
+        wanted = [c for c in ("cpuset", "memory", "pids")
+                  if c in _read(os.path.join(parent, "cgroup.controllers")).split()]
+        enabled = _read(os.path.join(parent, "cgroup.subtree_control")).split()
+        todo = " ".join(f"+{c}" for c in wanted if c not in enabled)
+        if todo:
+            _write(os.path.join(parent, "cgroup.subtree_control"), todo)
+        os.makedirs(root, exist_ok=True)
+        _write(os.path.join(root, "cgroup.subtree_control"), " ".join(f"+{c}" for c in wanted))
+        os.makedirs(os.path.join(root, SHEPHERDS), exist_ok=True)
+    except OSError as exc:
+        raise CgroupError(f"cannot set up {root}: {exc.strerror or exc}; "
+                          f"pass --no-cgroups to run without isolation") from None
+
+
+def job_path(root: str, job_id: int) -> str:
+    """The cgroup of one job."""
+    return os.path.join(root, f"job-{job_id}")
+
+
+def shepherds_path(root: str) -> str:
+    """The cgroup all shepherds join."""
+    return os.path.join(root, SHEPHERDS)
+
+
+def _cpulist(cpus) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def _parse_list(text: str) -> set:
+    out = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def create_job(root: str, job_id: int, cpus, mems, mem_bytes: int) -> str:
+    """Create and limit a job's cgroup; raise CgroupError if the kernel did not apply it."""
+    path = job_path(root, job_id)
+    try:
+        if os.path.isdir(path):
+            remove(path)
+        os.mkdir(path)
+        _write(os.path.join(path, "cpuset.cpus"), _cpulist(cpus))
+        _write(os.path.join(path, "cpuset.mems"), _cpulist(mems))
+        _write(os.path.join(path, "memory.max"), str(mem_bytes))
+        _write(os.path.join(path, "memory.swap.max"), "0")
+        _write(os.path.join(path, "memory.oom.group"), "1")
+        eff_cpus = _parse_list(_read(os.path.join(path, "cpuset.cpus.effective")))
+        eff_mems = _parse_list(_read(os.path.join(path, "cpuset.mems.effective")))
+    except OSError as exc:
+        remove(path)
+        raise CgroupError(f"cannot confine job {job_id} in {path}: {exc.strerror or exc}") from None
+    if eff_cpus != set(cpus) or eff_mems != set(mems):
+        remove(path)
+        raise CgroupError(
+            f"the kernel did not apply job {job_id}'s confinement: asked for cpus {_cpulist(cpus)} "
+            f"mems {_cpulist(mems)}, got cpus {_cpulist(eff_cpus)} mems {_cpulist(eff_mems)}")
+    return path
+
+
+def signal_all(path: str, sig: int) -> bool:
+    """Signal every process in the cgroup; SIGKILL uses cgroup.kill (no races with forks)."""
+    if sig == signal.SIGKILL:
+        try:
+            _write(os.path.join(path, "cgroup.kill"), "1")
+            return True
+        except OSError:
+            return False
+    try:
+        pids = [int(p) for p in _read(os.path.join(path, "cgroup.procs")).split()]
+    except OSError:
+        return False
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    return bool(pids)
+
+
+def remove(path: str) -> None:
+    """Kill what is left in a job cgroup and remove it."""
+    from shepherd import cgroup
+    cgroup.remove(path)
+
+
+def oom_killed(path: str) -> bool:
+    """True if the cgroup's memory.events records an OOM kill."""
+    try:
+        for line in _read(os.path.join(path, "memory.events")).splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and int(value) > 0:
+                return True
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def prune(root: str, keep) -> list:
+    """Remove job cgroups whose job is not running (left by a crash); returns what went."""
+    gone = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return gone
+    for name in names:
+        if name.startswith("job-") and name[4:].isdigit() and int(name[4:]) not in keep:
+            remove(os.path.join(root, name))
+            gone.append(name)
+    return gone

@@ -1,0 +1,61 @@
+"""The client's side of the socket: connect, send one request, read replies.
+
+Blocking and minimal: it is on the path of every ``dispatch`` call.
+"""
+
+import os
+import socket
+
+from . import defaults, framing, protocol
+
+
+class Unreachable(Exception):
+    """The daemon's socket cannot be reached; the message says which and why."""
+
+
+class Connection:
+    """One connection to hpc-batchd."""
+
+    def __init__(self, path: str | None = None):
+        self.path = path or os.environ.get(defaults.SOCKET_ENV) or defaults.SOCKET
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.connect(self.path)
+        except OSError as exc:
+            self.sock.close()
+            why = {2: "no such socket", 111: "connection refused", 13: "permission denied"}.get(
+                exc.errno, exc.strerror)
+            raise Unreachable(
+                f"cannot reach hpc-batchd at {self.path} ({why}): the service may not be running "
+                f"(systemctl status hpc-batch), or set ${defaults.SOCKET_ENV} to its --socket") from None
+        self.decoder = framing.Decoder()
+
+    def send(self, op: str, **args) -> None:
+        """Send one request."""
+        self.sock.sendall(framing.encode(protocol.request(op, **args)))
+
+    def receive(self):
+        """The next message, or None when the daemon closed the connection."""
+        while True:
+            msg = self.decoder.next()
+            if msg is not None:
+                return msg
+            try:
+                data = self.sock.recv(1 << 16)
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                return None
+            self.decoder.feed(data)
+
+    def call(self, op: str, **args) -> dict:
+        """Send a request and return its single reply (raises Unreachable on EOF)."""
+        self.send(op, **args)
+        msg = self.receive()
+        if msg is None:
+            raise Unreachable(f"hpc-batchd at {self.path} closed the connection without answering "
+                              f"(it may be restarting); try again")
+        return msg
+
+    def close(self) -> None:
+        self.sock.close()

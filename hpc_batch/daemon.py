@@ -1,0 +1,277 @@
+"""hpc-batchd: the root daemon that queues jobs and starts their shepherds.
+
+Start-up refuses rather than runs half-configured (exit 78, EX_CONFIG, which
+the unit's RestartPreventExitStatus= turns into a clean stop): each refusal
+names what is missing and the flag that opts out of it. SIGHUP re-execs the
+daemon in place (state is on disk after every change, the listening socket
+and the state lock are handed across), so running jobs stay its children.
+"""
+
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass
+
+from . import __version__, defaults
+
+USAGE = f"""hpc-batchd: the hpc-batch daemon (run by systemd as root).
+
+Usage:
+  hpc-batchd [options]
+  hpc-batchd (-h | --help)
+  hpc-batchd --version
+
+Options:
+  --max-lifetime DURATION  Kill jobs running longer than this; also the default
+                           and ceiling of --max-time [default: {defaults.MAX_LIFETIME}]
+  --reserve-cpu N          Cores held back for the OS [default: {defaults.RESERVE_CPU}]
+  --reserve-mem GB         Memory (GiB) held back for the OS [default: {defaults.RESERVE_MEM_GB}]
+  --min-job-mem GB         Floor of an assigned memory budget [default: {defaults.MIN_JOB_MEM_GB}]
+  --keep-finished N        Finished jobs remembered per user [default: {defaults.KEEP_FINISHED}]
+  --list-is-public         Let everyone use dispatch list --all.
+  --admin-group GROUP      Members may list, attach to and kill any job
+                           [default: {defaults.ADMIN_GROUP}]
+  --socket PATH            Unix socket to listen on [default: {defaults.SOCKET}]
+  --state-dir DIR          Job state and metadata [default: {defaults.STATE_DIR}]
+  --dev-dir DIR            Where job inspection entries appear [default: {defaults.DEV_DIR}]
+  --schedule POLICY        fifo-strict, easy-backfill or strict-backfill
+                           [default: {defaults.SCHEDULE}]
+  --no-cgroups             Development mode: CPU affinity only, no memory limit,
+                           no NUMA confinement.
+  --no-dev-dir             Skip the per-job entries under --dev-dir.
+  -h --help                Show this help.
+  --version                Show the version.
+"""
+
+log = logging.getLogger("hpc-batchd")
+INHERIT_ENV = "HPC_BATCH_INHERIT_FDS"
+
+
+class ConfigError(Exception):
+    """A flag value that cannot be used; exit 2 (usage) or 78 (refusal)."""
+
+    def __init__(self, message: str, status: int = defaults.EX_CONFIG):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Config:
+    """The daemon's settings, validated."""
+
+    socket: str
+    state_dir: str
+    dev_dir: str | None
+    max_lifetime: int
+    reserve_cpu: int
+    reserve_mem: int
+    min_job_mem: int
+    keep_finished: int
+    list_is_public: bool
+    admin_group: str
+    schedule: str
+    cgroups: bool
+    cgroup_root: str = defaults.CGROUP_ROOT
+    admin_gid: int | None = None
+    user_name: str = ""
+
+
+def _gb(flag: str, text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected a number of GiB, e.g. {flag} 2", 2) from None
+    if value < 0:
+        raise ConfigError(f"{flag} {text!r}: must not be negative", 2)
+    return int(value * (1 << 30))
+
+
+def _count(flag: str, text: str, minimum: int = 0) -> int:
+    if not text.isdigit() or int(text) < minimum:
+        raise ConfigError(f"{flag} {text!r}: expected a whole number of at least {minimum}", 2)
+    return int(text)
+
+
+def parse_args(argv) -> Config:
+    """Parse and validate hpc-batchd's arguments (raises ConfigError or exits for --help)."""
+    from docopt import DocoptExit, docopt
+
+    from .durations import DurationError, parse_duration
+    from .scheduler import POLICIES
+    try:
+        a = docopt(USAGE, argv=list(argv), version=f"hpc-batchd {__version__}")
+    except DocoptExit as exc:
+        raise ConfigError(str(exc).strip() or "bad arguments; see hpc-batchd --help", 2) from None
+    try:
+        lifetime = parse_duration(a["--max-lifetime"])
+    except DurationError as exc:
+        raise ConfigError(f"--max-lifetime: {exc}", 2) from None
+    if a["--schedule"] not in POLICIES:
+        raise ConfigError(f"--schedule {a['--schedule']!r}: choose one of {', '.join(POLICIES)}", 2)
+    return Config(
+        socket=os.path.abspath(a["--socket"]),
+        state_dir=os.path.abspath(a["--state-dir"]),
+        dev_dir=None if a["--no-dev-dir"] else os.path.abspath(a["--dev-dir"]),
+        max_lifetime=lifetime,
+        reserve_cpu=_count("--reserve-cpu", a["--reserve-cpu"]),
+        reserve_mem=_gb("--reserve-mem", a["--reserve-mem"]),
+        min_job_mem=_gb("--min-job-mem", a["--min-job-mem"]),
+        keep_finished=_count("--keep-finished", a["--keep-finished"]),
+        list_is_public=bool(a["--list-is-public"]),
+        admin_group=a["--admin-group"],
+        schedule=a["--schedule"],
+        cgroups=not a["--no-cgroups"],
+    )
+
+
+def _inherited() -> dict:
+    raw = os.environ.pop(INHERIT_ENV, "")
+    out = {}
+    for part in raw.split(","):
+        name, _, fd = part.partition(":")
+        if fd.isdigit():
+            out[name] = int(fd)
+    return out
+
+
+def _listen(path: str, inherited: int | None) -> socket.socket:
+    if inherited is not None:
+        sock = socket.socket(fileno=inherited)
+        sock.set_inheritable(False)
+        return sock
+    parent = os.path.dirname(path)
+    try:
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the socket directory {parent}: {exc.strerror}") from None
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        raise ConfigError(f"another daemon is already listening on {path}; stop it or pass a different --socket")
+    except (FileNotFoundError, ConnectionRefusedError):
+        pass
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        os.chmod(path, 0o666)  # every user submits; identity comes from SO_PEERCRED
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {path}: {exc.strerror}; pick another --socket") from None
+    return sock
+
+
+def build(cfg: Config, inherited: dict):
+    """Set everything up (or raise ConfigError) and return a ready Server."""
+    from . import access, cgroups, devdir, discovery, resources
+    from .engine import Engine
+    from .server import Server
+    from .store import StateError, Store
+
+    root = os.geteuid() == 0
+    cfg.user_name = access.user_name(os.geteuid())
+    try:
+        cfg.admin_gid = access.resolve_admin_group(cfg.admin_group, defaults.ADMIN_GROUP_CANDIDATES)
+    except access.AdminGroupError as exc:
+        if root:
+            raise ConfigError(str(exc)) from None
+        log.warning("%s (ignored in user mode: only %s's own jobs are accepted)", exc, cfg.user_name)
+    if cfg.cgroups:
+        try:
+            cgroups.check_available(cfg.cgroup_root)
+            cgroups.setup(cfg.cgroup_root)
+        except cgroups.CgroupError as exc:
+            raise ConfigError(f"refusing to start: {exc}") from None
+    dev = devdir.DevDir(cfg.dev_dir, cfg.admin_gid if cfg.admin_gid is not None else -1)
+    try:
+        dev.setup()
+    except devdir.DevDirError as exc:
+        raise ConfigError(f"refusing to start: {exc}; pass --no-dev-dir to run without job entries") from None
+    store = Store(cfg.state_dir)
+    try:
+        store.open(inherited.get("lock"))
+    except StateError as exc:
+        raise ConfigError(f"refusing to start: {exc}") from None
+    machine, lines = discovery.discover(allowed_cpus=os.sched_getaffinity(0))
+    for line in lines:
+        log.info("%s", line)
+    limits = resources.Limits(reserve_cpu=cfg.reserve_cpu, reserve_mem=cfg.reserve_mem,
+                              min_job_mem=cfg.min_job_mem, per_node_memory=cfg.cgroups)
+    listener = _listen(cfg.socket, inherited.get("listen"))
+    server = Server(cfg, listener)
+    engine = Engine(cfg, store, machine, limits, dev, server)
+    server.start(engine)
+    try:
+        notes = engine.recover()
+    except StateError as exc:
+        raise ConfigError(f"refusing to start: {exc}") from None
+    for note in notes:
+        log.info("%s", note)
+    import time
+    engine.schedule(time.time())
+    mode = ("cgroups v2: jobs confined to their CPUs and NUMA nodes, memory budgeted per NUMA node"
+            if cfg.cgroups else
+            "--no-cgroups: CPU affinity only, no memory limit, one machine-wide memory pool")
+    log.info("hpc-batchd %s ready on %s as %s (%s mode); %s; schedule %s", __version__, cfg.socket,
+             cfg.user_name, "root" if root else "user", mode, cfg.schedule)
+    return server, store
+
+
+def _reexec_argv(cfg_argv):
+    """argv for the re-exec on reload: the unit's current ExecStart when systemd can say."""
+    from . import reload_args
+    return reload_args.current_argv(cfg_argv)
+
+
+def main(argv=None) -> int:
+    """Entry point of ``hpc-batchd``."""
+    logging.basicConfig(level=logging.INFO, format="hpc-batchd: %(message)s", stream=sys.stderr)
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        cfg = parse_args(args)
+    except ConfigError as exc:
+        print(f"hpc-batchd: {exc}", file=sys.stderr)
+        if exc.status == 2:
+            print("usage: hpc-batchd [options]; see hpc-batchd --help", file=sys.stderr)
+        return exc.status
+    inherited = _inherited()
+    try:
+        server, store = build(cfg, inherited)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return exc.status
+    from . import sdnotify
+    sdnotify.ready()
+    reason = server.run()
+    server.close_clients()
+    if reason == "reload":
+        sdnotify.reloading()
+        server.engine.save_meta()
+        exe, new_argv = _reexec_argv(args)
+        log.info("reloading: re-executing %s", " ".join(new_argv))
+        os.set_inheritable(store.lock_fd, True)
+        os.set_inheritable(server.listener.fileno(), True)
+        os.environ[INHERIT_ENV] = f"lock:{store.lock_fd},listen:{server.listener.fileno()}"
+        sys.stderr.flush()
+        os.execv(exe, new_argv)
+    sdnotify.stopping()
+    server.engine.save_meta()
+    try:
+        os.unlink(cfg.socket)
+    except OSError:
+        pass
+    log.info("stopped; running jobs continue under their shepherds")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

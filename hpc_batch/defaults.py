@@ -1,0 +1,32 @@
+"""One definition of every default the client, daemon and shepherd share.
+
+Everything that names a path, a flag default or a limit reads it from here,
+so the CLI's help text, the daemon's argument parser and the README agree.
+"""
+
+SOCKET = "/run/hpc-batch/hpc-batch.sock"
+STATE_DIR = "/var/lib/hpc-batch"
+DEV_DIR = "/dev/hpc-batch"
+CGROUP_ROOT = "/sys/fs/cgroup/hpc-batch"
+SOCKET_ENV = "HPC_BATCH_SOCKET"
+
+MAX_LIFETIME = "1d"
+RESERVE_CPU = 2
+RESERVE_MEM_GB = 2
+MIN_JOB_MEM_GB = 2
+KEEP_FINISHED = 50
+ADMIN_GROUP = "wheel"
+SCHEDULE = "fifo-strict"
+
+# Seconds between SIGTERM and SIGKILL when a job is timed out or killed.
+KILL_GRACE = 5.0
+
+# Groups suggested when --admin-group names one that does not exist.
+ADMIN_GROUP_CANDIDATES = ("wheel", "sudo", "adm", "staff")
+
+# The clean environment a job gets without --env.
+CLEAN_ENV_KEYS = ("PATH", "HOME", "USER", "SHELL", "LANG")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+# sysexits.h EX_CONFIG: refusal to start half-configured.
+EX_CONFIG = 78

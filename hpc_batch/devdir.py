@@ -1,0 +1,99 @@
+"""Per-job inspection entries: ``<dev-dir>/jobs/<id>`` -> the job's directory.
+
+The entry and the files it exposes (``info.json``, ``output``) belong to the
+submitting user with the admin group as group owner, mode 0640, so the user
+and admins can read them and nobody else can. Entries exist while a job is
+queued or running.
+"""
+
+import json
+import os
+
+from shepherd import records
+
+
+class DevDirError(OSError):
+    """--dev-dir cannot be created or used."""
+
+
+class DevDir:
+    """The ``--dev-dir`` tree, or a no-op when disabled (--no-dev-dir)."""
+
+    def __init__(self, root: str | None, admin_gid: int):
+        self.root = root
+        self.jobs = os.path.join(root, "jobs") if root else None
+        self.admin_gid = admin_gid
+
+    def setup(self) -> None:
+        """Create ``<root>/jobs``; raise DevDirError if that is impossible."""
+        if not self.root:
+            return
+        try:
+            os.makedirs(self.jobs, mode=0o755, exist_ok=True)
+            for d in (self.root, self.jobs):
+                if os.path.islink(d) or not os.path.isdir(d):
+                    raise DevDirError(f"{d} is not a directory")
+                os.chmod(d, 0o755)
+        except DevDirError:
+            raise
+        except OSError as exc:
+            raise DevDirError(f"cannot create --dev-dir {self.root}: {exc.strerror}") from None
+
+    def add(self, job_id: int, uid: int, target: str) -> None:
+        """Create (or replace) the entry for a job."""
+        if not self.jobs:
+            return
+        link = os.path.join(self.jobs, str(job_id))
+        try:
+            try:
+                os.unlink(link)
+            except FileNotFoundError:
+                pass
+            os.symlink(target, link)
+            if os.geteuid() == 0:
+                os.lchown(link, uid, self.admin_gid)
+        except OSError:
+            pass  # inspection is a convenience; a job never fails over it
+
+    def remove(self, job_id: int) -> None:
+        """Drop a job's entry."""
+        if not self.jobs:
+            return
+        try:
+            os.unlink(os.path.join(self.jobs, str(job_id)))
+        except OSError:
+            pass
+
+    def prune(self, keep) -> None:
+        """Remove entries of jobs not in *keep* (left over from a crash)."""
+        if not self.jobs:
+            return
+        for name in os.listdir(self.jobs):
+            if not (name.isdigit() and int(name) in keep):
+                self.remove(int(name)) if name.isdigit() else None
+
+
+def write_user_file(path: str, data: bytes, uid: int, gid: int) -> None:
+    """Write a file the job's owner and the admin group may read (0640)."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    try:
+        os.write(fd, data)
+        if os.geteuid() == 0:
+            os.fchown(fd, uid, gid)
+        os.fchmod(fd, 0o640)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def write_info(job_dir: str, info: dict, uid: int, gid: int) -> None:
+    """(Re)write ``info.json``: metadata only, never the environment."""
+    write_user_file(os.path.join(job_dir, records.INFO), json.dumps(info, indent=1).encode(), uid, gid)
+
+
+def create_output(job_dir: str, uid: int, gid: int) -> None:
+    """Create the empty output buffer so attach and the dev entry see it from submit on."""
+    path = os.path.join(job_dir, records.OUTPUT)
+    if not os.path.exists(path):
+        write_user_file(path, b"", uid, gid)

@@ -1,0 +1,58 @@
+"""Durations as users type them: ``3600``, ``45m``, ``2h``, ``1h30m``, ``1d``."""
+
+import re
+
+_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_PART = re.compile(r"(\d+)([dhms])")
+
+
+class DurationError(ValueError):
+    """A duration string that is not one of the accepted forms."""
+
+
+def parse_duration(text: str) -> int:
+    """Return *text* as whole seconds (plain seconds or d/h/m/s parts, largest first)."""
+    s = text.strip()
+    if s.isdigit():
+        value = int(s)
+    else:
+        pos, value, last = 0, 0, None
+        for m in _PART.finditer(s):
+            if m.start() != pos:
+                break
+            unit = m.group(2)
+            order = "dhms".index(unit)
+            if last is not None and order <= last:
+                raise DurationError(_message(text))
+            last = order
+            value += int(m.group(1)) * _UNITS[unit]
+            pos = m.end()
+        if pos != len(s) or pos == 0:
+            raise DurationError(_message(text))
+    if value <= 0:
+        raise DurationError(f"duration {text!r} must be longer than zero seconds")
+    return value
+
+
+def _message(text: str) -> str:
+    return (f"invalid duration {text!r}: use seconds (3600) or d/h/m/s parts "
+            f"largest first (45m, 2h, 1h30m, 1d)")
+
+
+def format_duration(seconds: float) -> str:
+    """Compact form used in listings: ``1d``, ``2h``, ``1h30m``, ``45s``."""
+    total = int(seconds)
+    if total <= 0:
+        return "0s"
+    parts = []
+    for unit, size in _UNITS.items():
+        if total >= size:
+            parts.append(f"{total // size}{unit}")
+            total %= size
+    return "".join(parts)
+
+
+def format_clock(seconds: float) -> str:
+    """Elapsed time as ``H:MM:SS`` (hours grow past 24), for uptime columns."""
+    total = max(0, int(seconds))
+    return f"{total // 3600}:{total % 3600 // 60:02d}:{total % 60:02d}"

@@ -1,0 +1,490 @@
+"""The daemon's core: the queue, the running jobs and their life cycle.
+
+The engine owns the job records and decides; it does no socket I/O. The
+server feeds it requests and kernel events (a shepherd's pidfd became
+readable, a timer fired) and the engine persists every change before it is
+acknowledged: a submit that cannot be written is refused, never accepted and
+then forgotten. Scheduling itself is the pure ``scheduler`` module; starting
+and signalling processes is ``launcher``; cgroups are ``cgroups``.
+"""
+
+import logging
+import os
+import pwd
+import signal
+import time
+
+from . import cgroups, defaults, devdir, launcher, resources, scheduler
+from .jobs import (ERROR, EXITED, FINISHED, KILLED, OOM, QUEUED, RUNNING, SIGNALLED, TIMEOUT,
+                   Job, Result, exit_column)
+from .protocol import NewJob
+from .store import StateError, is_disk_full
+from .userio import OutputError, check_output_as
+from shepherd import records
+
+log = logging.getLogger("hpc-batchd")
+
+
+class Refused(Exception):
+    """A request the daemon will not carry out; the message goes to the user."""
+
+    def __init__(self, message: str, code: str = "refused"):
+        super().__init__(message)
+        self.code = code
+
+
+class Engine:
+    """Queue, running set and finished history, backed by a Store."""
+
+    def __init__(self, cfg, store, machine, limits, dev: devdir.DevDir, hooks):
+        self.cfg = cfg
+        self.store = store
+        self.machine = machine
+        self.limits = limits
+        self.dev = dev
+        self.hooks = hooks                  # server callbacks: watch/unwatch pidfds, job events
+        self.jobs: dict[int, Job] = {}
+        self.queued: dict[int, scheduler.QueuedJob] = {}   # insertion order = submission order
+        self.running: dict[int, dict] = {}  # id -> {"pid", "pidfd", "alloc", "cgroup"}
+        self.next_id = 1
+        self.policy_state: dict = {}
+        self.meta_dirty = False
+        self.root_mode = os.geteuid() == 0
+
+    # -- start-up -------------------------------------------------------------
+    def recover(self) -> list:
+        """Load the state dir, re-adopt running jobs, collect ones that ended meanwhile."""
+        meta = self.store.load_meta()
+        jobs = self.store.load_jobs()
+        self.policy_state = meta.get("policy_state", {}) or {}
+        top = max((j.id for j in jobs), default=0)
+        self.next_id = max(int(meta.get("next_id", 1)), top + 1)
+        notes = []
+        for job in jobs:
+            self.jobs[job.id] = job
+            if job.state == QUEUED:
+                self._enqueue(job)
+                self.dev.add(job.id, job.uid, self.store.job_dir(job.id))
+        for job in jobs:
+            if job.state == RUNNING:
+                notes.append(self._readopt(job))
+        self.dev.prune(set(self.queued) | set(self.running))
+        if self.cfg.cgroups:
+            gone = cgroups.prune(self.cfg.cgroup_root, set(self.running))
+            if gone:
+                notes.append(f"pruned leftover cgroups: {', '.join(gone)}")
+        return [n for n in notes if n]
+
+    def _readopt(self, job: Job) -> str:
+        jdir = self.store.job_dir(job.id)
+        alloc = resources.Allocation.from_dict(job.alloc)
+        found = launcher.adopt(jdir)
+        cg = cgroups.job_path(self.cfg.cgroup_root, job.id) if self.cfg.cgroups else None
+        if found:
+            pid, fd = found
+            self.running[job.id] = {"pid": pid, "pidfd": fd, "alloc": alloc, "cgroup": cg}
+            self.hooks.watch_pidfd(fd, job.id)
+            return f"job {job.id}: re-adopted shepherd pid {pid}"
+        if os.path.exists(os.path.join(jdir, records.EXIT)):
+            self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": cg}
+            self._collect(job.id)
+            return f"job {job.id}: ended while the daemon was down; collected its exit record"
+        if records.read_pidfile(jdir) is None and os.path.exists(os.path.join(jdir, records.LAUNCH)):
+            # Spawned (or about to be) but the shepherd never took its lock: the
+            # command cannot have run, so starting the shepherd again is safe.
+            self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": cg}
+            try:
+                pid = launcher.spawn(job.id, job.user, jdir, records.read_json(os.path.join(jdir, records.LAUNCH)))
+                self._watch(job.id, pid)
+                return f"job {job.id}: its shepherd never started; started it now"
+            except OSError as exc:
+                return self._lost(job, f"its shepherd could not be started: {exc}")
+        self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": cg}
+        return self._lost(job, "its shepherd was killed or vanished while the daemon was down")
+
+    def _lost(self, job: Job, why: str) -> str:
+        self._collect(job.id, shepherd_gone=why)
+        return f"job {job.id}: {why}"
+
+    # -- queries --------------------------------------------------------------
+    def visible(self, caller, all_users: bool, finished: bool) -> list:
+        """Jobs *caller* may list, in id order."""
+        out = []
+        for job in self.jobs.values():
+            if job.state == FINISHED and not finished:
+                continue
+            if job.uid != caller.uid and not all_users:
+                continue
+            out.append(job)
+        return out
+
+    def summary(self, job: Job) -> dict:
+        """What ``dispatch list`` shows of a job (metadata only, never the environment)."""
+        alloc = job.alloc or {}
+        spread = len(alloc.get("mem_by_node", [])) > 1
+        res = job.get_result()
+        return {
+            "id": job.id, "user": job.user, "command": job.command, "state": job.state,
+            "submitted": job.submitted, "started": job.started, "ended": job.ended,
+            "max_time": job.max_time, "mem": job.budget.get("mem"),
+            "mem_assigned": job.budget.get("assigned", False), "spread": spread,
+            "exclusive": bool(job.request.get("exclusive")),
+            "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"),
+            "exit": exit_column(res) if job.state == FINISHED else None,
+            "result": job.result, "output": job.output, "output_error": job.output_error,
+            "stats": job.stats,
+        }
+
+    def lookup(self, caller, job_id: int) -> Job:
+        """The job *caller* names, or Refused (no such job / belongs to another user)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise Refused(f"no such job: {job_id}", "not_found")
+        if job.uid != caller.uid and not caller.is_admin:
+            raise Refused(f"job {job_id} belongs to another user", "forbidden")
+        return job
+
+    # -- submit ---------------------------------------------------------------
+    def submit(self, caller, req: NewJob, now: float) -> dict:
+        """Queue a job (and start it if it fits); returns the reply fields."""
+        if not self.root_mode and caller.uid != os.geteuid():
+            raise Refused(f"this hpc-batchd runs as {self.cfg.user_name} in user mode and only accepts "
+                          f"jobs from that user", "forbidden")
+        max_time = req.max_time if req.max_time is not None else self.cfg.max_lifetime
+        if max_time > self.cfg.max_lifetime:
+            from .durations import format_duration
+            raise Refused(f"--max-time {format_duration(max_time)} exceeds the limit of "
+                          f"{format_duration(self.cfg.max_lifetime)} set by the admin (--max-lifetime)")
+        request = resources.Request(cpus=req.cpus, mem=req.mem, gpus=req.gpus,
+                                    exclusive=req.exclusive, numa_local=req.numa_local)
+        try:
+            budget = resources.check_request(request, self.machine, self.limits)
+        except resources.RequestError as exc:
+            raise Refused(str(exc)) from None
+        try:
+            pw = pwd.getpwuid(caller.uid)
+        except KeyError:
+            raise Refused(f"uid {caller.uid} has no passwd entry; jobs run as a named user") from None
+        job_id = self.next_id
+        output = None
+        if not req.no_output:
+            try:
+                output = check_output_as(caller.uid, pw.pw_gid, pw.pw_name, job_id, req.cwd, req.output)
+            except OutputError as exc:
+                raise Refused(str(exc)) from None
+        job = Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name, argv=list(req.argv),
+                  cwd=req.cwd, submitted=now, max_time=max_time,
+                  request={"cpus": req.cpus, "mem": req.mem, "gpus": req.gpus,
+                           "exclusive": req.exclusive, "numa_local": req.numa_local},
+                  budget={"mem": budget.mem, "assigned": budget.assigned},
+                  output=output, has_env=True)
+        env = {"forward": req.env, "job_env": req.job_env, "base": req.base_env}
+        jdir = self.store.job_dir(job_id)
+        try:
+            self.store.create_job_dir(job_id, self.cfg.admin_gid)
+            self.store.save_env(job_id, env)
+            self.store.save_job(job)
+        except OSError as exc:
+            self.store.remove_job(job_id)
+            why = "the state directory's disk is full" if is_disk_full(exc) else exc.strerror
+            log.error("job %d refused: cannot persist it: %s", job_id, exc)
+            raise Refused(f"cannot store the job ({why}); nothing was queued, try again later",
+                          "unavailable") from None
+        self.next_id += 1
+        self.jobs[job_id] = job
+        try:
+            devdir.create_output(jdir, job.uid, self.cfg.admin_gid)
+            devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
+        except OSError:
+            pass
+        self.dev.add(job_id, job.uid, jdir)
+        self._enqueue(job)
+        log.info("job %d queued for %s: %s", job_id, job.user, job.command)
+        self.schedule(now)
+        return {"id": job_id, "state": job.state, "mem": budget.mem, "mem_assigned": budget.assigned,
+                "output": output}
+
+    def _enqueue(self, job: Job) -> None:
+        r = job.request
+        self.queued[job.id] = scheduler.QueuedJob(
+            id=job.id,
+            request=resources.Request(cpus=r.get("cpus"), mem=r.get("mem"), gpus=r.get("gpus", 0),
+                                      exclusive=bool(r.get("exclusive")), numa_local=bool(r.get("numa_local"))),
+            budget=resources.Budget(job.budget["mem"], bool(job.budget.get("assigned"))),
+            max_time=job.max_time)
+
+    def _info(self, job: Job) -> dict:
+        s = self.summary(job)
+        return {k: s[k] for k in ("id", "user", "command", "state", "submitted", "started", "max_time",
+                                  "mem", "mem_assigned", "exclusive", "cpus", "gpus", "output")}
+
+    # -- scheduling -----------------------------------------------------------
+    def schedule(self, now: float) -> None:
+        """Run one scheduling pass and carry out its decision."""
+        if not self.queued:
+            return
+        running = [scheduler.RunningJob(jid, r["alloc"], (self.jobs[jid].deadline or now))
+                   for jid, r in self.running.items()]
+        decision = scheduler.schedule(self.cfg.schedule, list(self.queued.values()), running,
+                                      self.machine, self.limits, self.policy_state, now)
+        if decision.state != self.policy_state:
+            self.policy_state = decision.state
+            self.save_meta()
+        for job_id, reason in decision.failures:
+            job = self.jobs[job_id]
+            del self.queued[job_id]
+            self._finish(job, Result(ERROR, note=f"can never start here: {reason}"), now)
+        for job_id, alloc in decision.starts:
+            self._start(self.jobs[job_id], alloc, now)
+
+    def save_meta(self) -> bool:
+        """Persist the id floor and policy state; on failure retry from the tick."""
+        try:
+            self.store.save_meta({"next_id": self.next_id, "policy_state": self.policy_state})
+            self.meta_dirty = False
+            return True
+        except OSError as exc:
+            log.error("cannot write daemon.json (%s); will retry", exc)
+            self.meta_dirty = True
+            return False
+
+    def _job_env(self, job: Job) -> dict:
+        try:
+            stored = self.store.load_env(job.id)
+        except (OSError, ValueError):
+            stored = {}
+        try:
+            pw = pwd.getpwuid(job.uid)
+            home, shell = pw.pw_dir, pw.pw_shell or "/bin/sh"
+        except KeyError:
+            home, shell = "/", "/bin/sh"
+        if stored.get("forward") is not None:
+            env = dict(stored["forward"])
+        else:
+            base = stored.get("base") or {}
+            env = {"PATH": base.get("PATH") or defaults.DEFAULT_PATH, "HOME": home, "USER": job.user,
+                   "SHELL": shell, "LANG": base.get("LANG") or "C.UTF-8"}
+        env.update(stored.get("job_env") or {})
+        # Set by the daemon and never overridden: the GPU list is how a job is held to its GPUs.
+        alloc = job.alloc or {}
+        env["HPC_BATCH_JOB_ID"] = str(job.id)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in alloc.get("gpus", []))
+        return env
+
+    def _start(self, job: Job, alloc, now: float) -> None:
+        del self.queued[job.id]
+        job.state, job.started, job.alloc = RUNNING, now, alloc.to_dict()
+        jdir = self.store.job_dir(job.id)
+        cg = None
+        self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": None}
+        try:
+            self.store.save_job(job)
+        except OSError as exc:
+            log.error("job %d: cannot record its start (%s); leaving it queued", job.id, exc)
+            del self.running[job.id]
+            job.state, job.started, job.alloc = QUEUED, None, None
+            self._enqueue(job)
+            self.queued = dict(sorted(self.queued.items()))
+            return
+        try:
+            if self.cfg.cgroups:
+                cg = cgroups.create_job(self.cfg.cgroup_root, job.id, alloc.cpus, alloc.mems, alloc.mem)
+                self.running[job.id]["cgroup"] = cg
+            launch = {
+                "id": job.id, "user": job.user, "uid": job.uid, "gid": job.gid, "cwd": job.cwd,
+                "argv": job.argv, "env": self._job_env(job), "output": job.output,
+                "admin_gid": self.cfg.admin_gid,
+                "cpus": None if self.cfg.cgroups else list(alloc.cpus),
+                "cgroup": cg,
+                "shepherd_cgroup": cgroups.shepherds_path(self.cfg.cgroup_root) if self.cfg.cgroups else None,
+            }
+            pid = launcher.spawn(job.id, job.user, jdir, launch)
+        except (cgroups.CgroupError, OSError) as exc:
+            log.error("job %d cannot start: %s", job.id, exc)
+            self.store.drop_env(job.id)
+            self._finish(job, Result(ERROR, note=str(exc)), now)
+            return
+        self.store.drop_env(job.id)
+        self._watch(job.id, pid)
+        try:
+            devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
+        except OSError:
+            pass
+        log.info("job %d started: cpus %s, mem %d, gpus %s", job.id, list(alloc.cpus), alloc.mem, list(alloc.gpus))
+        self.hooks.job_event(job.id, "started")
+
+    def _watch(self, job_id: int, pid: int) -> None:
+        fd = launcher.open_pidfd(pid, None)
+        self.running[job_id]["pid"] = pid
+        self.running[job_id]["pidfd"] = fd
+        if fd is None:  # already gone and reaped: collect at once
+            self._collect(job_id)
+        else:
+            self.hooks.watch_pidfd(fd, job_id)
+
+    # -- ending ---------------------------------------------------------------
+    def shepherd_exited(self, job_id: int) -> None:
+        """A shepherd's pidfd became readable: collect the job."""
+        self._collect(job_id)
+
+    def _collect(self, job_id: int, shepherd_gone: str | None = None) -> None:
+        handle = self.running.get(job_id)
+        job = self.jobs[job_id]
+        if handle is None:
+            return
+        if handle.get("pidfd") is not None:
+            self.hooks.unwatch_pidfd(handle["pidfd"])
+            os.close(handle["pidfd"])
+            handle["pidfd"] = None
+        if handle.get("pid"):
+            launcher.reap(handle["pid"])
+        jdir = self.store.job_dir(job_id)
+        rec = records.read_json(os.path.join(jdir, records.EXIT))
+        delivery = records.read_json(os.path.join(jdir, records.DELIVERY))
+        cg = handle.get("cgroup")
+        now = time.time()
+        if rec is None:
+            # The shepherd died without an exit record: clean up after it.
+            oom = bool(cg) and cgroups.oom_killed(cg)
+            launcher.signal_job(jdir, signal.SIGKILL, cg)
+            if cg:
+                cgroups.remove(cg)
+            note = shepherd_gone or "its shepherd was killed before the job ended"
+            result = Result(OOM if oom else KILLED, note=note)
+            self._finish(job, result, now)
+            return
+        if cg and os.path.isdir(cg):
+            cgroups.remove(cg)
+        if rec.get("error"):
+            result = Result(ERROR, code=rec.get("code"), note=rec["error"])
+        elif rec.get("oom_kill"):
+            result = Result(OOM, signal=rec.get("signal"), code=rec.get("code"))
+        elif job.stop_reason and job.stop_sent:
+            result = Result(job.stop_reason, code=rec.get("code"), signal=rec.get("signal"))
+        elif rec.get("signal"):
+            result = Result(SIGNALLED, signal=rec["signal"])
+        else:
+            result = Result(EXITED, code=rec.get("code"))
+        for key in ("peak_mem", "cpu_time"):
+            if rec.get(key) is not None:
+                job.stats[key] = rec[key]
+        if job.output is not None and not (delivery and delivery.get("ok")):
+            why = (delivery or {}).get("error") or "its delivery was interrupted"
+            job.output_error = f"{why}; the output is kept at {os.path.join(jdir, records.OUTPUT)}"
+        self._finish(job, result, rec.get("ended") or now)
+
+    def _finish(self, job: Job, result: Result, now: float) -> None:
+        job.state, job.ended, job.result = FINISHED, now, result.__dict__.copy()
+        handle = self.running.pop(job.id, None)
+        job.has_env = False
+        try:
+            self.store.save_job(job)
+        except OSError as exc:
+            log.error("job %d: cannot record its end (%s); will retry", job.id, exc)
+            self.meta_dirty = True
+            self._unsaved = getattr(self, "_unsaved", set()) | {job.id}
+        self.store.drop_env(job.id)
+        jdir = self.store.job_dir(job.id)
+        for name in (records.INFO,):
+            try:
+                os.unlink(os.path.join(jdir, name))
+            except OSError:
+                pass
+        if job.output_error is None:
+            try:
+                os.unlink(os.path.join(jdir, records.OUTPUT))
+            except OSError:
+                pass
+        self.dev.remove(job.id)
+        log.info("job %d finished: %s%s", job.id, exit_column(result),
+                 f" ({result.note})" if result.note else "")
+        self.hooks.job_event(job.id, "finished")
+        self._evict(job.uid)
+        if handle is not None:
+            self.schedule(now)
+
+    def retry_unsaved(self) -> None:
+        """Retry records whose write failed (a full disk)."""
+        pending = getattr(self, "_unsaved", set())
+        for job_id in list(pending):
+            try:
+                self.store.save_job(self.jobs[job_id])
+                pending.discard(job_id)
+            except OSError:
+                pass
+        if self.meta_dirty:
+            self.save_meta()
+
+    def _evict(self, uid: int) -> None:
+        done = [j for j in self.jobs.values() if j.uid == uid and j.state == FINISHED]
+        extra = len(done) - self.cfg.keep_finished
+        if extra <= 0:
+            return
+        if not self.save_meta():  # the id floor must outlive the records it replaces
+            return
+        for job in sorted(done, key=lambda j: j.id)[:extra]:
+            if job.output_error:
+                self._keep_undelivered(job)
+            self.store.remove_job(job.id)
+            del self.jobs[job.id]
+
+    def _keep_undelivered(self, job: Job) -> None:
+        src = os.path.join(self.store.job_dir(job.id), records.OUTPUT)
+        dst_dir = os.path.join(self.store.root, "undelivered")
+        try:
+            os.makedirs(dst_dir, mode=0o700, exist_ok=True)
+            os.rename(src, os.path.join(dst_dir, f"output.{job.id}.log"))
+        except OSError:
+            pass
+
+    # -- kill and timeouts ------------------------------------------------------
+    def kill(self, caller, job_id: int, now: float) -> dict:
+        """Remove a queued job, or stop a running one (state ``killed``)."""
+        job = self.lookup(caller, job_id)
+        if job.state == QUEUED:
+            del self.queued[job_id]
+            self.store.remove_job(job_id)
+            self.dev.remove(job_id)
+            del self.jobs[job_id]
+            self.hooks.job_event(job_id, "removed")
+            log.info("job %d removed from the queue by %s", job_id, caller.name)
+            self.schedule(now)
+            return {"id": job_id, "was": QUEUED}
+        if job.state == FINISHED:
+            raise Refused(f"job {job_id} has already finished", "finished")
+        self._stop(job, KILLED, now)
+        return {"id": job_id, "was": RUNNING}
+
+    def _stop(self, job: Job, reason: str, now: float) -> None:
+        if job.stop_sent is None:
+            job.stop_reason, job.stop_sent = reason, now
+            try:
+                self.store.save_job(job)
+            except OSError as exc:
+                log.error("job %d: cannot record the stop (%s)", job.id, exc)
+            log.info("job %d: %s, sending SIGTERM", job.id, reason)
+        handle = self.running.get(job.id, {})
+        launcher.signal_job(self.store.job_dir(job.id), signal.SIGTERM, handle.get("cgroup"))
+
+    def tick(self, now: float) -> float | None:
+        """Enforce --max-time and kill grace periods; returns when to call again."""
+        wake = None
+        for job_id in list(self.running):
+            job = self.jobs[job_id]
+            handle = self.running[job_id]
+            if job.stop_sent is not None:
+                due = job.stop_sent + defaults.KILL_GRACE
+                if now >= due:
+                    launcher.signal_job(self.store.job_dir(job_id), signal.SIGKILL, handle.get("cgroup"))
+                    due = now + defaults.KILL_GRACE  # repeat while anything survives
+            else:
+                due = job.deadline
+                if due is not None and now >= due:
+                    self._stop(job, TIMEOUT, now)
+                    due = now + defaults.KILL_GRACE
+            if due is not None:
+                wake = due if wake is None else min(wake, due)
+        if self.meta_dirty or getattr(self, "_unsaved", None):
+            self.retry_unsaved()
+            wake = now + 2 if wake is None else min(wake, now + 2)
+        return wake

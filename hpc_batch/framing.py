@@ -1,0 +1,63 @@
+"""Sans-io framing for the unix-socket protocol.
+
+A frame is a 4-byte big-endian length followed by that many bytes of UTF-8
+JSON holding one object. The size cap is checked from the header alone, so an
+oversized frame is refused before its body is buffered. Nothing here touches a
+socket: callers feed bytes in and take frames out (the h11 way), which keeps
+the daemon's event loop and the client's blocking calls on one codec.
+"""
+
+import json
+import struct
+
+HEADER = struct.Struct(">I")
+MAX_FRAME = 4 << 20  # 4 MiB: a forwarded environment plus a long argv fits
+
+
+class FrameError(Exception):
+    """The peer sent bytes that are not a valid frame (corrupt or oversized)."""
+
+
+def encode(obj: dict) -> bytes:
+    """Serialise one message as a frame; lone surrogates survive (output bytes)."""
+    body = json.dumps(obj, separators=(",", ":")).encode("ascii")
+    if len(body) > MAX_FRAME:
+        raise FrameError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte frame limit")
+    return HEADER.pack(len(body)) + body
+
+
+class Decoder:
+    """Accumulates received bytes and yields complete messages."""
+
+    def __init__(self, max_frame: int = MAX_FRAME):
+        self._buf = bytearray()
+        self._max = max_frame
+
+    def feed(self, data: bytes) -> None:
+        """Add bytes received from the peer."""
+        self._buf += data
+
+    @property
+    def pending(self) -> int:
+        """Bytes buffered but not yet returned as a message (a truncated frame at EOF)."""
+        return len(self._buf)
+
+    def next(self):
+        """Return the next complete message, or None if more bytes are needed."""
+        if len(self._buf) < HEADER.size:
+            return None
+        (size,) = HEADER.unpack_from(self._buf)
+        if size > self._max:
+            raise FrameError(f"frame of {size} bytes exceeds the {self._max}-byte limit")
+        end = HEADER.size + size
+        if len(self._buf) < end:
+            return None
+        body = bytes(self._buf[HEADER.size:end])
+        del self._buf[:end]
+        try:
+            obj = json.loads(body)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise FrameError(f"corrupt frame: not JSON ({exc.__class__.__name__})") from None
+        if not isinstance(obj, dict):
+            raise FrameError("corrupt frame: not a JSON object")
+        return obj

@@ -1,0 +1,67 @@
+"""Formatting for ``dispatch list`` (pure: the caller passes the clock).
+
+Columns: ``<username> <id> <command> <start> <uptime> <max-time> <mem>
+<exclusive>``, then ``<state> <exit>`` with ``--finished``. Start is the
+local time the job began: ``HH:MM:SS`` today, ``YYYY-MM-DD HH:MM`` earlier.
+Queued jobs show ``-`` and ``queued``. ``+`` after the memory marks a budget
+spread over more than one NUMA node.
+"""
+
+import time
+
+from .durations import format_clock, format_duration
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def format_mem(n: int | None) -> str:
+    """Compact memory size: ``32G``, ``1.5G``, ``512M``."""
+    if n is None:
+        return "-"
+    if n >= GiB:
+        return f"{n // GiB}G" if n % GiB == 0 else f"{n / GiB:.1f}G"
+    return f"{max(1, round(n / MiB))}M"
+
+
+def format_start(started: float, now: float) -> str:
+    """``HH:MM:SS`` for a job that started today (local time), else ``YYYY-MM-DD HH:MM``."""
+    s, n = time.localtime(started), time.localtime(now)
+    if (s.tm_year, s.tm_yday) == (n.tm_year, n.tm_yday):
+        return time.strftime("%H:%M:%S", s)
+    return time.strftime("%Y-%m-%d %H:%M", s)
+
+
+def _note(job: dict) -> str:
+    notes = []
+    res = job.get("result") or {}
+    if res.get("kind") == "oom":
+        notes.append("budget " + ("assigned by default" if job.get("mem_assigned")
+                                  else "requested with --max-mem")
+                     + f" was {format_mem(job.get('mem'))}")
+    elif res.get("note"):
+        notes.append(res["note"])
+    if job.get("output_error"):
+        notes.append(f"output not delivered: {job['output_error']}")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def format_row(job: dict, now: float, finished: bool) -> str:
+    """One line of ``dispatch list``."""
+    if job["state"] == "queued" or job.get("started") is None:
+        start, uptime = "-", "queued"
+    else:
+        start = format_start(job["started"], now)
+        uptime = format_clock((job.get("ended") or now) - job["started"])
+    mem = format_mem(job.get("mem")) + ("+" if job.get("spread") else "")
+    cols = [job["user"], str(job["id"]), job["command"], start, uptime,
+            format_duration(job["max_time"]), mem, "yes" if job.get("exclusive") else "no"]
+    line = " ".join(cols)
+    if finished:
+        line += f" {job['state']} {job.get('exit') or '-'}" + _note(job)
+    return line
+
+
+def format_rows(jobs: list, now: float, finished: bool) -> list:
+    """Every line of ``dispatch list``, in job id order."""
+    return [format_row(j, now, finished) for j in sorted(jobs, key=lambda j: j["id"])]

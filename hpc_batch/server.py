@@ -1,0 +1,366 @@
+"""The daemon's event loop: the socket, client connections, kernel events.
+
+One thread, one selector. Every socket is non-blocking and every reply is
+buffered, so a slow or malicious client can only stall itself. The loop
+sleeps until something happens: a client writes, a shepherd exits (its pidfd
+becomes readable), a job writes output someone is attached to (inotify), a
+signal arrives (the wakeup fd), or the engine's next deadline comes.
+"""
+
+import errno
+import logging
+import os
+import selectors
+import signal
+import socket
+import struct
+import time
+
+from . import access, framing, protocol
+from .engine import Refused
+from .handlers import HANDLERS
+from .jobs import FINISHED, QUEUED, exit_column
+from shepherd import records
+
+log = logging.getLogger("hpc-batchd")
+
+IDLE_TIMEOUT = 60.0          # a connection that sends no request is dropped
+MAX_BUFFERED = 8 << 20       # a client that reads nothing is dropped past this
+CHUNK = 64 << 10             # attach reads and sends output in chunks this big
+FALLBACK_POLL = 0.05         # attach wake-up when inotify is unavailable
+_CRED = struct.Struct("3i")
+
+
+class Conn:
+    """One client connection."""
+
+    def __init__(self, sock, caller):
+        self.sock = sock
+        self.caller = caller
+        self.decoder = framing.Decoder()
+        self.out = bytearray()
+        self.closing = False
+        self.last = time.monotonic()
+        self.attach = None   # dict(job, fd, offset, ending, done) while streaming
+
+    def open(self) -> bool:
+        """False once the connection has been closed."""
+        return self.sock.fileno() >= 0
+
+
+class Server:
+    """Accepts clients and drives the engine."""
+
+    def __init__(self, cfg, listener: socket.socket):
+        self.cfg = cfg
+        self.listener = listener
+        self.sel = selectors.DefaultSelector()
+        self.engine = None
+        self.conns: dict[int, Conn] = {}
+        self.pidfds: dict[int, int] = {}      # pidfd -> job id
+        self.attached: dict[int, set] = {}    # job id -> conns streaming it
+        self.wds: dict[int, int] = {}         # inotify wd -> job id
+        self.job_wd: dict[int, int] = {}      # job id -> inotify wd
+        self.signals = []
+        self.stop_reason = None               # "reload" / "terminate"
+        try:
+            from .inotify import Inotify
+            self.inotify = Inotify()
+        except (OSError, AttributeError) as exc:
+            log.warning("inotify unavailable (%s); attach falls back to polling", exc)
+            self.inotify = None
+
+    # -- hooks the engine calls -------------------------------------------------
+    def watch_pidfd(self, fd: int, job_id: int) -> None:
+        self.pidfds[fd] = job_id
+        self.sel.register(fd, selectors.EVENT_READ, ("pidfd", fd))
+
+    def unwatch_pidfd(self, fd: int) -> None:
+        if self.pidfds.pop(fd, None) is not None:
+            self.sel.unregister(fd)
+
+    def job_event(self, job_id: int, kind: str) -> None:
+        for conn in list(self.attached.get(job_id, ())):
+            if kind == "started":
+                self._open_stream(conn)
+            elif kind in ("finished", "removed"):
+                conn.attach["ending"] = True
+            self._pump(conn)
+
+    # -- set-up -----------------------------------------------------------------
+    def start(self, engine) -> None:
+        self.engine = engine
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
+        rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_r = rfd
+        signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+            signal.signal(sig, self._on_signal)
+        self.sel.register(rfd, selectors.EVENT_READ, ("signal", None))
+        if self.inotify:
+            self.sel.register(self.inotify.fd, selectors.EVENT_READ, ("inotify", None))
+
+    def _on_signal(self, signum, frame):
+        self.signals.append(signum)
+
+    # -- the loop ---------------------------------------------------------------
+    def run(self) -> str:
+        """Serve until SIGHUP (returns "reload") or SIGTERM/SIGINT ("terminate")."""
+        while self.stop_reason is None:
+            now = time.time()
+            wake = self.engine.tick(now)
+            timeout = None if wake is None else max(0.0, wake - now)
+            if self.conns:
+                timeout = IDLE_TIMEOUT if timeout is None else min(timeout, IDLE_TIMEOUT)
+            if self.inotify is None and self.attached:
+                timeout = FALLBACK_POLL if timeout is None else min(timeout, FALLBACK_POLL)
+            for key, mask in self.sel.select(timeout):
+                kind, arg = key.data
+                try:
+                    if kind == "listen":
+                        self._accept()
+                    elif kind == "conn":
+                        self._service(arg, mask)
+                    elif kind == "pidfd":
+                        job_id = self.pidfds.get(arg)
+                        if job_id is not None:
+                            self.engine.shepherd_exited(job_id)
+                    elif kind == "inotify":
+                        for wd in self.inotify.read():
+                            for conn in list(self.attached.get(self.wds.get(wd), ())):
+                                self._pump(conn)
+                    elif kind == "signal":
+                        self._drain_signals()
+                except Exception:  # one bad event must not take the daemon down
+                    log.exception("error handling %s event", kind)
+                    if kind == "conn":
+                        self._close(arg)
+            if self.inotify is None:
+                for conns in list(self.attached.values()):
+                    for conn in list(conns):
+                        self._pump(conn)
+            self._expire_idle()
+        return self.stop_reason
+
+    def _drain_signals(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except BlockingIOError:
+            pass
+        sigs, self.signals = self.signals, []
+        for sig in sigs:
+            if sig == signal.SIGHUP:
+                self.stop_reason = "reload"
+            elif sig in (signal.SIGTERM, signal.SIGINT):
+                self.stop_reason = "terminate"
+            # SIGCHLD only wakes us: exits arrive through pidfds.
+
+    def _expire_idle(self) -> None:
+        cutoff = time.monotonic() - IDLE_TIMEOUT
+        for conn in list(self.conns.values()):
+            if conn.attach is None and conn.last < cutoff:
+                self._close(conn)
+
+    # -- connections ------------------------------------------------------------
+    def _accept(self) -> None:
+        for _ in range(64):
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    log.error("out of file descriptors; not accepting for now")
+                    return
+                raise
+            sock.setblocking(False)
+            pid, uid, gid = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+            caller = access.make_caller(uid, gid, pid, self.cfg.admin_gid)
+            conn = Conn(sock, caller)
+            self.conns[sock.fileno()] = conn
+            self.sel.register(sock, selectors.EVENT_READ, ("conn", conn))
+
+    def _service(self, conn: Conn, mask: int) -> None:
+        if mask & selectors.EVENT_READ:
+            try:
+                data = conn.sock.recv(CHUNK)
+            except (BlockingIOError, InterruptedError):
+                data = None
+            except OSError:
+                self._close(conn)
+                return
+            if data == b"":
+                if conn.decoder.pending and not conn.closing:
+                    log.warning("uid %d sent a truncated frame", conn.caller.uid)
+                if conn.attach is None or conn.closing:
+                    self._close(conn)
+                    return
+                self._close(conn)
+                return
+            if data:
+                conn.last = time.monotonic()
+                if conn.attach is None and not conn.closing:
+                    conn.decoder.feed(data)
+                    self._requests(conn)
+        if mask & selectors.EVENT_WRITE:
+            self._flush(conn)
+            if conn.attach is not None and conn.open():
+                self._pump(conn)
+
+    def _requests(self, conn: Conn) -> None:
+        while not conn.closing and conn.attach is None:
+            try:
+                msg = conn.decoder.next()
+            except framing.FrameError as exc:
+                self._reply(conn, protocol.error(str(exc), "bad_frame"), close=True)
+                return
+            if msg is None:
+                return
+            try:
+                op, payload = protocol.parse_request(msg)
+            except protocol.ProtocolError as exc:
+                self._reply(conn, protocol.error(str(exc), "bad_request"), close=True)
+                return
+            now = time.time()
+            try:
+                if op == "attach":
+                    self._attach(conn, payload, now)
+                    continue
+                reply = HANDLERS[op](self.engine, conn.caller, payload, now)
+            except Refused as exc:
+                reply = protocol.error(str(exc), exc.code)
+            except Exception:
+                log.exception("internal error handling %s", op)
+                reply = protocol.error(f"internal error in hpc-batchd handling {op!r}; see the daemon's log",
+                                       "internal")
+            self._reply(conn, reply)
+
+    def _reply(self, conn: Conn, msg: dict, close: bool = False) -> None:
+        try:
+            conn.out += framing.encode(msg)
+        except framing.FrameError as exc:
+            conn.out += framing.encode(protocol.error(f"reply too large: {exc}", "internal"))
+        if close:
+            conn.closing = True
+        self._flush(conn)
+
+    def _flush(self, conn: Conn) -> None:
+        while conn.out:
+            try:
+                n = conn.sock.send(conn.out)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self._close(conn)
+                return
+            del conn.out[:n]
+        if len(conn.out) > MAX_BUFFERED:
+            log.warning("dropping uid %d: it is not reading its replies", conn.caller.uid)
+            self._close(conn)
+            return
+        if not conn.out and conn.closing and (conn.attach is None or conn.attach.get("done")):
+            self._close(conn)
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
+        try:
+            self.sel.modify(conn.sock, events, ("conn", conn))
+        except (KeyError, ValueError):
+            pass
+
+    def _close(self, conn: Conn) -> None:
+        fd = conn.sock.fileno()
+        if fd in self.conns:
+            del self.conns[fd]
+            try:
+                self.sel.unregister(conn.sock)
+            except (KeyError, ValueError):
+                pass
+        if conn.attach is not None:
+            self._detach(conn)
+        conn.sock.close()
+
+    # -- attach -----------------------------------------------------------------
+    def _attach(self, conn: Conn, req, now: float) -> None:
+        job = self.engine.lookup(conn.caller, req.id)
+        if job.state == FINISHED:
+            self._reply(conn, self._end_event(job), close=True)
+            return
+        conn.attach = {"job": job.id, "fd": None, "offset": req.offset, "ending": False, "done": False}
+        self.attached.setdefault(job.id, set()).add(conn)
+        self._reply(conn, protocol.event("attached", id=job.id, state=job.state))
+        if job.state != QUEUED:
+            self._open_stream(conn)
+            self._pump(conn)
+
+    def _open_stream(self, conn: Conn) -> None:
+        st = conn.attach
+        if st["fd"] is not None:
+            return
+        path = os.path.join(self.engine.store.job_dir(st["job"]), records.OUTPUT)
+        try:
+            st["fd"] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return
+        if self.inotify and st["job"] not in self.job_wd:
+            try:
+                wd = self.inotify.add(path)
+                self.job_wd[st["job"]] = wd
+                self.wds[wd] = st["job"]
+            except OSError:
+                pass
+
+    def _pump(self, conn: Conn) -> None:
+        """Send what the job wrote since the last look; finish the stream at job end."""
+        st = conn.attach
+        if st is None or st["done"]:
+            return
+        if st["fd"] is not None:
+            while len(conn.out) < CHUNK * 4:
+                data = os.pread(st["fd"], CHUNK, st["offset"])
+                if not data:
+                    break
+                st["offset"] += len(data)
+                conn.out += framing.encode(protocol.event(
+                    "output", data=data.decode("utf-8", "surrogateescape"), offset=st["offset"]))
+            else:
+                self._flush(conn)  # the client is behind: continue when it drains
+                return
+        if st["ending"]:
+            job = self.engine.jobs.get(st["job"])
+            if job is None:
+                end = protocol.event("end", id=st["job"], state="removed", exit=None,
+                                     note="removed from the queue before it started")
+            else:
+                end = self._end_event(job)
+            conn.out += framing.encode(end)
+            st["done"] = True
+            conn.closing = True
+        self._flush(conn)
+
+    def _end_event(self, job) -> dict:
+        res = job.get_result()
+        return protocol.event("end", id=job.id, state=job.state, exit=exit_column(res),
+                              note=res.note if res else None, output=job.output,
+                              output_error=job.output_error)
+
+    def _detach(self, conn: Conn) -> None:
+        st = conn.attach
+        conns = self.attached.get(st["job"])
+        if conns is not None:
+            conns.discard(conn)
+            if not conns:
+                del self.attached[st["job"]]
+                wd = self.job_wd.pop(st["job"], None)
+                if wd is not None:
+                    self.wds.pop(wd, None)
+                    self.inotify.remove(wd)
+        if st["fd"] is not None:
+            os.close(st["fd"])
+            st["fd"] = None
+
+    def close_clients(self) -> None:
+        """Drop every client (before a re-exec or exit)."""
+        for conn in list(self.conns.values()):
+            self._close(conn)
+

@@ -1,0 +1,1 @@
+"""hpc-batch-shepherd: the small per-job supervisor (see shepherd/main.py)."""

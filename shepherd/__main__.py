@@ -1,0 +1,5 @@
+import sys
+
+from shepherd.main import main
+
+sys.exit(main())

@@ -1,0 +1,70 @@
+"""The shepherd's side of a job's cgroup: join it, and read and remove it at the end.
+
+The daemon creates the cgroup and writes its limits before the shepherd
+starts; the shepherd itself stays outside it (a sibling of the job, the way
+slurmstepd stays apart from its tasks) so an OOM kill of the job never takes
+the exit record with it.
+"""
+
+import os
+
+
+def join(path: str) -> None:
+    """Move the calling process into the cgroup at *path*."""
+    with open(os.path.join(path, "cgroup.procs"), "w") as f:
+        f.write("0")
+
+
+def _read(path: str, name: str) -> str | None:
+    try:
+        with open(os.path.join(path, name)) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _keyed(text: str | None) -> dict:
+    out = {}
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def collect_and_remove(path: str) -> dict:
+    """Record OOM kills, peak memory and CPU time, kill leftovers, remove the cgroup."""
+    events = _keyed(_read(path, "memory.events"))
+    cpu = _keyed(_read(path, "cpu.stat"))
+    peak = _read(path, "memory.peak")
+    out = {
+        "oom_kill": events.get("oom_kill", 0),
+        "oom_group_kill": events.get("oom_group_kill", 0),
+        "peak_mem": int(peak) if peak and peak.strip().isdigit() else None,
+        "cpu_time": cpu["usage_usec"] / 1e6 if "usage_usec" in cpu else None,
+    }
+    remove(path)
+    return out
+
+
+def remove(path: str) -> bool:
+    """Kill everything left in the cgroup and remove it; True once it is gone."""
+    import time
+    try:
+        with open(os.path.join(path, "cgroup.kill"), "w") as f:
+            f.write("1")
+    except FileNotFoundError:
+        return True
+    except OSError:
+        pass
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)

@@ -1,0 +1,84 @@
+"""The job directory as an interface: the files a shepherd reads and writes.
+
+The s6 way: an admin can understand a job with ``cat`` and ``jq``, and the
+daemon learns everything it needs after a restart from these files alone.
+
+    launch.json    spec written once by the daemon (holds the environment, so
+                   root-only); the shepherd reads and deletes it before the
+                   job runs
+    shepherd.pid   "<pid> <starttime>"; flock-held for the shepherd's life, so
+                   a failed try-lock means the shepherd is alive
+    status.json    the job's pid and start time, replaced atomically
+    exit.json      the exit record, written once, atomically, as the job ends
+    delivery.json  what became of the output log
+    output         the combined stdout/stderr buffer while the job runs
+
+Imported by the shepherd and the daemon alike, so it stays stdlib-only and
+small (the shepherd's import cost is paid per job).
+"""
+
+import json
+import os
+
+LAUNCH = "launch.json"
+PIDFILE = "shepherd.pid"
+STATUS = "status.json"
+EXIT = "exit.json"
+DELIVERY = "delivery.json"
+OUTPUT = "output"
+INFO = "info.json"
+
+
+def write_json(path: str, obj, mode: int = 0o644) -> None:
+    """Replace *path* atomically and durably with *obj* as JSON."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, json.dumps(obj).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    dfd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def read_json(path: str):
+    """Return the JSON in *path*, or None if it does not exist or is torn."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def proc_starttime(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat).
+
+    Together with the pid it names one process for the life of the machine,
+    which is what makes a pidfile safe against pid reuse.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # comm may contain spaces and parentheses: split after the last ')'.
+    rest = data[data.rfind(b")") + 2:].split()
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def read_pidfile(job_dir: str):
+    """Return (pid, starttime) from the shepherd's pidfile, or None."""
+    try:
+        with open(os.path.join(job_dir, PIDFILE), "rb") as f:
+            pid, start = f.read().split()[:2]
+        return int(pid), int(start)
+    except (OSError, ValueError):
+        return None
