@@ -1,0 +1,241 @@
+"""Shared fixtures: real daemons on scratch paths, real users, the real CLI.
+
+Integration tests start ``hpc-batchd`` from the test venv (``--no-cgroups``:
+this host cannot show cgroup v2; the system tier in tests/system does) and
+drive it with the ``dispatch`` entry point, as root or as real users created
+with ``useradd``. Scratch directories live under /tmp with mode 0755 so the
+test users can reach their submit directories.
+"""
+
+import grp
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+BIN = os.path.dirname(sys.executable)
+DISPATCH = os.path.join(BIN, "dispatch")
+DAEMON = os.path.join(BIN, "hpc-batchd")
+
+ADMIN_GROUP = "hpcb-admins"
+USERS = {"alice": "hpcb-alice", "bob": "hpcb-bob", "admin": "hpcb-admin"}
+
+
+def wait_for(predicate, timeout=15.0, interval=0.02, what="condition"):
+    """Poll *predicate* until it returns a truthy value or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _ensure_group(name):
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        subprocess.run(["groupadd", name], check=True)
+
+
+def _ensure_user(name, groups=()):
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        cmd = ["useradd", "-m", "-s", "/bin/sh"]
+        if groups:
+            cmd += ["-G", ",".join(groups)]
+        subprocess.run(cmd + [name], check=True)
+    return pwd.getpwnam(name)
+
+
+@pytest.fixture(scope="session")
+def users():
+    """Two job users and one admin (member of the admin group); needs root."""
+    if os.geteuid() != 0:
+        pytest.fail("the integration tests create real users and must run as root (CI does)")
+    _ensure_group(ADMIN_GROUP)
+    out = {}
+    for role, name in USERS.items():
+        out[role] = _ensure_user(name, (ADMIN_GROUP,) if role == "admin" else ())
+    return out
+
+
+@pytest.fixture
+def scratch():
+    """A world-traversable scratch directory, removed afterwards."""
+    d = tempfile.mkdtemp(prefix="hpcb-test-", dir="/tmp")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class Daemon:
+    """One hpc-batchd on scratch paths, and a dispatch runner pointed at it."""
+
+    def __init__(self, base, args=(), as_user=None, env=None):
+        self.base = base
+        self.socket = os.path.join(base, "run", "hpc-batch.sock")
+        self.state_dir = os.path.join(base, "state")
+        self.dev_dir = os.path.join(base, "dev")
+        self.log_path = os.path.join(base, "daemon.log")
+        self.args = list(args)
+        self.as_user = as_user
+        self.env = env
+        self.proc = None
+
+    def command(self):
+        argv = [DAEMON, "--socket", self.socket, "--state-dir", self.state_dir]
+        if "--no-dev-dir" not in self.args and not any(a.startswith("--dev-dir") for a in self.args):
+            argv += ["--dev-dir", self.dev_dir]
+        if not any(a.startswith("--admin-group") for a in self.args):
+            argv += ["--admin-group", ADMIN_GROUP]
+        if "--cgroups" in self.args:
+            self.args.remove("--cgroups")
+        elif "--no-cgroups" not in self.args:
+            argv.append("--no-cgroups")
+        argv += self.args
+        if self.as_user:
+            argv = ["runuser", "-u", self.as_user, "--"] + argv
+        return argv
+
+    def start(self, wait=True):
+        os.makedirs(os.path.dirname(self.socket), exist_ok=True)
+        os.chmod(os.path.dirname(self.socket), 0o755)
+        log = open(self.log_path, "ab")
+        env = dict(os.environ, **(self.env or {}))
+        env.pop("NOTIFY_SOCKET", None)
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env,
+                                     start_new_session=True)
+        log.close()
+        if wait:
+            wait_for(lambda: self.proc.poll() is not None or self.ping(), timeout=20, what="daemon to answer")
+            assert self.proc.poll() is None, f"daemon exited {self.proc.returncode}:\n{self.log()}"
+        return self
+
+    def ping(self):
+        import socket
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(self.socket)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def log(self):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def dispatch(self, *args, user=None, cwd=None, env=None, timeout=60, input=None):
+        """Run the real dispatch (as *user*, a passwd name, if given)."""
+        full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+                    "HPC_BATCH_SOCKET": self.socket}
+        full_env.update(env or {})
+        argv = [DISPATCH, *args]
+        if user:
+            argv = ["runuser", "-u", user, "--", "env", *[f"{k}={v}" for k, v in full_env.items()], *argv]
+            run_env = None
+        else:
+            run_env = full_env
+        return subprocess.run(argv, cwd=cwd or self.base, env=run_env, capture_output=True,
+                              text=True, timeout=timeout, input=input)
+
+    def ok(self, *args, **kw):
+        """dispatch that must succeed; returns stdout."""
+        r = self.dispatch(*args, **kw)
+        assert r.returncode == 0, f"dispatch {args} failed ({r.returncode}): {r.stderr}\n--- daemon log:\n{self.log()}"
+        return r.stdout
+
+    def submit(self, *cmd, flags=(), **kw) -> int:
+        """Submit a job and return its id."""
+        out = self.ok("new", *flags, "--", *cmd, **kw)
+        assert out.startswith("job "), out
+        return int(out.split()[1])
+
+    def rows(self, *flags, **kw):
+        """``dispatch list`` rows keyed by job id."""
+        out = self.ok("list", *flags, **kw)
+        rows = {}
+        for line in out.splitlines():
+            parts = line.split()
+            rows[int(parts[1])] = line
+        return rows
+
+    def wait_finished(self, job_id, timeout=30, **kw):
+        """Poll ``list --finished`` until the job is finished; returns its row."""
+        def done():
+            row = self.rows("--finished", **kw).get(job_id)
+            return row if row and " finished " in row else None
+        return wait_for(done, timeout=timeout, what=f"job {job_id} to finish")
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig) if sig == signal.SIGKILL else self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill9(self):
+        """SIGKILL the daemon alone (its shepherds are in their own sessions)."""
+        self.proc.kill()
+        self.proc.wait()
+
+
+def exit_of(row: str) -> str:
+    """The <exit> column of a finished row (the word after 'finished')."""
+    parts = row.split()
+    return parts[parts.index("finished") + 1]
+
+
+def kill_shepherds(base):
+    """Kill every shepherd whose job directory lives under *base* (test cleanup)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(b"shepherd" in c for c in cmd[:3]) and any(c.startswith(base.encode()) for c in cmd):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def daemon_factory(scratch):
+    """Start daemons on the same scratch paths; all stopped at the end."""
+    started = []
+
+    def make(*args, as_user=None, env=None, start=True):
+        d = Daemon(scratch, args, as_user=as_user, env=env)
+        started.append(d)
+        return d.start() if start else d
+
+    yield make
+    for d in started:
+        d.stop()
+    kill_shepherds(scratch)
+
+
+@pytest.fixture
+def daemon(daemon_factory, users):
+    """A root-mode --no-cgroups daemon with the test admin group."""
+    return daemon_factory()
