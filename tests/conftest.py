@@ -111,6 +111,10 @@ class Daemon:
         os.makedirs(os.path.dirname(self.socket), exist_ok=True)
         os.chmod(os.path.dirname(self.socket), 0o755)
         log = open(self.log_path, "ab")
+        if self.as_user:  # a user-mode daemon owns its scratch paths
+            pw = pwd.getpwnam(self.as_user)
+            for p in (self.base, os.path.dirname(self.socket), self.log_path):
+                os.chown(p, pw.pw_uid, pw.pw_gid)
         env = dict(os.environ, **(self.env or {}))
         env.pop("NOTIFY_SOCKET", None)
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env,

@@ -1,0 +1,99 @@
+"""Durable state: one daemon per state dir, unreadable state refused, kill -9 loses nothing."""
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from conftest import DAEMON, Daemon, exit_of, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_second_daemon_on_same_state_refuses(daemon, scratch):
+    second = Daemon(scratch, ())
+    second.socket = os.path.join(scratch, "other.sock")
+    r = subprocess.run(second.command(), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 78
+    assert "already running" in r.stderr and daemon.state_dir in r.stderr
+
+
+def test_truncated_state_file_refuses_with_path(daemon_factory, users, scratch):
+    d = daemon_factory()
+    job = d.submit("true")
+    d.wait_finished(job)
+    d.stop()
+    path = os.path.join(d.state_dir, "jobs", str(job), "job.json")
+    with open(path, "r+") as f:
+        f.truncate(10)
+    r = subprocess.run(d.command(), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 78
+    assert path in r.stderr and "move it aside" in r.stderr
+    # Nothing was replaced: the broken file is still there for the admin.
+    assert os.path.getsize(path) == 10
+
+
+def test_state_files_are_root_only(daemon):
+    job = daemon.submit("sleep", "30", flags=("--env",), env={"TOKEN": "x"})
+    jdir = os.path.join(daemon.state_dir, "jobs", str(job))
+    assert os.stat(os.path.join(jdir, "job.json")).st_mode & 0o777 == 0o600
+    assert os.stat(daemon.state_dir).st_mode & 0o777 == 0o711
+    daemon.ok("kill", str(job))
+
+
+def test_kill9_then_restart_keeps_running_job_and_its_exit_code(daemon_factory, users, scratch):
+    d = daemon_factory()
+    flag = os.path.join(scratch, "go")
+    job = d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done; exit 7")
+    wait_for(lambda: "queued" not in d.rows().get(job, "queued"), what="job running")
+    d.kill9()
+    d2 = daemon_factory()
+    row = d2.rows()[job]
+    assert "queued" not in row and "finished" not in d2.rows("--finished")[job]
+    open(flag, "w").close()
+    assert exit_of(d2.wait_finished(job)) == "7"
+
+
+def test_job_that_ends_while_daemon_is_down(daemon_factory, users, scratch):
+    d = daemon_factory()
+    flag = os.path.join(scratch, "go")
+    job = d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done; echo bye; exit 5")
+    wait_for(lambda: "queued" not in d.rows().get(job, "queued"), what="job running")
+    d.kill9()
+    open(flag, "w").close()
+    wait_for(lambda: os.path.exists(os.path.join(scratch, f"output.{job}.log")), what="output delivered")
+    d2 = daemon_factory()
+    assert exit_of(d2.wait_finished(job)) == "5"
+    with open(os.path.join(scratch, f"output.{job}.log")) as f:
+        assert f.read() == "bye\n"
+
+
+def test_ids_never_reused_across_restarts(daemon_factory, users):
+    d = daemon_factory("--keep-finished", "0")
+    a = d.submit("true")
+    wait_for(lambda: a not in d.rows("--finished"), what="record evicted")
+    d.stop()
+    d2 = daemon_factory("--keep-finished", "0")
+    assert d2.submit("true") == a + 1
+
+
+def test_user_mode_requires_no_cgroups(scratch, users):
+    d = Daemon(scratch, ("--cgroups",), as_user=users["alice"].pw_name)
+    os.makedirs(os.path.join(scratch, "run"), exist_ok=True)
+    os.chown(scratch, users["alice"].pw_uid, -1)
+    r = subprocess.run(d.command(), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 78 and "--no-cgroups" in r.stderr
+
+
+def test_user_mode_accepts_only_own_uid(daemon_factory, users, scratch):
+    alice, bob = users["alice"], users["bob"]
+    os.chown(scratch, alice.pw_uid, -1)
+    d = daemon_factory(as_user=alice.pw_name)
+    job = d.submit("id", "-u", user=alice.pw_name, cwd=scratch)
+    assert exit_of(d.wait_finished(job, user=alice.pw_name)) == "0"
+    with open(os.path.join(scratch, f"output.{job}.log")) as f:
+        assert f.read().strip() == str(alice.pw_uid)
+    r = d.dispatch("new", "--", "true", user=bob.pw_name, cwd="/tmp")
+    assert r.returncode == 1 and "only accepts" in r.stderr
