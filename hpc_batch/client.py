@@ -6,7 +6,7 @@ Blocking and minimal: it is on the path of every ``dispatch`` call.
 import os
 import socket
 
-from . import defaults, framing, protocol
+from . import defaults, framing, messages
 
 
 class Unreachable(Exception):
@@ -32,7 +32,7 @@ class Connection:
 
     def send(self, op: str, **args) -> None:
         """Send one request."""
-        self.sock.sendall(framing.encode(protocol.request(op, **args)))
+        self.sock.sendall(framing.encode(messages.request(op, **args)))
 
     def receive(self):
         """The next message, or None when the daemon closed the connection."""

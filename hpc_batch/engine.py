@@ -49,6 +49,8 @@ class Engine:
         self.next_id = 1
         self.policy_state: dict = {}
         self.meta_dirty = False
+        self.pending = None                 # a Decision to carry out after a reply
+        self.resched = False                # something freed resources: schedule on the next tick
         self.root_mode = os.geteuid() == 0
 
     # -- start-up -------------------------------------------------------------
@@ -94,7 +96,7 @@ class Engine:
             # command cannot have run, so starting the shepherd again is safe.
             self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": cg}
             try:
-                pid = launcher.spawn(job.id, job.user, jdir, records.read_json(os.path.join(jdir, records.LAUNCH)))
+                pid = launcher.spawn(job.id, job.user, jdir)
                 self._watch(job.id, pid)
                 return f"job {job.id}: its shepherd never started; started it now"
             except OSError as exc:
@@ -177,13 +179,12 @@ class Engine:
                   request={"cpus": req.cpus, "mem": req.mem, "gpus": req.gpus,
                            "exclusive": req.exclusive, "numa_local": req.numa_local},
                   budget={"mem": budget.mem, "assigned": budget.assigned},
-                  output=output, has_env=True)
+                  output=output)
         env = {"forward": req.env, "job_env": req.job_env, "base": req.base_env}
         jdir = self.store.job_dir(job_id)
         try:
             self.store.create_job_dir(job_id, self.cfg.admin_gid)
-            self.store.save_env(job_id, env)
-            self.store.save_job(job)
+            self.store.save_job(job, env)
         except OSError as exc:
             self.store.remove_job(job_id)
             why = "the state directory's disk is full" if is_disk_full(exc) else exc.strerror
@@ -200,9 +201,17 @@ class Engine:
         self.dev.add(job_id, job.uid, jdir)
         self._enqueue(job)
         log.info("job %d queued for %s: %s", job_id, job.user, job.command)
-        self.schedule(now)
-        return {"id": job_id, "state": job.state, "mem": budget.mem, "mem_assigned": budget.assigned,
-                "output": output}
+        # Decide now, act after the reply is sent: the client does not wait for the spawn.
+        self.pending = self.plan(now)
+        starting = self.pending is not None and any(j == job_id for j, _ in self.pending.starts)
+        return {"id": job_id, "state": RUNNING if starting else QUEUED, "mem": budget.mem,
+                "mem_assigned": budget.assigned, "output": output}
+
+    def run_pending(self, now: float) -> None:
+        """Carry out a decision made while answering a request."""
+        decision, self.pending = self.pending, None
+        if decision is not None:
+            self.apply(decision, now)
 
     def _enqueue(self, job: Job) -> None:
         r = job.request
@@ -221,12 +230,22 @@ class Engine:
     # -- scheduling -----------------------------------------------------------
     def schedule(self, now: float) -> None:
         """Run one scheduling pass and carry out its decision."""
+        self.pending = None
+        decision = self.plan(now)
+        if decision is not None:
+            self.apply(decision, now)
+
+    def plan(self, now: float):
+        """One scheduling pass (pure): the Decision, or None with nothing queued."""
         if not self.queued:
-            return
+            return None
         running = [scheduler.RunningJob(jid, r["alloc"], (self.jobs[jid].deadline or now))
                    for jid, r in self.running.items()]
-        decision = scheduler.schedule(self.cfg.schedule, list(self.queued.values()), running,
-                                      self.machine, self.limits, self.policy_state, now)
+        return scheduler.schedule(self.cfg.schedule, list(self.queued.values()), running,
+                                  self.machine, self.limits, self.policy_state, now)
+
+    def apply(self, decision, now: float) -> None:
+        """Carry out a Decision: persist policy state, fail and start jobs."""
         if decision.state != self.policy_state:
             self.policy_state = decision.state
             self.save_meta()
@@ -272,39 +291,48 @@ class Engine:
         return env
 
     def _start(self, job: Job, alloc, now: float) -> None:
+        # Order matters for crash safety: the launch spec (with the environment)
+        # first, then the record that says "running" (which drops the
+        # environment from job.json), then the spawn. A crash in between leaves
+        # either a queued job or a launch spec the next daemon can start.
         del self.queued[job.id]
-        job.state, job.started, job.alloc = RUNNING, now, alloc.to_dict()
         jdir = self.store.job_dir(job.id)
-        cg = None
         self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": None}
-        try:
-            self.store.save_job(job)
-        except OSError as exc:
-            log.error("job %d: cannot record its start (%s); leaving it queued", job.id, exc)
-            del self.running[job.id]
-            job.state, job.started, job.alloc = QUEUED, None, None
-            self._enqueue(job)
-            self.queued = dict(sorted(self.queued.items()))
-            return
+        job.state, job.started, job.alloc = RUNNING, now, alloc.to_dict()
+        cg = None
         try:
             if self.cfg.cgroups:
                 cg = cgroups.create_job(self.cfg.cgroup_root, job.id, alloc.cpus, alloc.mems, alloc.mem)
                 self.running[job.id]["cgroup"] = cg
-            launch = {
+            launcher.write_launch(jdir, {
                 "id": job.id, "user": job.user, "uid": job.uid, "gid": job.gid, "cwd": job.cwd,
                 "argv": job.argv, "env": self._job_env(job), "output": job.output,
                 "admin_gid": self.cfg.admin_gid,
                 "cpus": None if self.cfg.cgroups else list(alloc.cpus),
                 "cgroup": cg,
                 "shepherd_cgroup": cgroups.shepherds_path(self.cfg.cgroup_root) if self.cfg.cgroups else None,
-            }
-            pid = launcher.spawn(job.id, job.user, jdir, launch)
+            })
         except (cgroups.CgroupError, OSError) as exc:
             log.error("job %d cannot start: %s", job.id, exc)
-            self.store.drop_env(job.id)
             self._finish(job, Result(ERROR, note=str(exc)), now)
             return
-        self.store.drop_env(job.id)
+        try:
+            self.store.save_job(job)
+        except OSError as exc:
+            log.error("job %d: cannot record its start (%s); leaving it queued", job.id, exc)
+            if cg:
+                cgroups.remove(cg)
+            del self.running[job.id]
+            job.state, job.started, job.alloc = QUEUED, None, None
+            self._enqueue(job)
+            self.queued = dict(sorted(self.queued.items()))
+            return
+        try:
+            pid = launcher.spawn(job.id, job.user, jdir)
+        except OSError as exc:
+            log.error("job %d cannot start: %s", job.id, exc)
+            self._finish(job, Result(ERROR, note=f"cannot start its shepherd: {exc}"), now)
+            return
         self._watch(job.id, pid)
         try:
             devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
@@ -376,16 +404,14 @@ class Engine:
     def _finish(self, job: Job, result: Result, now: float) -> None:
         job.state, job.ended, job.result = FINISHED, now, result.__dict__.copy()
         handle = self.running.pop(job.id, None)
-        job.has_env = False
         try:
             self.store.save_job(job)
         except OSError as exc:
             log.error("job %d: cannot record its end (%s); will retry", job.id, exc)
             self.meta_dirty = True
             self._unsaved = getattr(self, "_unsaved", set()) | {job.id}
-        self.store.drop_env(job.id)
         jdir = self.store.job_dir(job.id)
-        for name in (records.INFO,):
+        for name in (records.INFO, records.LAUNCH):
             try:
                 os.unlink(os.path.join(jdir, name))
             except OSError:
@@ -401,7 +427,7 @@ class Engine:
         self.hooks.job_event(job.id, "finished")
         self._evict(job.uid)
         if handle is not None:
-            self.schedule(now)
+            self.resched = True  # freed resources: the next tick schedules (never re-entrantly)
 
     def retry_unsaved(self) -> None:
         """Retry records whose write failed (a full disk)."""
@@ -448,7 +474,7 @@ class Engine:
             del self.jobs[job_id]
             self.hooks.job_event(job_id, "removed")
             log.info("job %d removed from the queue by %s", job_id, caller.name)
-            self.schedule(now)
+            self.resched = True
             return {"id": job_id, "was": QUEUED}
         if job.state == FINISHED:
             raise Refused(f"job {job_id} has already finished", "finished")
@@ -467,7 +493,10 @@ class Engine:
         launcher.signal_job(self.store.job_dir(job.id), signal.SIGTERM, handle.get("cgroup"))
 
     def tick(self, now: float) -> float | None:
-        """Enforce --max-time and kill grace periods; returns when to call again."""
+        """Schedule if needed, enforce --max-time and kill grace; returns when to call again."""
+        if self.resched:
+            self.resched = False
+            self.schedule(now)
         wake = None
         for job_id in list(self.running):
             job = self.jobs[job_id]

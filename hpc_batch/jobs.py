@@ -54,7 +54,6 @@ class Job:
     request: dict = field(default_factory=dict)   # cpus, mem, gpus, exclusive, numa_local
     budget: dict = field(default_factory=dict)    # mem (bytes), assigned (bool)
     output: str | None = None                     # final log path; None = --no-output
-    has_env: bool = False                         # env.json holds env until start
     state: str = QUEUED
     started: float | None = None
     ended: float | None = None
@@ -72,7 +71,7 @@ class Job:
     @classmethod
     def from_dict(cls, d: dict) -> "Job":
         """Build from a state-file dict, ignoring keys this version does not know."""
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)}  # "env" stays on disk, never in memory
         job = cls(**{k: v for k, v in d.items() if k in known})
         if job.state not in STATES:
             raise ValueError(f"unknown job state {job.state!r}")

@@ -30,9 +30,13 @@ def shepherd_argv(job_id: int, user: str, job_dir: str) -> tuple:
     return sys.executable, [sys.executable, "-m", "shepherd", *args], env
 
 
-def spawn(job_id: int, user: str, job_dir: str, launch: dict) -> int:
-    """Write the launch spec and start the shepherd; returns its pid."""
-    records.write_json(os.path.join(job_dir, records.LAUNCH), launch, 0o600)
+def write_launch(job_dir: str, launch: dict) -> None:
+    """Write the shepherd's spec (root-only: it holds the job's environment)."""
+    records.write_json(os.path.join(job_dir, records.LAUNCH), launch, 0o600, durable=False)
+
+
+def spawn(job_id: int, user: str, job_dir: str) -> int:
+    """Start the shepherd for a job whose launch spec is written; returns its pid."""
     exe, argv, env = shepherd_argv(job_id, user, job_dir)
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:

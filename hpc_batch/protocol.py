@@ -13,31 +13,11 @@ a message naming the field.
 
 from dataclasses import dataclass, field
 
-VERSION = 1
+from .messages import VERSION, error, event, ok, request  # noqa: F401  (re-exported)
 
 
 class ProtocolError(ValueError):
     """A request that is well framed but not a valid message of this version."""
-
-
-def request(op: str, **args) -> dict:
-    """Build a request message."""
-    return {"v": VERSION, "op": op, "args": args}
-
-
-def ok(**result) -> dict:
-    """Build a success reply."""
-    return {"v": VERSION, "ok": True, "result": result}
-
-
-def error(message: str, code: str = "error") -> dict:
-    """Build an error reply; *message* is shown to the user as is."""
-    return {"v": VERSION, "ok": False, "error": message, "code": code}
-
-
-def event(kind: str, **data) -> dict:
-    """Build one frame of a streamed reply (attach)."""
-    return {"v": VERSION, "ok": True, "event": kind, **data}
 
 
 def _get(args: dict, name: str, kinds, default=..., allow_none=False):

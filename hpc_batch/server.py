@@ -235,6 +235,7 @@ class Server:
                 reply = protocol.error(f"internal error in hpc-batchd handling {op!r}; see the daemon's log",
                                        "internal")
             self._reply(conn, reply)
+            self.engine.run_pending(now)
 
     def _reply(self, conn: Conn, msg: dict, close: bool = False) -> None:
         try:

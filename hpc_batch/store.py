@@ -5,8 +5,8 @@ through /dev/hpc-batch, but cannot list anyone's)::
 
     daemon.lock          flock held for the daemon's life (one daemon per dir)
     daemon.json          id floor and scheduler policy state
-    jobs/<id>/job.json   the job record (root-only: it names the env file)
-    jobs/<id>/env.json   forwarded environment while queued (root-only, 0600)
+    jobs/<id>/job.json   the job record, and its environment while it is queued
+                         (root-only, 0600: it may hold a forwarded environment)
 
 A submit writes only its own job's file, so a long queue does not make
 submits slower. Every write is temp + fsync + rename + fsync(dir), so a crash
@@ -145,30 +145,27 @@ class Store:
         """Make the job's directory: root-owned so no user can plant entries in it."""
         d = self.job_dir(job_id)
         os.mkdir(d, 0o751)
-        os.chown(d, -1, gid) if os.geteuid() == 0 else None
+        if os.geteuid() == 0 and gid is not None:
+            os.chown(d, -1, gid)
         os.chmod(d, 0o751)
+        fsync_dir(self.jobs_dir)
         return d
 
-    def save_job(self, job: Job) -> None:
-        """Persist one job record durably."""
-        write_atomic(os.path.join(self.job_dir(job.id), "job.json"), _dump(job.to_dict()))
+    def save_job(self, job: Job, env: dict | None = None) -> None:
+        """Persist one job record durably, with its environment while queued.
 
-    def save_env(self, job_id: int, env: dict) -> None:
-        """Store a queued job's environment in a root-only file."""
-        write_atomic(os.path.join(self.job_dir(job_id), "env.json"), _dump(env), 0o600)
+        Saving without *env* is how the environment is dropped once the job
+        has started: the record is rewritten without it.
+        """
+        data = job.to_dict()
+        if env is not None:
+            data["env"] = env
+        write_atomic(os.path.join(self.job_dir(job.id), "job.json"), _dump(data))
 
     def load_env(self, job_id: int) -> dict:
-        """Read a queued job's stored environment."""
-        with open(os.path.join(self.job_dir(job_id), "env.json"), "rb") as f:
-            return json.loads(f.read())
-
-    def drop_env(self, job_id: int) -> None:
-        """Forget a job's environment once it has started."""
-        try:
-            os.unlink(os.path.join(self.job_dir(job_id), "env.json"))
-        except FileNotFoundError:
-            return
-        fsync_dir(self.job_dir(job_id))
+        """Read a queued job's stored environment (empty if none is stored)."""
+        with open(os.path.join(self.job_dir(job_id), "job.json"), "rb") as f:
+            return json.loads(f.read()).get("env") or {}
 
     def remove_job(self, job_id: int) -> None:
         """Delete a job's directory and everything in it."""

@@ -89,7 +89,8 @@ def run_job(job_dir: str, spec: dict, lock_fd: int) -> dict:
     os.close(out_fd)
     started = time.time()
     records.write_json(os.path.join(job_dir, records.STATUS),
-                       {"job_pid": pid, "job_start": records.proc_starttime(pid), "started": started})
+                       {"job_pid": pid, "job_start": records.proc_starttime(pid), "started": started},
+                       durable=False)
     failure = b""
     while True:
         chunk = os.read(rfd, 4096)

@@ -29,16 +29,23 @@ OUTPUT = "output"
 INFO = "info.json"
 
 
-def write_json(path: str, obj, mode: int = 0o644) -> None:
-    """Replace *path* atomically and durably with *obj* as JSON."""
+def write_json(path: str, obj, mode: int = 0o644, durable: bool = True) -> None:
+    """Replace *path* atomically with *obj* as JSON; *durable* adds the fsyncs.
+
+    Records that must survive a power cut (the exit record) are durable;
+    ones only a running daemon reads (status, launch spec) skip the cost.
+    """
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         os.write(fd, json.dumps(obj).encode())
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.rename(tmp, path)
+    if not durable:
+        return
     dfd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(dfd)

@@ -96,7 +96,8 @@ def test_env_forwarded_but_daemon_values_win(daemon, scratch):
     assert env["SECRET_TOKEN"] == "s3cret"
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["HPC_BATCH_JOB_ID"] == str(job)
     # Dropped from state once the job started.
-    assert not os.path.exists(os.path.join(daemon.state_dir, "jobs", str(job), "env.json"))
+    with open(os.path.join(daemon.state_dir, "jobs", str(job), "job.json")) as f:
+        assert "s3cret" not in f.read()
 
 
 @pytest.mark.parametrize("flags,needle", [
