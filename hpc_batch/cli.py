@@ -280,6 +280,10 @@ def main(argv=None) -> int:
         return _die(str(exc), EX_UNAVAILABLE)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (dispatch list | head): stop quietly, like other tools.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -170,7 +170,16 @@ def _errname(num: int) -> str:
 
 
 def _finish(job_dir: str, rec: dict) -> None:
-    records.write_json(os.path.join(job_dir, records.EXIT), rec)
+    """Write the exit record, retrying while the disk is full: it is the only copy."""
+    delay = 0.1
+    while True:
+        try:
+            records.write_json(os.path.join(job_dir, records.EXIT), rec)
+            return
+        except OSError as exc:
+            sys.stderr.write(f"hpc-batch-shepherd: cannot write the exit record ({exc}); retrying\n")
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 def deliver(job_dir: str, spec: dict, lock_fd: int) -> None:
