@@ -18,7 +18,7 @@ def test_attach_gets_every_line_in_order(daemon):
 
 
 def test_attach_to_queued_job_waits_and_streams(daemon_factory, users):
-    d = daemon_factory("--reserve-cpu", "0")
+    d = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0")
     blocker = d.submit("sleep", "2", flags=("--cpu", "2"))
     job = d.submit("sh", "-c", "echo started; exit 4")
     r = d.dispatch("attach", str(job), timeout=60)

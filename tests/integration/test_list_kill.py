@@ -12,7 +12,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_list_columns_running_and_queued(daemon_factory, users):
     # reserve-cpu 0 on this 2-core host leaves 2 cores: one 2-core job fills it.
-    d = daemon_factory("--reserve-cpu", "0")
+    d = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0")
     running = d.submit("sleep", "30", flags=("--cpu", "2", "--max-time", "1h30m"))
     queued = d.submit("sleep", "30", flags=("--max-mem", "512M"))
     rows = d.rows()
@@ -37,7 +37,7 @@ def test_finished_only_with_flag(daemon):
 
 
 def test_kill_running_and_queued(daemon_factory, users):
-    d = daemon_factory("--reserve-cpu", "0")
+    d = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0")
     a = d.submit("sleep", "60", flags=("--cpu", "2"))
     b = d.submit("sleep", "60")
     assert "queued" in d.rows()[b]

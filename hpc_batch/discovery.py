@@ -1,0 +1,172 @@
+"""Discover the machine: NUMA nodes from sysfs, GPUs from ``nvidia-smi -L``.
+
+Parsers are pure; the few functions that touch the filesystem or run a
+program take their roots/PATH as arguments so tests can point them at
+recorded fixtures.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+from .resources import Machine, Node, format_bytes
+
+NVIDIA_SMI_TIMEOUT = 10.0  # seconds; a wedged driver must not stall startup
+
+_MEMTOTAL = re.compile(r"^(?:Node\s+\d+\s+)?MemTotal:\s+(\d+)\s*kB\s*$", re.M)
+_GPU_LINE = re.compile(r"^GPU (\d+): ")
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """Parse a kernel cpulist ("0-3,8,10-11") into sorted unique CPU ids.
+
+    An empty list (a memory-only node) gives (). Raises ValueError on
+    anything else that is not a cpulist.
+    """
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"not a cpulist: {text.strip()!r}")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise ValueError(f"not a cpulist: {text.strip()!r}")
+        cpus.update(range(first, last + 1))
+    return tuple(sorted(cpus))
+
+
+def format_cpulist(cpus) -> str:
+    """Inverse of parse_cpulist: (0, 1, 2, 3, 8) -> "0-3,8"."""
+    out: list[str] = []
+    ids = sorted(set(cpus))
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def parse_node_meminfo(text: str) -> int:
+    """Bytes in the MemTotal line of node*/meminfo (or /proc/meminfo)."""
+    m = _MEMTOTAL.search(text)
+    if m is None:
+        raise ValueError("no MemTotal line in meminfo")
+    return int(m.group(1)) * 1024
+
+
+def parse_nvidia_smi_list(text: str) -> tuple[int, ...]:
+    """GPU indices from ``nvidia-smi -L`` output.
+
+    Only top-level "GPU <n>: ..." lines count; indented MIG device lines
+    belong to the GPU above them and are not GPUs of their own.
+    """
+    found = {int(m.group(1)) for line in text.splitlines() if (m := _GPU_LINE.match(line))}
+    return tuple(sorted(found))
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii", errors="replace") as f:
+        return f.read()
+
+
+def read_numa(
+    sysfs_root: str = "/sys",
+    allowed_cpus: set[int] | None = None,
+    proc_root: str = "/proc",
+) -> tuple[Node, ...]:
+    """Read NUMA nodes under ``sysfs_root``, limited to ``allowed_cpus``.
+
+    Pass ``os.sched_getaffinity(0)`` as ``allowed_cpus`` so jobs only get
+    CPUs the daemon may use; nodes left without allowed CPUs are dropped.
+    Without ``devices/system/node`` the machine is one node 0 holding all
+    allowed CPUs (or ``devices/system/cpu/online``) and MemTotal from
+    ``<proc_root>/meminfo``.
+    """
+    base = os.path.join(sysfs_root, "devices", "system", "node")
+    if not os.path.isdir(base):
+        return (_single_node(sysfs_root, allowed_cpus, proc_root),)
+    online = None
+    online_path = os.path.join(base, "online")
+    if os.path.exists(online_path):
+        online = set(parse_cpulist(_read(online_path)))  # same list format
+    nodes = []
+    for name in os.listdir(base):
+        m = re.fullmatch(r"node(\d+)", name)
+        if m is None or (online is not None and int(m.group(1)) not in online):
+            continue
+        d = os.path.join(base, name)
+        cpus = parse_cpulist(_read(os.path.join(d, "cpulist")))
+        if allowed_cpus is not None:
+            cpus = tuple(c for c in cpus if c in allowed_cpus)
+        if not cpus:
+            continue  # memory-only, or none of it is ours to hand out
+        nodes.append(Node(int(m.group(1)), cpus, parse_node_meminfo(_read(os.path.join(d, "meminfo")))))
+    return tuple(sorted(nodes, key=lambda n: n.id))
+
+
+def _single_node(sysfs_root: str, allowed_cpus: set[int] | None, proc_root: str) -> Node:
+    """The one-node fallback for kernels without NUMA support in sysfs."""
+    if allowed_cpus is not None:
+        cpus = tuple(sorted(allowed_cpus))
+    else:
+        online = os.path.join(sysfs_root, "devices", "system", "cpu", "online")
+        if os.path.exists(online):
+            cpus = parse_cpulist(_read(online))
+        else:
+            cpus = tuple(range(os.cpu_count() or 1))
+    return Node(0, cpus, parse_node_meminfo(_read(os.path.join(proc_root, "meminfo"))))
+
+
+def find_gpus(path_env: str | None = None) -> tuple[tuple[int, ...], str]:
+    """Run ``nvidia-smi -L`` from PATH (or ``path_env``) and list GPU indices.
+
+    Never raises: a missing, failing or hanging nvidia-smi means no GPUs.
+    Returns the indices and one line for the startup log.
+    """
+    exe = shutil.which("nvidia-smi", path=path_env if path_env is not None else os.environ.get("PATH"))
+    if exe is None:
+        return (), "GPUs: none (nvidia-smi not found on PATH)"
+    try:
+        res = subprocess.run(
+            [exe, "-L"], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return (), f"GPUs: none ({exe} -L timed out after {NVIDIA_SMI_TIMEOUT:g} s)"
+    except OSError as e:
+        return (), f"GPUs: none ({exe} -L could not run: {e.strerror or e})"
+    if res.returncode != 0:
+        why = (res.stderr.strip() or res.stdout.strip()).splitlines()
+        detail = f": {why[0]}" if why else ""
+        return (), f"GPUs: none ({exe} -L exited {res.returncode}{detail})"
+    gpus = parse_nvidia_smi_list(res.stdout)
+    if not gpus:
+        return (), f"GPUs: none ({exe} -L listed no GPUs)"
+    return gpus, f"GPUs: {len(gpus)} from {exe} -L (indices {format_cpulist(gpus)})"
+
+
+def discover(
+    sysfs_root: str = "/sys",
+    allowed_cpus: set[int] | None = None,
+    path_env: str | None = None,
+    proc_root: str = "/proc",
+) -> tuple[Machine, list[str]]:
+    """Discover NUMA nodes and GPUs; return the Machine and startup log lines."""
+    nodes = read_numa(sysfs_root, allowed_cpus, proc_root)
+    log = [f"NUMA: {len(nodes)} node{'s' if len(nodes) != 1 else ''} with usable CPUs"]
+    log += [
+        f"NUMA node {n.id}: cpus {format_cpulist(n.cpus)} ({len(n.cpus)}), memory {format_bytes(n.mem)}"
+        for n in nodes
+    ]
+    gpus, line = find_gpus(path_env)
+    log.append(line)
+    return Machine(nodes, gpus), log

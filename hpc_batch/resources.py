@@ -1,0 +1,541 @@
+"""Resource model and allocator: NUMA nodes, memory budgets and GPUs.
+
+Pure: no I/O and no clock. The daemon describes the machine (see
+``discovery``), passes the jobs that are running, and gets back either an
+``Allocation`` or ``None`` ("does not fit now").
+
+Placement rules (from the spec):
+
+* A job's CPUs always come from ONE NUMA node and its memory is charged to
+  that node. A budget no single node can hold is spread over more nodes,
+  never with ``--numa-local``.
+* ``--reserve-cpu`` takes the lowest CPU ids of the lowest-numbered node
+  that has CPUs (CPU 0 is where the OS and interrupts usually live), and
+  ``--reserve-mem`` comes off that same node, never more than half of it.
+* Under ``--no-cgroups`` (``Limits.per_node_memory=False``) nothing confines
+  a job's memory to a node, so memory is one machine-wide pool.
+* An exclusive job waits for an idle machine; while it runs nothing else
+  fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+GiB = 1 << 30
+
+# Key of the single machine-wide memory pool in Free.mem (per_node_memory off).
+POOL = -1
+
+
+@dataclass(frozen=True)
+class Node:
+    """One NUMA node: its CPU ids and the bytes of memory on it."""
+
+    id: int
+    cpus: tuple[int, ...]
+    mem: int
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The machine as discovered: NUMA nodes and GPU indices."""
+
+    nodes: tuple[Node, ...]
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Admin limits (``hpc-batchd`` flags).
+
+    ``reserve_cpu`` never takes the last core of its node, so a small
+    development machine still offers one core to jobs.
+    """
+
+    reserve_cpu: int = 2
+    reserve_mem: int = 2 * GiB
+    min_job_mem: int = 2 * GiB
+    per_node_memory: bool = True
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a submission asked for (``dispatch new`` flags)."""
+
+    cpus: int | None = None
+    mem: int | None = None
+    gpus: int = 0
+    exclusive: bool = False
+    numa_local: bool = False
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Memory budget fixed at submit time; ``assigned`` = default share used."""
+
+    mem: int
+    assigned: bool
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Resources granted to a running job.
+
+    ``mem_by_node`` is sorted by node id; in pool mode it is a single entry
+    charged to the node the job's CPUs are on.
+    """
+
+    cpus: tuple[int, ...]
+    mem_by_node: tuple[tuple[int, int], ...]
+    gpus: tuple[int, ...]
+    exclusive: bool
+
+    @property
+    def mems(self) -> tuple[int, ...]:
+        """Node ids the job's memory is charged to (for cpuset.mems)."""
+        return tuple(sorted(node for node, _ in self.mem_by_node))
+
+    @property
+    def mem(self) -> int:
+        """Total memory budget in bytes (for memory.max)."""
+        return sum(b for _, b in self.mem_by_node)
+
+    @property
+    def spread(self) -> bool:
+        """True when the budget spans more than one node (``+`` in list)."""
+        return len(self.mem_by_node) > 1
+
+    def to_dict(self) -> dict:
+        """JSON-safe form; ``from_dict`` restores an equal Allocation."""
+        return {
+            "cpus": list(self.cpus),
+            "mem_by_node": [[n, b] for n, b in self.mem_by_node],
+            "gpus": list(self.gpus),
+            "exclusive": self.exclusive,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Allocation":
+        """Inverse of ``to_dict`` (accepts lists where tuples were)."""
+        return cls(
+            cpus=tuple(int(c) for c in d["cpus"]),
+            mem_by_node=tuple((int(n), int(b)) for n, b in d["mem_by_node"]),
+            gpus=tuple(int(g) for g in d["gpus"]),
+            exclusive=bool(d["exclusive"]),
+        )
+
+
+class RequestError(ValueError):
+    """A request that can never fit; the message is one user-facing line."""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What jobs may use after the reserves, per node.
+
+    ``nodes`` mirror the machine's nodes with reserved CPUs removed and
+    memory reduced by the reserve; ``reserved_*`` record what was held back
+    (for the startup log).
+    """
+
+    nodes: tuple[Node, ...]
+    gpus: tuple[int, ...]
+    reserved_cpus: tuple[int, ...]
+    reserved_mem: int
+    reserve_node: int | None
+    pool: bool
+
+    @property
+    def total_cpus(self) -> int:
+        """CPUs offered to jobs on the whole machine."""
+        return sum(len(n.cpus) for n in self.nodes)
+
+    @property
+    def total_mem(self) -> int:
+        """Bytes offered to jobs on the whole machine."""
+        return sum(n.mem for n in self.nodes)
+
+    @property
+    def max_node_cpus(self) -> int:
+        """CPUs offered to jobs by the widest node (the --cpu ceiling)."""
+        return max((len(n.cpus) for n in self.nodes), default=0)
+
+    def max_node_mem(self, min_cpus: int = 0) -> int:
+        """Most memory one node with at least ``min_cpus`` job CPUs offers."""
+        return max((n.mem for n in self.nodes if len(n.cpus) >= min_cpus), default=0)
+
+
+def capacity(machine: Machine, limits: Limits) -> Capacity:
+    """Return what jobs may use once the reserves are taken out."""
+    nodes = sorted(machine.nodes, key=lambda n: n.id)
+    home = next((n for n in nodes if n.cpus), None)
+    reserved: tuple[int, ...] = ()
+    reserved_mem = 0
+    if home is not None:
+        # Keep at least one core so a tiny machine is not closed to jobs.
+        n_res = max(0, min(limits.reserve_cpu, len(home.cpus) - 1))
+        reserved = tuple(sorted(home.cpus)[:n_res])
+        reserved_mem = max(0, min(limits.reserve_mem, home.mem // 2))
+    out = []
+    for n in nodes:
+        if home is not None and n.id == home.id:
+            held = set(reserved)
+            cpus = tuple(c for c in sorted(n.cpus) if c not in held)
+            out.append(Node(n.id, cpus, n.mem - reserved_mem))
+        else:
+            out.append(Node(n.id, tuple(sorted(n.cpus)), n.mem))
+    return Capacity(
+        nodes=tuple(out),
+        gpus=tuple(sorted(machine.gpus)),
+        reserved_cpus=reserved,
+        reserved_mem=reserved_mem,
+        reserve_node=home.id if home is not None else None,
+        pool=not limits.per_node_memory,
+    )
+
+
+def format_bytes(n: int) -> str:
+    """Human form used in messages: '32 GiB', '1.5 GiB', '512 MiB'."""
+    if n >= GiB or n == 0:
+        v = n / GiB
+        return f"{v:.0f} GiB" if n % GiB == 0 else f"{v:.1f} GiB"
+    mib = n / (1 << 20)
+    return f"{mib:.0f} MiB" if n % (1 << 20) == 0 else f"{mib:.1f} MiB"
+
+
+def default_share(cpus: int, machine: Machine) -> int:
+    """Memory ``cpus`` cores represent: cores/node cores x node memory.
+
+    Uses each node's size before the reserve and takes the smallest result
+    across nodes, so a default budget fits next to its cores on any node.
+    """
+    shares = [cpus * n.mem // len(n.cpus) for n in machine.nodes if n.cpus]
+    return min(shares, default=0)
+
+
+def _job_cpus(req: Request, cap: Capacity) -> int:
+    """Number of cores the request takes (exclusive without --cpu: all)."""
+    if req.cpus is not None:
+        return req.cpus
+    return cap.total_cpus if req.exclusive else 1
+
+
+def _mem_ceiling(req: Request, n: int, cap: Capacity) -> tuple[int, str]:
+    """Most memory the request could ever be given, and what limits it."""
+    if req.numa_local and not cap.pool:
+        return cap.max_node_mem(n if req.cpus is not None else 0), "the largest NUMA node offers"
+    return cap.total_mem, "the machine offers"
+
+
+def check_request(req: Request, machine: Machine, limits: Limits) -> Budget:
+    """Validate ``req`` against the machine and fix its memory budget.
+
+    Raises RequestError for requests that can never fit; otherwise returns
+    the requested budget, or the default share (floored at min_job_mem,
+    capped at what the machine could ever give it). ``--exclusive`` without
+    ``--max-mem`` gets all job memory of the machine (with ``--numa-local``:
+    all of the largest node).
+    """
+    if req.cpus is not None and req.cpus < 1:
+        raise RequestError(f"--cpu must be at least 1 (got {req.cpus})")
+    if req.mem is not None and req.mem < 1:
+        raise RequestError("--max-mem must be a positive amount")
+    if req.gpus < 0:
+        raise RequestError(f"--gpu-cores cannot be negative (got {req.gpus})")
+    if req.gpus > len(machine.gpus):
+        have = f"{len(machine.gpus)} GPUs" if machine.gpus else "no GPUs"
+        raise RequestError(f"--gpu-cores {req.gpus} can never fit: this machine has {have}")
+    cap = capacity(machine, limits)
+    n = _job_cpus(req, cap)
+    if cap.total_cpus == 0:
+        raise RequestError("no job can fit: this machine offers no cores to jobs")
+    if req.cpus is not None and n > cap.max_node_cpus:
+        raise RequestError(
+            f"--cpu {n} can never fit: the largest NUMA node offers "
+            f"{cap.max_node_cpus} cores to jobs"
+        )
+    if req.exclusive and req.cpus is None and req.numa_local and not cap.pool:
+        if sum(1 for node in cap.nodes if node.cpus) > 1:
+            raise RequestError(
+                "--exclusive --numa-local needs --cpu on a multi-node machine: "
+                "without it the job takes every core of every node"
+            )
+    ceiling, what = _mem_ceiling(req, n, cap)
+    flag = " with --numa-local" if req.numa_local and not cap.pool else ""
+    if req.mem is not None:
+        if req.mem > ceiling:
+            raise RequestError(
+                f"--max-mem {format_bytes(req.mem)}{flag} can never fit: "
+                f"{what} {format_bytes(ceiling)} to jobs"
+            )
+        return Budget(req.mem, assigned=False)
+    if ceiling < 1:
+        raise RequestError(f"no job can fit: {what} no memory to jobs")
+    if req.exclusive:
+        return Budget(ceiling, assigned=True)
+    share = max(default_share(n, machine), limits.min_job_mem)
+    # A floor the machine cannot honour would refuse a job that asked for nothing.
+    return Budget(min(share, ceiling), assigned=True)
+
+
+def why_never_fits(req: Request, budget: Budget, machine: Machine, limits: Limits) -> str | None:
+    """Reason a queued job (with its fixed budget) can never start, or None.
+
+    Re-checks the request against the machine as it is now, and the budget
+    fixed at submit time against what the machine now offers.
+    """
+    try:
+        check_request(req, machine, limits)
+    except RequestError as e:
+        return str(e)
+    cap = capacity(machine, limits)
+    ceiling, what = _mem_ceiling(req, _job_cpus(req, cap), cap)
+    if budget.mem > ceiling:
+        return (
+            f"its memory budget of {format_bytes(budget.mem)} can never fit: "
+            f"{what} {format_bytes(ceiling)} to jobs"
+        )
+    return None
+
+
+class Free:
+    """Mutable view of what is unallocated, built once per scheduling pass.
+
+    ``cpus`` maps node id to its free job CPUs, ``mem`` maps node id (or
+    POOL) to free bytes, ``running`` counts jobs holding resources.
+    """
+
+    __slots__ = ("cap", "cpus", "mem", "gpus", "running", "exclusive",
+                 "_cpu_node", "_max", "_mem_max", "_failed")
+
+    def __init__(self, cap, cpus, mem, gpus, running=0, exclusive=False, cpu_node=None):
+        self.cap = cap
+        self.cpus: dict[int, set[int]] = cpus
+        self.mem: dict[int, int] = mem
+        self.gpus: set[int] = gpus
+        self.running = running
+        self.exclusive = exclusive
+        self._cpu_node = cpu_node if cpu_node is not None else {
+            c: n.id for n in cap.nodes for c in n.cpus
+        }
+        self._max: int | None = None
+        self._mem_max: tuple[int, int] | None = None
+        self._failed: set[tuple[int, int, bool]] = set()
+
+    @classmethod
+    def of(cls, cap: Capacity, running: Iterable[Allocation] = ()) -> "Free":
+        """Free resources of ``cap`` once ``running`` allocations are taken."""
+        mem = {POOL: cap.total_mem} if cap.pool else {n.id: n.mem for n in cap.nodes}
+        f = cls(cap, {n.id: set(n.cpus) for n in cap.nodes}, mem, set(cap.gpus))
+        for a in running:
+            f.take(a)
+        return f
+
+    def copy(self) -> "Free":
+        """Independent copy (for what-if simulation)."""
+        return Free(self.cap, {k: set(v) for k, v in self.cpus.items()}, dict(self.mem),
+                    set(self.gpus), self.running, self.exclusive, self._cpu_node)
+
+    def within(self, budget: "Free") -> "Free":
+        """What is free here AND still inside ``budget`` (easy-backfill)."""
+        cpus = {k: v & budget.cpus.get(k, set()) for k, v in self.cpus.items()}
+        mem = {k: min(v, budget.mem.get(k, 0)) for k, v in self.mem.items()}
+        return Free(self.cap, cpus, mem, self.gpus & budget.gpus, self.running,
+                    self.exclusive, self._cpu_node)
+
+    def max_cpus(self) -> int:
+        """Free CPUs on the node with the most of them."""
+        if self._max is None:
+            self._max = max((len(s) for s in self.cpus.values()), default=0)
+        return self._max
+
+    def mem_max(self, local_only: bool) -> int:
+        """Largest budget that could fit: one node's free memory, or all of it."""
+        if self._mem_max is None:
+            vals = [max(v, 0) for v in self.mem.values()]
+            self._mem_max = (max(vals, default=0), sum(vals))
+        return self._mem_max[0 if local_only else 1]
+
+    def _mem_key(self, node: int) -> int:
+        return POOL if self.cap.pool else node
+
+    def take(self, a: Allocation) -> None:
+        """Mark ``a`` as in use. Resources outside capacity are ignored."""
+        for c in a.cpus:
+            node = self._cpu_node.get(c)
+            if node is not None:
+                self.cpus[node].discard(c)
+        for node, b in a.mem_by_node:
+            key = self._mem_key(node)
+            if key in self.mem:
+                self.mem[key] -= b  # may go negative if the machine shrank
+        self.gpus.difference_update(a.gpus)
+        self.running += 1
+        self.exclusive = self.exclusive or a.exclusive
+        self._max = self._mem_max = None
+
+    def release(self, a: Allocation) -> None:
+        """Give back what ``take(a)`` took."""
+        gpus = set(self.cap.gpus)
+        for c in a.cpus:
+            node = self._cpu_node.get(c)
+            if node is not None:
+                self.cpus[node].add(c)
+        for node, b in a.mem_by_node:
+            key = self._mem_key(node)
+            if key in self.mem:
+                self.mem[key] += b
+        self.gpus.update(g for g in a.gpus if g in gpus)
+        self.running -= 1
+        if a.exclusive:
+            self.exclusive = False  # only one exclusive job can ever run
+        self._max = self._mem_max = None
+        self._failed.clear()  # more is free: old failures may fit now
+
+    def to_dict(self) -> dict:
+        """JSON-safe snapshot (used for easy-backfill's frozen budget)."""
+        return {
+            "pool": self.cap.pool,
+            "cpus": sorted(c for s in self.cpus.values() for c in s),
+            "mem": [[k, v] for k, v in sorted(self.mem.items())],
+            "gpus": sorted(self.gpus),
+        }
+
+    @classmethod
+    def from_dict(cls, cap: Capacity, d) -> "Free | None":
+        """Restore a ``to_dict`` snapshot; None if it does not match ``cap``."""
+        try:
+            if bool(d["pool"]) != cap.pool:
+                return None  # memory mode changed across a restart
+            keys = [POOL] if cap.pool else [n.id for n in cap.nodes]
+            f = cls(cap, {n.id: set() for n in cap.nodes}, dict.fromkeys(keys, 0), set())
+            for c in d["cpus"]:
+                node = f._cpu_node.get(int(c))
+                if node is not None:
+                    f.cpus[node].add(int(c))
+            for k, v in d["mem"]:
+                if int(k) in f.mem:
+                    f.mem[int(k)] = int(v)
+            f.gpus = {int(g) for g in d["gpus"] if int(g) in set(cap.gpus)}
+            return f
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def fit(self, req: Request, budget: Budget, numa_only: bool = False) -> Allocation | None:
+        """Allocation for ``req`` from what is free, or None if it does not fit.
+
+        ``numa_only`` refuses to spread memory, as ``--numa-local`` does.
+        """
+        if self.exclusive or req.gpus > len(self.gpus):
+            return None
+        mem = budget.mem
+        local_only = req.numa_local or numa_only
+        if req.exclusive:
+            return self._fit_exclusive(req, mem, local_only)
+        n = req.cpus or 1
+        # Cheap rejections first: backfill scans run this on every queued job.
+        if n > self.max_cpus() or mem > self.mem_max(local_only):
+            return None
+        # Free space only shrinks until release(), so a shape that failed
+        # once keeps failing: remember it instead of placing it again.
+        key = (n, mem, local_only)
+        if key in self._failed:
+            return None
+        charges = self._place(n, mem, local_only)
+        if charges is None:
+            self._failed.add(key)
+            return None
+        home = next(iter(charges))
+        return self._alloc(sorted(self.cpus[home])[:n], charges, req.gpus, False)
+
+    def _place(self, n: int, mem: int, local_only: bool) -> dict[int, int] | None:
+        """Memory charges for ``n`` cores and ``mem`` bytes, home node first."""
+        cands = [k for k, s in self.cpus.items() if len(s) >= n]
+        if self.cap.pool:
+            if self.mem[POOL] < mem:
+                return None
+            return {min(cands, key=lambda k: (len(self.cpus[k]), k)): mem}
+        local = [k for k in cands if self.mem[k] >= mem]
+        if local:
+            # Best fit keeps the emptiest nodes whole for wide jobs.
+            return {min(local, key=lambda k: (len(self.cpus[k]), self.mem[k], k)): mem}
+        if local_only:
+            return None
+        return self._spread(max(cands, key=lambda k: (self.mem[k], -k)), mem)
+
+    def _spread(self, home: int, mem: int) -> dict[int, int] | None:
+        """Charge ``home`` all it has, then the roomiest other nodes."""
+        if self.mem[home] <= 0 or sum(max(v, 0) for v in self.mem.values()) < mem:
+            return None
+        charges = {home: self.mem[home]}
+        rest = mem - self.mem[home]
+        for k in sorted((k for k in self.mem if k != home and self.mem[k] > 0),
+                        key=lambda k: (-self.mem[k], k)):
+            if rest <= 0:
+                break
+            charges[k] = min(self.mem[k], rest)
+            rest -= charges[k]
+        return charges
+
+    def _fit_exclusive(self, req: Request, mem: int, local_only: bool) -> Allocation | None:
+        if self.running:
+            return None  # waits for an idle machine
+        if req.cpus is None:
+            cpus = sorted(c for s in self.cpus.values() for c in s)
+            if len(cpus) < self.cap.total_cpus:
+                return None  # part of the machine is outside this view
+            home = min((k for k, s in self.cpus.items() if s), default=None)
+        else:
+            cands = [k for k, s in self.cpus.items() if len(s) >= req.cpus]
+            if not cands:
+                return None
+            # The roomiest node keeps most of the budget local.
+            home = min(cands) if self.cap.pool else max(cands, key=lambda k: (self.mem[k], -k))
+            cpus = sorted(self.cpus[home])[: req.cpus]
+        if home is None:
+            return None
+        if self.cap.pool:
+            if self.mem[POOL] < mem:
+                return None
+            charges = {home: mem}
+        else:
+            # Home node first, then the others in id order, until covered.
+            charges, rest = {}, mem
+            for k in [home] + sorted(k for k in self.mem if k != home):
+                if rest <= 0 or (local_only and k != home):
+                    break
+                take = min(max(self.mem[k], 0), rest)
+                if take:
+                    charges[k] = take
+                    rest -= take
+            if rest > 0:
+                return None
+        return self._alloc(cpus, charges, req.gpus, True)
+
+    def _alloc(self, cpus, charges: dict[int, int], ngpus: int, exclusive: bool) -> Allocation:
+        return Allocation(
+            cpus=tuple(cpus),
+            mem_by_node=tuple(sorted(charges.items())),
+            gpus=tuple(sorted(self.gpus)[:ngpus]),
+            exclusive=exclusive,
+        )
+
+
+def allocate(
+    req: Request,
+    budget: Budget,
+    machine: Machine,
+    limits: Limits,
+    running: Iterable[Allocation],
+    numa_only: bool = False,
+) -> Allocation | None:
+    """Place ``req`` now, or return None when it does not fit at the moment.
+
+    CPUs come from one node (best fit), memory is charged to that node and
+    spread over the roomiest other nodes only when no single node can hold
+    it (never with ``--numa-local`` or ``numa_only``). GPUs are the lowest
+    free indices. Exclusive jobs need an idle machine and block everything.
+    """
+    return Free.of(capacity(machine, limits), running).fit(req, budget, numa_only)
