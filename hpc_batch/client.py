@@ -28,7 +28,7 @@ class Connection:
             raise Unreachable(
                 f"cannot reach hpc-batchd at {self.path} ({why}): the service may not be running "
                 f"(systemctl status hpc-batch), or set ${defaults.SOCKET_ENV} to its --socket") from None
-        self.decoder = framing.Decoder()
+        self.decoder = framing.Decoder(framing.MAX_REPLY)
 
     def send(self, op: str, **args) -> None:
         """Send one request."""

@@ -11,18 +11,19 @@ import json
 import struct
 
 HEADER = struct.Struct(">I")
-MAX_FRAME = 4 << 20  # 4 MiB: a forwarded environment plus a long argv fits
+MAX_FRAME = 4 << 20       # requests: a forwarded environment plus a long argv fits
+MAX_REPLY = 256 << 20     # replies: a listing of a very long queue fits
 
 
 class FrameError(Exception):
     """The peer sent bytes that are not a valid frame (corrupt or oversized)."""
 
 
-def encode(obj: dict) -> bytes:
+def encode(obj: dict, limit: int = MAX_FRAME) -> bytes:
     """Serialise one message as a frame; lone surrogates survive (output bytes)."""
     body = json.dumps(obj, separators=(",", ":")).encode("ascii")
-    if len(body) > MAX_FRAME:
-        raise FrameError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte frame limit")
+    if len(body) > limit:
+        raise FrameError(f"message of {len(body)} bytes exceeds the {limit}-byte frame limit")
     return HEADER.pack(len(body)) + body
 
 

@@ -85,6 +85,7 @@ def schedule(
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    state = state if isinstance(state, dict) else {}  # tolerate a lost/odd state file
     free = Free.of(capacity(machine, limits), (r.alloc for r in running))
     starts: list[tuple[int, Allocation]] = []
     failures: list[tuple[int, str]] = []

@@ -25,10 +25,20 @@ from shepherd import records
 log = logging.getLogger("hpc-batchd")
 
 IDLE_TIMEOUT = 60.0          # a connection that sends no request is dropped
-MAX_BUFFERED = 8 << 20       # a client that reads nothing is dropped past this
 CHUNK = 64 << 10             # attach reads and sends output in chunks this big
 FALLBACK_POLL = 0.05         # attach wake-up when inotify is unavailable
 _CRED = struct.Struct("3i")
+
+
+def _reap_children() -> None:
+    """Collect every exited child (shepherds outlive us only as non-children)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 class Conn:
@@ -100,6 +110,7 @@ class Server:
         self.sel.register(rfd, selectors.EVENT_READ, ("signal", None))
         if self.inotify:
             self.sel.register(self.inotify.fd, selectors.EVENT_READ, ("inotify", None))
+        _reap_children()  # shepherds that ended while we were re-executing
 
     def _on_signal(self, signum, frame):
         self.signals.append(signum)
@@ -154,7 +165,8 @@ class Server:
                 self.stop_reason = "reload"
             elif sig in (signal.SIGTERM, signal.SIGINT):
                 self.stop_reason = "terminate"
-            # SIGCHLD only wakes us: exits arrive through pidfds.
+            elif sig == signal.SIGCHLD:
+                _reap_children()  # exits are learned through pidfds; this only clears zombies
 
     def _expire_idle(self) -> None:
         cutoff = time.monotonic() - IDLE_TIMEOUT
@@ -202,14 +214,19 @@ class Server:
                 conn.last = time.monotonic()
                 if conn.attach is None and not conn.closing:
                     conn.decoder.feed(data)
-                    self._requests(conn)
+                    if not conn.out:
+                        self._requests(conn)
         if mask & selectors.EVENT_WRITE:
             self._flush(conn)
-            if conn.attach is not None and conn.open():
+            if not conn.open():
+                return
+            if conn.attach is not None:
                 self._pump(conn)
+            elif not conn.out and conn.decoder.pending:
+                self._requests(conn)  # pipelined requests held back while replies were unsent
 
     def _requests(self, conn: Conn) -> None:
-        while not conn.closing and conn.attach is None:
+        while not conn.closing and conn.attach is None and not conn.out:
             try:
                 msg = conn.decoder.next()
             except framing.FrameError as exc:
@@ -239,7 +256,7 @@ class Server:
 
     def _reply(self, conn: Conn, msg: dict, close: bool = False) -> None:
         try:
-            conn.out += framing.encode(msg)
+            conn.out += framing.encode(msg, framing.MAX_REPLY)
         except framing.FrameError as exc:
             conn.out += framing.encode(protocol.error(f"reply too large: {exc}", "internal"))
         if close:
@@ -256,18 +273,16 @@ class Server:
                 self._close(conn)
                 return
             del conn.out[:n]
-        if len(conn.out) > MAX_BUFFERED:
-            log.warning("dropping uid %d: it is not reading its replies", conn.caller.uid)
-            self._close(conn)
-            return
         if not conn.out and conn.closing and (conn.attach is None or conn.attach.get("done")):
             self._close(conn)
             return
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
+        # Backpressure: while a reply is unsent, read nothing more from this client,
+        # so one that never reads its replies cannot make the daemon buffer without end.
+        events = selectors.EVENT_WRITE if conn.out else selectors.EVENT_READ
         try:
             self.sel.modify(conn.sock, events, ("conn", conn))
         except (KeyError, ValueError):
-            pass
+            return
 
     def _close(self, conn: Conn) -> None:
         fd = conn.sock.fileno()

@@ -51,6 +51,11 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as exc:
         _finish(job_dir, {"error": f"cannot read the launch spec: {exc}", "ended": time.time()})
         return 1
+    if spec.get("shepherd_cgroup"):
+        try:  # beside the job, never inside its limits: an OOM kill must not take us
+            cgroup.join(spec["shepherd_cgroup"])
+        except OSError as exc:
+            sys.stderr.write(f"hpc-batch-shepherd: cannot join {spec['shepherd_cgroup']}: {exc}\n")
     result = run_job(job_dir, spec, lock_fd)
     _finish(job_dir, result)
     deliver(job_dir, spec, lock_fd)
