@@ -1,0 +1,50 @@
+"""The wheel carries what an install needs: the unit, the shepherd, the entry points."""
+
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from hpc_batch import __version__
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), ROOT],
+                   check=True, capture_output=True)
+    (path,) = [p for p in out.iterdir() if p.suffix == ".whl"]
+    return path
+
+
+def test_wheel_name_carries_the_single_version(wheel):
+    assert wheel.name.startswith(f"hpc_batch-{__version__}-")
+
+
+def test_wheel_contents(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in ("hpc_batch/data/hpc-batch.service", "hpc_batch/daemon.py", "hpc_batch/cli.py",
+                   "shepherd/main.py", "hpc_batch/install.py"):
+        assert needed in names, needed
+    dist = f"hpc_batch-{__version__}.dist-info"
+    assert any(n.startswith(dist) and n.endswith("LICENSE") for n in names)
+    eps = zipfile.ZipFile(wheel).read(f"{dist}/entry_points.txt").decode()
+    for script in ("dispatch", "hpc-batchd", "hpc-batch-shepherd", "hpc-batch-install"):
+        assert f"{script} = " in eps
+    unit = zipfile.ZipFile(wheel).read("hpc_batch/data/hpc-batch.service").decode()
+    for line in ("Delegate=cpuset memory pids", "KillMode=process", "RestartPreventExitStatus=78"):
+        assert line in unit
+
+
+def test_metadata_license_and_dependencies(wheel):
+    dist = f"hpc_batch-{__version__}.dist-info"
+    meta = zipfile.ZipFile(wheel).read(f"{dist}/METADATA").decode()
+    assert "License-Expression: AGPL-3.0-or-later" in meta
+    requires = sorted(line.split()[1] for line in meta.splitlines()
+                      if line.startswith("Requires-Dist:") and "extra ==" not in line)
+    assert requires == ["docopt-ng", "psutil"]
