@@ -19,15 +19,17 @@ SHEPHERD = "hpc-batch-shepherd"
 
 
 def shepherd_argv(job_id: int, user: str, job_dir: str) -> tuple:
-    """(executable, argv, env) to start a shepherd; ps shows its job and user."""
-    exe = os.path.join(os.path.dirname(sys.executable), SHEPHERD)
+    """(executable, argv, env) to start a shepherd; ps shows its job and user.
+
+    The shepherd's file is run directly with -S (no site-packages: it needs
+    only the standard library and its own directory) and -E -s (ignore the
+    environment and the user's site): it starts fast and nothing a user
+    controls can change what root runs.
+    """
+    script = os.path.join(os.path.dirname(os.path.abspath(shepherd.__file__)), SHEPHERD + ".py")
     args = ["--job", str(job_id), "--user", user, job_dir]
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-    if os.access(exe, os.X_OK):
-        return exe, [SHEPHERD, *args], env
-    # Running from a checkout: the package dir must be importable by the child.
-    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(shepherd.__file__)))
-    return sys.executable, [sys.executable, "-m", "shepherd", *args], env
+    return sys.executable, [sys.executable, "-E", "-s", "-S", script, *args], env
 
 
 def write_launch(job_dir: str, launch: dict) -> None:

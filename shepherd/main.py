@@ -19,13 +19,16 @@ It enforces nothing itself: timeouts and kills come from the daemon.
 """
 
 import fcntl
-import json
 import os
 import signal
 import sys
 import time
 
-from shepherd import cgroup, records
+try:
+    from shepherd import cgroup, records
+except ImportError:  # run as a file (python -I -S .../hpc-batch-shepherd.py): siblings are on sys.path
+    import cgroup
+    import records
 
 # An exec failure in the child reaches the shepherd through a close-on-exec
 # pipe: EOF means the exec happened, bytes mean it did not (and why).
@@ -46,7 +49,7 @@ def main(argv=None) -> int:
     launch_path = os.path.join(job_dir, records.LAUNCH)
     try:
         with open(launch_path, "rb") as f:
-            spec = json.loads(f.read())
+            spec = records.loads(f.read().decode())
         os.unlink(launch_path)
     except (OSError, ValueError) as exc:
         _finish(job_dir, {"error": f"cannot read the launch spec: {exc}", "ended": time.time()})

@@ -14,11 +14,50 @@ daemon learns everything it needs after a restart from these files alone.
     output         the combined stdout/stderr buffer while the job runs
 
 Imported by the shepherd and the daemon alike, so it stays stdlib-only and
-small (the shepherd's import cost is paid per job).
+small (the shepherd's import cost is paid per job). That is also why JSON is
+read and written with the C scanner and encoder behind the json module
+(``_json``) rather than ``json`` itself: importing ``json`` pulls in ``re``,
+which would be most of a shepherd's start-up time.
 """
 
-import json
+import _json
 import os
+
+
+class _Decoding:
+    """The settings object the C scanner reads (the json module's defaults)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    memo: dict = {}
+
+    @staticmethod
+    def parse_constant(name):
+        raise ValueError(f"{name} is not valid in a record")
+
+
+_scan = _json.make_scanner(_Decoding())
+_encode = _json.make_encoder(None, None, _json.encode_basestring_ascii, None, ": ", ", ",
+                             True, False, False)
+
+
+def dumps(obj) -> str:
+    """JSON text of *obj* (dicts, lists, str, int, float, bool, None)."""
+    return "".join(_encode(obj, 0))
+
+
+def loads(text: str):
+    """Parse JSON text; raises ValueError on anything malformed or trailing."""
+    try:
+        obj, end = _scan(text, 0)
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if text[end:].strip():
+        raise ValueError("trailing data after JSON")
+    return obj
 
 LAUNCH = "launch.json"
 PIDFILE = "shepherd.pid"
@@ -38,7 +77,7 @@ def write_json(path: str, obj, mode: int = 0o644, durable: bool = True) -> None:
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        os.write(fd, json.dumps(obj).encode())
+        os.write(fd, dumps(obj).encode())
         if durable:
             os.fsync(fd)
     finally:
@@ -57,7 +96,7 @@ def read_json(path: str):
     """Return the JSON in *path*, or None if it does not exist or is torn."""
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read())
+            return loads(f.read().decode())
     except (OSError, ValueError):
         return None
 

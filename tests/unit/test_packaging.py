@@ -29,7 +29,7 @@ def test_wheel_name_carries_the_single_version(wheel):
 def test_wheel_contents(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("hpc_batch/data/hpc-batch.service", "hpc_batch/daemon.py", "hpc_batch/cli.py",
-                   "shepherd/main.py", "hpc_batch/install.py"):
+                   "shepherd/main.py", "shepherd/hpc-batch-shepherd.py", "hpc_batch/install.py"):
         assert needed in names, needed
     dist = f"hpc_batch-{__version__}.dist-info"
     assert any(n.startswith(dist) and n.endswith("LICENSE") for n in names)

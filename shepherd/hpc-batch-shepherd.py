@@ -1,0 +1,13 @@
+"""What hpc-batchd runs for each job: ``python -I -S .../shepherd/hpc-batch-shepherd.py``.
+
+Run as a file, not through the console-script wrapper, so the interpreter
+skips site-packages and the wrapper's imports: a shepherd starts in a few
+milliseconds and stays small. ``ps`` shows this file's name, the job id and
+the user. The ``hpc-batch-shepherd`` console script runs the same ``main``.
+"""
+
+import sys
+
+from main import main
+
+sys.exit(main())
