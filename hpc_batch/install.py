@@ -266,19 +266,25 @@ def daemon_dirs(argv: list[str]) -> dict[str, str]:
 def is_shepherd(cmdline: list[str], comm: str) -> bool:
     """Whether a process is an hpc-batch-shepherd, from its argv and comm.
 
-    A script started through its interpreter has the script as argv[1]
-    (but `vim hpc-batch-shepherd` is no shepherd); the kernel cuts comm to
-    15 characters.
+    The daemon runs ``python -E -s -S .../shepherd/hpc-batch-shepherd.py``;
+    the console script shows as ``python .../bin/hpc-batch-shepherd`` with
+    comm cut to 15 characters. An editor with the file open is no shepherd.
     """
-    if comm == SHEPHERD[:15]:
+    names = (SHEPHERD, SHEPHERD + ".py")
+    if comm == SHEPHERD[:15] or (cmdline and os.path.basename(cmdline[0]) in names):
         return True
-    heads = [os.path.basename(a) for a in cmdline[:2]]
-    if heads[:1] == [SHEPHERD]:
-        return True
-    if not heads or not heads[0].startswith("python"):
+    if not cmdline or not os.path.basename(cmdline[0]).startswith("python"):
         return False
-    return heads[1:2] == [SHEPHERD] or cmdline[1:3] in (["-m", "shepherd"],
-                                                         ["-m", "shepherd.main"])
+    args = iter(cmdline[1:])
+    for arg in args:
+        if arg == "-m":
+            return next(args, "") in ("shepherd", "shepherd.main")
+        if arg in ("-X", "-W"):
+            next(args, None)  # the option's value
+        elif arg == "-c" or not arg.startswith("-"):
+            # The first operand is the script python runs.
+            return arg != "-c" and os.path.basename(arg) in names
+    return False
 
 
 def descendants(parent_of: dict[int, int], roots: Iterable[int]) -> set[int]:
@@ -507,9 +513,12 @@ def install(choices: dict, recorded: dict | None, host: Host) -> None:
                            + (f"; try {' or '.join(present)}" if present else ""))
     links = plan_links(prefix, bin_dir)
     template = find_unit_template(prefix)
-    unit = render_unit(template.read_text(), {
-        "BIN_DIR": str(bin_dir), "ADMIN_GROUP": choices["admin_group"],
-        "PREFIX": str(prefix)})
+    try:
+        unit = render_unit(template.read_text(), {
+            "BIN_DIR": str(bin_dir), "ADMIN_GROUP": choices["admin_group"],
+            "PREFIX": str(prefix)})
+    except ValueError as exc:
+        raise InstallError(f"{template}: {exc}") from exc
 
     if recorded and recorded.get("bin_dir") and recorded["bin_dir"] != str(bin_dir):
         # --force moved the bin dir: do not leave the old links behind.

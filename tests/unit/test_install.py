@@ -173,6 +173,13 @@ def test_exec_start_argv_takes_the_last_setting_of_unit_and_dropins():
     (["/opt/hpc-batch/bin/python", "/opt/hpc-batch/bin/hpc-batch-shepherd"], "python", True),
     (["hpc-batch-shepherd", "--job", "1"], "whatever", True),
     (["python3", "-m", "shepherd", "--job", "1"], "python3", True),
+    (["/opt/hpc-batch/bin/python", "-E", "-s", "-S",
+      "/opt/hpc-batch/lib/python3.11/site-packages/shepherd/hpc-batch-shepherd.py",
+      "--job", "3", "--user", "alice", "/var/lib/hpc-batch/jobs/3"], "python", True),
+    (["python3", "-X", "dev", "/x/hpc-batch-shepherd.py"], "python3", True),
+    (["python3", "-c", "import x", "hpc-batch-shepherd"], "python3", False),
+    (["python3", "/usr/bin/other", "hpc-batch-shepherd"], "python3", False),
+    (["python3", "-X", "hpc-batch-shepherd"], "python3", False),
     (["vim", "/opt/bin/hpc-batch-shepherd"], "vim", False),
     (["less", "x", "hpc-batch-shepherd"], "less", False),
     ([], "", False),
@@ -379,8 +386,9 @@ def test_purge_kills_shepherds_and_removes_everything(scratch):
     shepherd = subprocess.Popen(["sleep", "300"])
     job = subprocess.Popen(["sleep", "300"])
     bystander = subprocess.Popen(["sleep", "300"])
-    _fake_proc_entry(paths.proc, shepherd.pid, 1, "hpc-batch-sheph",
-                     ["/usr/bin/python3", str(prefix / "bin/hpc-batch-shepherd"), "--job", "3"])
+    _fake_proc_entry(paths.proc, shepherd.pid, 1, "python3",
+                     ["/usr/bin/python3", "-E", "-s", "-S",
+                      str(prefix / "lib/shepherd/hpc-batch-shepherd.py"), "--job", "3"])
     _fake_proc_entry(paths.proc, job.pid, shepherd.pid, "sleep", ["sleep", "300"])
     _fake_proc_entry(paths.proc, bystander.pid, 1, "sleep", ["sleep", "300"])
     try:

@@ -1,0 +1,199 @@
+#!/bin/sh
+# Remove hpc-batch completely, jobs and state included:
+#
+#   sudo sh uninstall.sh
+#
+# The same as `hpc-batch-install --purge` (extra arguments go to it). When
+# the venv is gone or its installer cannot start, the same steps are done
+# here in shell, with the locations the last install recorded, else the
+# defaults. To keep queued jobs and history, use
+# `hpc-batch-install --uninstall` instead.
+set -u
+
+# One function called on the last line: nothing runs before the whole script
+# has been read, even when it is piped into sh.
+main() {
+    prog=uninstall.sh
+    record=/etc/hpc-batch/install.json
+    unit=/etc/systemd/system/hpc-batch.service
+    dropins=/etc/systemd/system/hpc-batch.service.d
+    cgroup=/sys/fs/cgroup/hpc-batch
+
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "$prog: must be run as root (try: sudo sh uninstall.sh)" >&2
+        exit 1
+    fi
+
+    recorded() {  # recorded KEY: a choice of the last install, or nothing
+        [ -f "$record" ] || return 0
+        if command -v python3 >/dev/null 2>&1; then
+            python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2]) or "")' \
+                "$record" "$1" 2>/dev/null
+        else  # install.json is written one key a line
+            sed -n "s/^ *\"$1\": \"\\(.*\\)\",\\{0,1\\}\$/\\1/p" "$record"
+        fi
+    }
+
+    prefix=${HPC_BATCH_PREFIX:-$(recorded prefix)}
+    prefix=${prefix:-/opt/hpc-batch}
+    bin_dir=$(recorded bin_dir)
+    bin_dir=${bin_dir:-/opt/bin}
+
+    installer=$prefix/bin/hpc-batch-install
+    if [ -x "$installer" ] && "$installer" --version >/dev/null 2>&1; then
+        exec "$installer" --purge --prefix "$prefix" --bin-dir "$bin_dir" "$@"
+    fi
+    echo "$prog: $installer is missing or cannot start; removing by hand"
+
+    say() { echo "$prog: $*"; }
+
+    safe_rm() {  # rm -rf, but never a top-level system directory
+        case $1 in
+            "" | / | /bin | /boot | /dev | /etc | /home | /lib | /lib64 | /opt | /proc | /root \
+            | /run | /sbin | /srv | /sys | /tmp | /usr | /var | /var/lib | /var/run | /var/tmp \
+            | /usr/local | /usr/bin | /usr/local/bin) say "not removing '$1'"; return ;;
+            /*) ;;
+            *) say "not removing relative path '$1'"; return ;;
+        esac
+        if [ -e "$1" ] || [ -L "$1" ]; then
+            rm -rf "$1" && say "removed $1"
+        fi
+    }
+
+    # Directories the daemon was told to use, from the unit's last ExecStart=.
+    state_dir=/var/lib/hpc-batch dev_dir=/dev/hpc-batch socket=/run/hpc-batch/hpc-batch.sock
+    exec_start=$(cat "$unit" "$dropins"/*.conf 2>/dev/null | sed -n 's/^ExecStart=//p' | tail -n 1)
+    prev=
+    for word in $exec_start; do
+        case $prev in
+            --state-dir) state_dir=$word ;;
+            --dev-dir) dev_dir=$word ;;
+            --socket) socket=$word ;;
+        esac
+        case $word in
+            --state-dir=*) state_dir=${word#*=} ;;
+            --dev-dir=*) dev_dir=${word#*=} ;;
+            --socket=*) socket=${word#*=} ;;
+        esac
+        prev=$word
+    done
+
+    booted=
+    [ -d /run/systemd/system ] && booted=1
+    if [ -n "$booted" ] && [ -e "$unit" ]; then
+        # Stops the daemon only (KillMode=process); its jobs are killed below.
+        systemctl disable --now hpc-batch || true
+    fi
+
+    # Shepherds (and, without cgroups, their jobs): every process below one.
+    is_shepherd() {  # is_shepherd PID: as is_shepherd() in hpc_batch/install.py
+        [ "$(cat "/proc/$1/comm" 2>/dev/null)" = hpc-batch-sheph ] && return 0
+        # shellcheck disable=SC2046  # argv words, split on purpose
+        set -- $(tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | head -n 8)
+        [ $# -gt 0 ] || return 1
+        case ${1##*/} in
+            hpc-batch-shepherd | hpc-batch-shepherd.py) return 0 ;;
+            python*) shift ;;
+            *) return 1 ;;
+        esac
+        while [ $# -gt 0 ]; do
+            case $1 in
+                -m) [ "${2-}" = shepherd ] || [ "${2-}" = shepherd.main ]; return ;;
+                -X | -W) shift 2 || return 1 ;;
+                -c) return 1 ;;
+                -*) shift ;;
+                *) case ${1##*/} in
+                       hpc-batch-shepherd | hpc-batch-shepherd.py) return 0 ;;
+                       *) return 1 ;;
+                   esac ;;
+            esac
+        done
+        return 1
+    }
+    roots=''
+    for dir in /proc/[0-9]*; do
+        pid=${dir#/proc/}
+        if [ "$pid" != "$$" ] && is_shepherd "$pid"; then
+            roots="$roots $pid"
+        fi
+    done
+    if [ -n "$roots" ]; then
+        # "pid ppid" for every process; cat goes on past ones that exit.
+        victims=$(cat /proc/[0-9]*/status 2>/dev/null \
+            | awk '/^Pid:/ { pid = $2 } /^PPid:/ { print pid, $2 }' \
+            | awk -v roots="$roots" -v self="$$" '
+            BEGIN { n = split(roots, r, " "); for (i = 1; i <= n; i++) keep[r[i]] = 1 }
+            { parent[$1] = $2 }
+            END {
+                # Spare this script and its callers (a purge run from a job).
+                for (a = self; a in parent && a != 1; a = parent[a]) spare[a] = 1
+                do {
+                    grew = 0
+                    for (p in parent)
+                        if (!(p in keep) && (parent[p] in keep)) { keep[p] = 1; grew = 1 }
+                } while (grew)
+                for (p in keep) if (!(p in spare) && p != 1) printf "%s ", p
+            }')
+        # Stop all first so none reacts to another's death, then kill.
+        # shellcheck disable=SC2086  # a list of pids
+        kill -STOP $victims 2>/dev/null
+        # shellcheck disable=SC2086
+        kill -KILL $victims 2>/dev/null
+        # shellcheck disable=SC2086
+        say "killed shepherds and their jobs:" $victims
+    fi
+
+    if [ -d "$cgroup" ]; then
+        if [ -e "$cgroup/cgroup.kill" ]; then
+            echo 1 >"$cgroup/cgroup.kill"
+        else
+            # shellcheck disable=SC2038  # find prints pids (file contents), not names
+            find "$cgroup" -name cgroup.procs -exec cat {} + | xargs -r kill -KILL 2>/dev/null
+        fi
+        tries=0
+        while grep -q 'populated 1' "$cgroup/cgroup.events" 2>/dev/null && [ $tries -lt 100 ]; do
+            sleep 0.1
+            tries=$((tries + 1))
+        done
+        find "$cgroup" -depth -type d -exec rmdir {} \; 2>/dev/null
+        if [ -d "$cgroup" ]; then say "could not remove $cgroup"; else say "removed $cgroup"; fi
+    fi
+
+    for dir in "$state_dir" /var/lib/hpc-batch "$dev_dir" /dev/hpc-batch /run/hpc-batch "$dropins"; do
+        safe_rm "$dir"
+    done
+    case ${socket%/*} in
+        */hpc-batch) safe_rm "${socket%/*}" ;;
+        *) rm -f "$socket" ;;
+    esac
+
+    for file in "$unit" /etc/profile.d/hpc-batch.sh "$record"; do
+        if [ -e "$file" ]; then rm -f "$file" && say "removed $file"; fi
+    done
+    rmdir /etc/hpc-batch 2>/dev/null
+    if [ -n "$booted" ]; then
+        systemctl daemon-reload
+        systemctl reset-failed hpc-batch 2>/dev/null
+    fi
+
+    for name in dispatch hpc-batchd hpc-batch-install hpc-batch-shepherd; do
+        link=$bin_dir/$name
+        [ -L "$link" ] || continue
+        case $(readlink "$link") in
+            "$prefix"/bin/*) rm -f "$link" && say "removed $link" ;;
+        esac
+    done
+    case $bin_dir in
+        /opt/*) rmdir "$bin_dir" 2>/dev/null ;;
+    esac
+
+    if [ -f "$prefix/pyvenv.cfg" ]; then
+        safe_rm "$prefix"
+    elif [ -e "$prefix" ]; then
+        say "left $prefix alone: it is not a venv"
+    fi
+    say "done"
+    exit 0
+}
+
+main "$@" </dev/null
