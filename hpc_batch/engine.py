@@ -405,7 +405,9 @@ class Engine:
         job.state, job.ended, job.result = FINISHED, now, result.__dict__.copy()
         handle = self.running.pop(job.id, None)
         try:
-            self.store.save_job(job)
+            # Durable only when no exit record stands behind it (errors decided here).
+            has_record = os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT))
+            self.store.save_job(job, durable=not has_record)
         except OSError as exc:
             log.error("job %d: cannot record its end (%s); will retry", job.id, exc)
             self.meta_dirty = True

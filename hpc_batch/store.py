@@ -32,8 +32,8 @@ class StateLocked(StateError):
     """Another daemon holds the state directory."""
 
 
-def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
-    """Replace *path* with *data* durably; on failure the old file is untouched."""
+def write_atomic(path: str, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
+    """Replace *path* with *data* (durably unless told not to); on failure the old file is untouched."""
     directory = os.path.dirname(path) or "."
     tmp = f"{path}.tmp.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
@@ -43,7 +43,8 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, path)
@@ -53,7 +54,8 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
         except OSError:
             pass
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
 def fsync_dir(directory: str) -> None:
@@ -151,16 +153,18 @@ class Store:
         fsync_dir(self.jobs_dir)
         return d
 
-    def save_job(self, job: Job, env: dict | None = None) -> None:
-        """Persist one job record durably, with its environment while queued.
+    def save_job(self, job: Job, env: dict | None = None, durable: bool = True) -> None:
+        """Persist one job record, with its environment while queued.
 
         Saving without *env* is how the environment is dropped once the job
-        has started: the record is rewritten without it.
+        has started: the record is rewritten without it. A finished job's
+        record may skip the fsyncs (*durable* False): its shepherd's exit
+        record is already on disk, and a lost update is re-collected from it.
         """
         data = job.to_dict()
         if env is not None:
             data["env"] = env
-        write_atomic(os.path.join(self.job_dir(job.id), "job.json"), _dump(data))
+        write_atomic(os.path.join(self.job_dir(job.id), "job.json"), _dump(data), durable=durable)
 
     def load_env(self, job_id: int) -> dict:
         """Read a queued job's stored environment (empty if none is stored)."""
