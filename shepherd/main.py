@@ -99,13 +99,7 @@ def run_job(job_dir: str, spec: dict, lock_fd: int) -> dict:
     records.write_json(os.path.join(job_dir, records.STATUS),
                        {"job_pid": pid, "job_start": records.proc_starttime(pid), "started": started},
                        durable=False)
-    failure = b""
-    while True:
-        chunk = os.read(rfd, 4096)
-        if not chunk:
-            break
-        failure += chunk
-    os.close(rfd)
+    failure = _drain(rfd)  # returns at the exec (EOF) or with the child's reason
     _, status = os.waitpid(pid, 0)
     rec = {"status": status, "ended": time.time(), "code": None, "signal": None, "error": None}
     if os.WIFEXITED(status):
@@ -172,6 +166,18 @@ def _child(spec: dict, out_fd: int, err_w: int) -> None:
     os._exit(127)
 
 
+def _drain(fd: int) -> bytes:
+    """Everything a child writes to a pipe until it closes (exec or exit), then close it."""
+    data = b""
+    while True:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    os.close(fd)
+    return data
+
+
 def _errname(num: int) -> str:
     import errno
     return errno.errorcode.get(num, "?")
@@ -210,13 +216,7 @@ def deliver(job_dir: str, spec: dict, lock_fd: int) -> None:
         _copy_as_user(spec, src, dest, wfd)
     os.close(wfd)
     os.close(src)
-    err = b""
-    while True:
-        chunk = os.read(rfd, 4096)
-        if not chunk:
-            break
-        err += chunk
-    os.close(rfd)
+    err = _drain(rfd)
     _, status = os.waitpid(pid, 0)
     if status == 0 and not err:
         _unlink(out_path)
