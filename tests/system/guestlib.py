@@ -1,0 +1,123 @@
+"""Helpers for system tests that drive hpc-batch in the guest as real users."""
+
+import re
+import shlex
+import time
+
+GUEST_BIN = "/opt/bin"
+DROPIN_DIR = "/etc/systemd/system/hpc-batch.service.d"
+
+
+def wait_for(check, timeout, interval=1.0, what="condition"):
+    """Poll *check* until it returns a truthy value; fail with *what* after *timeout*."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def dispatch(guest, user, *args, timeout=120, cwd="~"):
+    """Run dispatch in the guest as *user* from *cwd* (a Result)."""
+    cmd = f"cd {cwd} && {GUEST_BIN}/dispatch " + " ".join(shlex.quote(a) for a in args)
+    return guest.run(cmd, user=user, timeout=timeout)
+
+
+def submit(guest, user, *cmd, flags=(), cwd="~") -> int:
+    """Submit a job as *user*; returns its id."""
+    r = dispatch(guest, user, "new", *flags, "--", *cmd, cwd=cwd)
+    assert r.ok, r.describe() + "\n" + guest.unit_report("hpc-batch")
+    m = re.match(r"job (\d+) ", r.out)
+    assert m, r.describe()
+    return int(m.group(1))
+
+
+def rows(guest, user, *flags) -> dict:
+    """``dispatch list`` rows keyed by job id."""
+    r = dispatch(guest, user, "list", *flags)
+    assert r.ok, r.describe()
+    out = {}
+    for line in r.out.splitlines():
+        words = line.split()
+        if len(words) > 1 and words[1].isdigit():
+            out[int(words[1])] = line
+    return out
+
+
+def state(guest, user, job) -> str:
+    row = rows(guest, user, "--finished").get(job, "")
+    return "finished" if " finished " in row else "queued" if " queued " in row else "running"
+
+
+def wait_finished(guest, user, job, timeout=240) -> str:
+    """The job's finished row, once it is."""
+    def done():
+        row = rows(guest, user, "--finished").get(job)
+        return row if row and " finished " in row else None
+    return wait_for(done, timeout, what=f"job {job} to finish")
+
+
+def wait_running(guest, user, job, timeout=240) -> None:
+    wait_for(lambda: state(guest, user, job) == "running" and
+             guest.run(f"test -e /var/lib/hpc-batch/jobs/{job}/status.json", timeout=30).ok,
+             timeout, what=f"job {job} to run")
+
+
+def exit_of(row: str) -> str:
+    words = row.split()
+    return words[words.index("finished") + 1]
+
+
+def home(guest, user) -> str:
+    return guest.run(f"getent passwd {user} | cut -d: -f6", timeout=30, check=True).out.strip()
+
+
+def read(guest, path, user=None) -> str:
+    r = guest.run(["cat", path], user=user, timeout=60)
+    assert r.ok, r.describe()
+    return r.out
+
+
+def main_pid(guest) -> int:
+    return int(guest.run("systemctl show -p MainPID --value hpc-batch", timeout=30, check=True).out.strip())
+
+
+def ready_count(guest) -> int:
+    r = guest.run("journalctl -u hpc-batch -o cat --no-pager | grep -c 'ready on' || true", timeout=60)
+    return int(r.out.strip() or 0)
+
+
+def set_flags(guest, flags, how="reload", admin_group=None) -> None:
+    """Override the daemon's flags with a drop-in, applied by reload or restart."""
+    group = admin_group or guest.run(
+        "systemctl show -p ExecStart --value hpc-batch | grep -o -- '--admin-group [^ ;]*' | cut -d' ' -f2",
+        timeout=30).out.strip() or "adm"
+    conf = ("[Service]\nExecStart=\nExecStart=%s/hpc-batchd --admin-group %s %s\n"
+            % (GUEST_BIN, group, " ".join(flags)))
+    guest.run(f"mkdir -p {DROPIN_DIR}", timeout=30, check=True)
+    guest.put_bytes(conf, f"{DROPIN_DIR}/50-test-flags.conf", mode=0o644)
+    apply(guest, how)
+
+
+def clear_flags(guest, how="reload") -> None:
+    guest.run(f"rm -f {DROPIN_DIR}/50-test-flags.conf", timeout=30, check=True)
+    apply(guest, how)
+
+
+def apply(guest, how) -> None:
+    """daemon-reload, then reload or restart, and wait until the daemon answers again."""
+    before = ready_count(guest)
+    r = guest.run(f"systemctl daemon-reload && systemctl {how} hpc-batch", timeout=300)
+    assert r.ok, r.describe() + "\n" + guest.unit_report("hpc-batch")
+    wait_for(lambda: ready_count(guest) > before, 180, what=f"hpc-batch to be ready after {how}")
+
+
+def daemon_cmdline(guest) -> str:
+    return guest.run(f"tr '\\0' ' ' < /proc/{main_pid(guest)}/cmdline", timeout=30, check=True).out
+
+
+def job_cgroup(job) -> str:
+    return f"/sys/fs/cgroup/hpc-batch/job-{job}"
