@@ -51,6 +51,7 @@ class Engine:
         self.meta_dirty = False
         self.pending = None                 # a Decision to carry out after a reply
         self.resched = False                # something freed resources: schedule on the next tick
+        self.retry_at = None                # when to retry starts that failed to write
         self.root_mode = os.geteuid() == 0
 
     # -- start-up -------------------------------------------------------------
@@ -312,20 +313,17 @@ class Engine:
                 "cgroup": cg,
                 "shepherd_cgroup": cgroups.shepherds_path(self.cfg.cgroup_root) if self.cfg.cgroups else None,
             })
-        except (cgroups.CgroupError, OSError) as exc:
+        except OSError as exc:
+            self._requeue(job, cg, exc, now)
+            return
+        except cgroups.CgroupError as exc:
             log.error("job %d cannot start: %s", job.id, exc)
             self._finish(job, Result(ERROR, note=str(exc)), now)
             return
         try:
             self.store.save_job(job)
         except OSError as exc:
-            log.error("job %d: cannot record its start (%s); leaving it queued", job.id, exc)
-            if cg:
-                cgroups.remove(cg)
-            del self.running[job.id]
-            job.state, job.started, job.alloc = QUEUED, None, None
-            self._enqueue(job)
-            self.queued = dict(sorted(self.queued.items()))
+            self._requeue(job, cg, exc, now)
             return
         try:
             pid = launcher.spawn(job.id, job.user, jdir)
@@ -340,6 +338,23 @@ class Engine:
             pass
         log.info("job %d started: cpus %s, mem %d, gpus %s", job.id, list(alloc.cpus), alloc.mem, list(alloc.gpus))
         self.hooks.job_event(job.id, "started")
+
+    def _requeue(self, job: Job, cg, exc: OSError, now: float) -> None:
+        """A start that could not be written: with a full disk back to the queue, retried soon."""
+        if not is_disk_full(exc):
+            log.error("job %d cannot start: %s", job.id, exc)
+            if cg:
+                cgroups.remove(cg)
+            self._finish(job, Result(ERROR, note=f"cannot start: {exc}"), now)
+            return
+        log.error("job %d: cannot start it yet (%s); it stays queued and is retried", job.id, exc)
+        if cg:
+            cgroups.remove(cg)
+        del self.running[job.id]
+        job.state, job.started, job.alloc = QUEUED, None, None
+        self._enqueue(job)
+        self.queued = dict(sorted(self.queued.items()))
+        self.retry_at = now + 2.0
 
     def _watch(self, job_id: int, pid: int) -> None:
         fd = launcher.open_pidfd(pid, None)
@@ -496,10 +511,12 @@ class Engine:
 
     def tick(self, now: float) -> float | None:
         """Schedule if needed, enforce --max-time and kill grace; returns when to call again."""
+        if self.retry_at is not None and now >= self.retry_at:
+            self.retry_at, self.resched = None, True
         if self.resched:
             self.resched = False
             self.schedule(now)
-        wake = None
+        wake = self.retry_at
         for job_id in list(self.running):
             job = self.jobs[job_id]
             handle = self.running[job_id]

@@ -32,6 +32,13 @@ def format_start(started: float, now: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", s)
 
 
+def one_line(text: str) -> str:
+    """*text* with control characters escaped, so every job stays on one row."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _note(job: dict) -> str:
     notes = []
     res = job.get("result") or {}
@@ -43,7 +50,7 @@ def _note(job: dict) -> str:
         notes.append(res["note"])
     if job.get("output_error"):
         notes.append(f"output not delivered: {job['output_error']}")
-    return f" ({'; '.join(notes)})" if notes else ""
+    return f" ({one_line('; '.join(notes))})" if notes else ""
 
 
 def format_row(job: dict, now: float, finished: bool) -> str:
@@ -54,7 +61,7 @@ def format_row(job: dict, now: float, finished: bool) -> str:
         start = format_start(job["started"], now)
         uptime = format_clock((job.get("ended") or now) - job["started"])
     mem = format_mem(job.get("mem")) + ("+" if job.get("spread") else "")
-    cols = [job["user"], str(job["id"]), job["command"], start, uptime,
+    cols = [job["user"], str(job["id"]), one_line(job["command"]), start, uptime,
             format_duration(job["max_time"]), mem, "yes" if job.get("exclusive") else "no"]
     line = " ".join(cols)
     if finished:

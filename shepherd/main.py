@@ -75,8 +75,8 @@ def _take_lock(job_dir: str):
         os.close(fd)
         return None
     pid = os.getpid()
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{pid} {records.proc_starttime(pid)}\n".encode())
+    line = f"{pid} {records.proc_starttime(pid)}\n".encode()
+    _persist(lambda: (os.ftruncate(fd, 0), os.pwrite(fd, line, 0)), "the pidfile")
     return fd
 
 
@@ -96,9 +96,9 @@ def run_job(job_dir: str, spec: dict, lock_fd: int) -> dict:
     os.close(wfd)
     os.close(out_fd)
     started = time.time()
-    records.write_json(os.path.join(job_dir, records.STATUS),
-                       {"job_pid": pid, "job_start": records.proc_starttime(pid), "started": started},
-                       durable=False)
+    status = {"job_pid": pid, "job_start": records.proc_starttime(pid), "started": started}
+    _persist(lambda: records.write_json(os.path.join(job_dir, records.STATUS), status, durable=False),
+             "the status record")
     failure = _drain(rfd)  # returns at the exec (EOF) or with the child's reason
     _, status = os.waitpid(pid, 0)
     rec = {"status": status, "ended": time.time(), "code": None, "signal": None, "error": None}
@@ -183,17 +183,23 @@ def _errname(num: int) -> str:
     return errno.errorcode.get(num, "?")
 
 
-def _finish(job_dir: str, rec: dict) -> None:
-    """Write the exit record, retrying while the disk is full: it is the only copy."""
-    delay = 0.1
+def _persist(write, what: str) -> None:
+    """Run *write* until it succeeds: a full disk must delay a record, never lose it."""
+    delay = 0.05
     while True:
         try:
-            records.write_json(os.path.join(job_dir, records.EXIT), rec)
+            write()
             return
         except OSError as exc:
-            sys.stderr.write(f"hpc-batch-shepherd: cannot write the exit record ({exc}); retrying\n")
+            if delay == 0.05:
+                sys.stderr.write(f"hpc-batch-shepherd: cannot write {what} ({exc}); retrying\n")
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+
+def _finish(job_dir: str, rec: dict) -> None:
+    """Write the exit record (the only copy of the job's outcome)."""
+    _persist(lambda: records.write_json(os.path.join(job_dir, records.EXIT), rec), "the exit record")
 
 
 def deliver(job_dir: str, spec: dict, lock_fd: int) -> None:
@@ -202,7 +208,8 @@ def deliver(job_dir: str, spec: dict, lock_fd: int) -> None:
     dest = spec.get("output")
     if dest is None:
         _unlink(out_path)
-        records.write_json(os.path.join(job_dir, records.DELIVERY), {"ok": True, "path": None})
+        _persist(lambda: records.write_json(os.path.join(job_dir, records.DELIVERY), {"ok": True, "path": None}),
+                 "the delivery record")
         return
     try:
         src = os.open(out_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -224,7 +231,7 @@ def deliver(job_dir: str, spec: dict, lock_fd: int) -> None:
     else:
         rec = {"ok": False, "path": dest,
                "error": err.decode(errors="replace") or f"copy failed (status {status})"}
-    records.write_json(os.path.join(job_dir, records.DELIVERY), rec)
+    _persist(lambda: records.write_json(os.path.join(job_dir, records.DELIVERY), rec), "the delivery record")
 
 
 def _copy_as_user(spec: dict, src: int, dest: str, err_w: int) -> None:

@@ -119,11 +119,10 @@ def test_oom_with_assigned_budget(guest):
 
 
 def test_children_that_outlive_the_job_are_killed(guest):
-    tag = "hpcb-orphan-test"
-    job = submit(guest, USER, "sh", "-c", f"setsid sh -c 'exec -a {tag} sleep 600' & "
-                 f"(exec -a {tag} sleep 600) & sleep 1; echo parent-exits")
+    # Two children outlive the job: one in its own session, one in its process group.
+    job = submit(guest, USER, "sh", "-c", "setsid sleep 6543 & sleep 6543 & sleep 1; echo parent-exits")
     assert exit_of(wait_finished(guest, USER, job)) == "0"
-    wait_for(lambda: guest.run(f"pgrep -f {tag}", timeout=30).rc == 1, 60, what="orphans gone")
+    wait_for(lambda: guest.run("pgrep -f '^sleep 6543'", timeout=30).rc == 1, 60, what="children gone")
     assert guest.run(f"test ! -e {job_cgroup(job)}", timeout=30).ok
 
 

@@ -1,0 +1,50 @@
+"""dispatch list formatting (pure)."""
+
+import time
+
+import pytest
+
+from hpc_batch.listing import format_mem, format_row, format_start, one_line
+
+NOW = time.mktime((2026, 11, 30, 15, 0, 0, 0, 0, -1))
+
+
+def job(**kw):
+    base = {"id": 7, "user": "alice", "command": "sleep 30", "state": "running", "started": NOW - 65,
+            "ended": None, "max_time": 5400, "mem": 32 << 30, "spread": False, "exclusive": False,
+            "exit": None, "result": None, "mem_assigned": True, "output_error": None}
+    base.update(kw)
+    return base
+
+
+@pytest.mark.parametrize("n,text", [(32 << 30, "32G"), (3 << 29, "1.5G"), (512 << 20, "512M"), (None, "-")])
+def test_format_mem(n, text):
+    assert format_mem(n) == text
+
+
+def test_running_row():
+    assert format_row(job(), NOW, False) == "alice 7 sleep 30 14:58:55 0:01:05 1h30m 32G no"
+
+
+def test_queued_row_and_spread_and_exclusive():
+    row = format_row(job(state="queued", started=None, spread=True, exclusive=True), NOW, False)
+    assert row == "alice 7 sleep 30 - queued 1h30m 32G+ yes"
+
+
+def test_finished_rows():
+    done = job(state="finished", ended=NOW - 5, exit="3", result={"kind": "exited", "code": 3})
+    assert format_row(done, NOW, True).endswith(" 0:01:00 1h30m 32G no finished 3")
+    oom = job(state="finished", ended=NOW, exit="oom", result={"kind": "oom"}, mem_assigned=False)
+    assert "finished oom (budget requested with --max-mem was 32G)" in format_row(oom, NOW, True)
+    oom["mem_assigned"] = True
+    assert "assigned by default" in format_row(oom, NOW, True)
+
+
+def test_old_start_shows_date():
+    assert format_start(NOW - 3 * 86400, NOW) == "2026-11-27 15:00"
+
+
+def test_multiline_command_stays_on_one_row():
+    row = format_row(job(command="python3 -c 'a = 1\nb\t= 2'"), NOW, False)
+    assert "\n" not in row and "\\n" in row and "\\t" in row
+    assert one_line("plain") == "plain"
