@@ -145,7 +145,11 @@ def cmd_new(conn, a) -> int:
     job_env, argv = split_env(a["<command>"])
     if not argv:
         raise UsageError("no command given: put it after '--', e.g. dispatch new -- echo hello")
-    args = {"argv": argv, "cwd": os.getcwd(), "job_env": job_env,
+    try:
+        cwd = os.getcwd()
+    except OSError as exc:
+        raise UsageError(f"cannot submit from this directory ({exc.strerror}): cd somewhere that exists") from None
+    args = {"argv": argv, "cwd": cwd, "job_env": job_env,
             "cpus": None if a["--cpu"] is None else _positive("--cpu", a["--cpu"], 1),
             "gpus": _positive("--gpu-cores", a["--gpu-cores"], 0),
             "mem": None if a["--max-mem"] is None else parse_mem(a["--max-mem"]),
