@@ -168,3 +168,20 @@ def test_missing_delegate_refuses_without_restart_loop(guest):
                   "systemctl start hpc-batch", timeout=300)
         wait_for(lambda: guest.run("systemctl is-active hpc-batch", timeout=30).out.strip() == "active",
                  120, what="hpc-batch active again")
+
+
+def test_oom_while_the_daemon_is_down(guest):
+    flag = "/tmp/hpcb-oom-go"
+    guest.run(f"rm -f {flag}", timeout=30)
+    job = submit(guest, USER, "sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.2; done; "
+                 f"python3 -c \"{ALLOC.format(n=40, mib=32, nap=0)}\"", flags=("--max-mem", "0.25"))
+    wait_running(guest, USER, job)
+    guest.run("systemctl stop hpc-batch", timeout=120, check=True)
+    try:
+        guest.run(f"touch {flag}", timeout=30, check=True)
+        wait_for(lambda: guest.run(f"test -e /var/lib/hpc-batch/jobs/{job}/exit.json", timeout=30).ok,
+                 120, what="the shepherd's exit record")
+    finally:
+        guest.run("systemctl start hpc-batch", timeout=300, check=True)
+    row = wait_finished(guest, USER, job)
+    assert exit_of(row) == "oom" and "requested" in row, row
