@@ -49,6 +49,7 @@ class Engine:
         self.next_id = 1
         self.policy_state: dict = {}
         self.meta_dirty = False
+        self.unsaved: set = set()           # job records whose last write failed (full disk)
         self.pending = None                 # a Decision to carry out after a reply
         self.resched = False                # something freed resources: schedule on the next tick
         self.retry_at = None                # when to retry starts that failed to write
@@ -425,8 +426,7 @@ class Engine:
             self.store.save_job(job, durable=not has_record)
         except OSError as exc:
             log.error("job %d: cannot record its end (%s); will retry", job.id, exc)
-            self.meta_dirty = True
-            self._unsaved = getattr(self, "_unsaved", set()) | {job.id}
+            self.unsaved.add(job.id)
         jdir = self.store.job_dir(job.id)
         for name in (records.INFO, records.LAUNCH):
             try:
@@ -448,11 +448,13 @@ class Engine:
 
     def retry_unsaved(self) -> None:
         """Retry records whose write failed (a full disk)."""
-        pending = getattr(self, "_unsaved", set())
-        for job_id in list(pending):
+        for job_id in list(self.unsaved):
+            if job_id not in self.jobs:
+                self.unsaved.discard(job_id)
+                continue
             try:
                 self.store.save_job(self.jobs[job_id])
-                pending.discard(job_id)
+                self.unsaved.discard(job_id)
             except OSError:
                 pass
         if self.meta_dirty:
@@ -532,7 +534,7 @@ class Engine:
                     due = now + defaults.KILL_GRACE
             if due is not None:
                 wake = due if wake is None else min(wake, due)
-        if self.meta_dirty or getattr(self, "_unsaved", None):
+        if self.meta_dirty or self.unsaved:
             self.retry_unsaved()
             wake = now + 2 if wake is None else min(wake, now + 2)
         return wake
