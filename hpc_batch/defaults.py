@@ -21,6 +21,9 @@ SCHEDULE = "fifo-strict"
 # Seconds between SIGTERM and SIGKILL when a job is timed out or killed.
 KILL_GRACE = 5.0
 
+# Seconds a recovering daemon waits before it decides an unstarted shepherd never ran.
+SHEPHERD_START_GRACE = 2.0
+
 # Groups suggested when --admin-group names one that does not exist.
 ADMIN_GROUP_CANDIDATES = ("wheel", "sudo", "adm", "staff")
 

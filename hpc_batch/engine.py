@@ -93,18 +93,34 @@ class Engine:
             self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": cg}
             self._collect(job.id)
             return f"job {job.id}: ended while the daemon was down; collected its exit record"
-        if records.read_pidfile(jdir) is None and os.path.exists(os.path.join(jdir, records.LAUNCH)):
-            # Spawned (or about to be) but the shepherd never took its lock: the
-            # command cannot have run, so starting the shepherd again is safe.
-            self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": cg}
-            try:
-                pid = launcher.spawn(job.id, job.user, jdir)
-                self._watch(job.id, pid)
-                return f"job {job.id}: its shepherd never started; started it now"
-            except OSError as exc:
-                return self._lost(job, f"its shepherd could not be started: {exc}")
         self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": cg}
+        if records.read_pidfile(jdir) is None and os.path.exists(os.path.join(jdir, records.LAUNCH)):
+            # Its launch spec is unread: either the shepherd never started, or it
+            # is starting right now. Look again shortly before deciding, so a
+            # second shepherd is never started beside a first.
+            self.running[job.id]["recheck"] = time.time() + defaults.SHEPHERD_START_GRACE
+            return f"job {job.id}: its shepherd has not started yet; checking again shortly"
         return self._lost(job, "its shepherd was killed or vanished while the daemon was down")
+
+    def _recheck(self, job_id: int) -> None:
+        """Second look at a running job whose shepherd had not started at recovery."""
+        job = self.jobs[job_id]
+        jdir = self.store.job_dir(job_id)
+        self.running[job_id].pop("recheck", None)
+        found = launcher.adopt(jdir)
+        if found:
+            self.running[job_id]["pid"], self.running[job_id]["pidfd"] = found
+            self.hooks.watch_pidfd(found[1], job_id)
+        elif os.path.exists(os.path.join(jdir, records.EXIT)):
+            self._collect(job_id)
+        elif records.read_pidfile(jdir) is None and os.path.exists(os.path.join(jdir, records.LAUNCH)):
+            try:  # the command cannot have run: starting its shepherd now is safe
+                self._watch(job_id, launcher.spawn(job_id, job.user, jdir))
+                log.info("job %d: its shepherd never started; started it now", job_id)
+            except OSError as exc:
+                self._lost(job, f"its shepherd could not be started: {exc}")
+        else:
+            self._lost(job, "its shepherd was killed or vanished while the daemon was down")
 
     def _lost(self, job: Job, why: str) -> str:
         self._collect(job.id, shepherd_gone=why)
@@ -522,6 +538,12 @@ class Engine:
         for job_id in list(self.running):
             job = self.jobs[job_id]
             handle = self.running[job_id]
+            if "recheck" in handle:
+                if now >= handle["recheck"]:
+                    self._recheck(job_id)
+                else:
+                    wake = handle["recheck"] if wake is None else min(wake, handle["recheck"])
+                continue
             if job.stop_sent is not None:
                 due = job.stop_sent + defaults.KILL_GRACE
                 if now >= due:

@@ -109,3 +109,31 @@ def test_daemon_down_message_and_reconnect(daemon_factory, users):
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and d.socket in r.stderr
     d2 = daemon_factory()
     assert d2.dispatch("list").returncode == 0
+
+
+def test_job_whose_shepherd_never_started_runs_once(daemon_factory, users, scratch):
+    d = daemon_factory()
+    job = d.submit("sh", "-c", "echo ran >> " + os.path.join(scratch, "runs") + "; exit 9")
+    d.wait_finished(job)
+    d.stop()
+    # Rewind it to the moment between "recorded as running" and the shepherd's start.
+    jdir = os.path.join(d.state_dir, "jobs", str(job))
+    with open(os.path.join(jdir, "job.json")) as f:
+        rec = json.load(f)
+    rec.update(state="running", ended=None, result=None, stats={})
+    with open(os.path.join(jdir, "job.json"), "w") as f:
+        json.dump(rec, f)
+    launch = {"id": job, "user": "root", "uid": 0, "gid": 0, "cwd": scratch, "argv": rec["argv"],
+              "env": {"PATH": "/usr/bin:/bin"}, "output": None, "admin_gid": 0, "cpus": None,
+              "cgroup": None, "shepherd_cgroup": None}
+    with open(os.path.join(jdir, "launch.json"), "w") as f:
+        json.dump(launch, f)
+    for name in ("shepherd.pid", "exit.json", "delivery.json", "status.json"):
+        try:
+            os.unlink(os.path.join(jdir, name))
+        except FileNotFoundError:
+            pass
+    d2 = daemon_factory()
+    wait_for(lambda: "finished 9" in d2.rows("--finished").get(job, ""), timeout=30, what="rerun result")
+    with open(os.path.join(scratch, "runs")) as f:
+        assert f.read() == "ran\nran\n"     # once before the rewind, exactly once after
