@@ -53,16 +53,16 @@ _done = set()
 
 
 def step(name, needs=()):
-    """Mark a test as a scenario step that skips unless ``needs`` passed."""
+    """Mark a test as a scenario step that fails at once unless ``needs`` passed."""
     def wrap(fn):
         @functools.wraps(fn)
-        def test(*args, **kwargs):
+        def run_step(*args, **kwargs):
             missing = [n for n in needs if n not in _done]
             if missing:
-                pytest.skip("needs the earlier step(s) %s" % ", ".join(missing))
+                pytest.fail("cannot run: the earlier step(s) %s did not pass" % ", ".join(missing))
             fn(*args, **kwargs)
             _done.add(name)
-        return test
+        return run_step
     return wrap
 
 
