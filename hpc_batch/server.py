@@ -202,12 +202,9 @@ class Server:
             except OSError:
                 self._close(conn)
                 return
-            if data == b"":
+            if data == b"":  # the client went away (an attach client detaching, too)
                 if conn.decoder.pending and not conn.closing:
                     log.warning("uid %d sent a truncated frame", conn.caller.uid)
-                if conn.attach is None or conn.closing:
-                    self._close(conn)
-                    return
                 self._close(conn)
                 return
             if data:
