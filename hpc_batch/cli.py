@@ -271,7 +271,14 @@ def main(argv=None) -> int:
             raise DocoptExit()
         sub = docopt(SUBCOMMANDS[verb], argv=args)
     except DocoptExit as exc:
-        print(str(exc).strip() or USAGE.strip(), file=sys.stderr)
+        from .usage import explain
+        if verb is None:
+            what = f"unknown command {args[0]!r}" if args and not args[0].startswith("-") else "no command given"
+            explain("dispatch", exc, USAGE, what, first=args[0] if args else None)
+        else:
+            explain(f"dispatch {verb}", exc, SUBCOMMANDS[verb],
+                    "missing the command: put it after '--'" if verb == "new" else "missing or invalid arguments",
+                    first=verb)
         return EX_USAGE
 
     from .client import Connection, Unreachable

@@ -102,7 +102,9 @@ def parse_args(argv) -> Config:
     try:
         a = docopt(USAGE, argv=list(argv), version=f"hpc-batchd {__version__}")
     except DocoptExit as exc:
-        raise ConfigError(str(exc).strip() or "bad arguments; see hpc-batchd --help", 2) from None
+        from .usage import _WORD
+        m = _WORD.search(str(exc))
+        raise ConfigError(f"unexpected argument {m.group(1)!r}" if m else "missing or invalid arguments", 2) from None
     try:
         lifetime = parse_duration(a["--max-lifetime"])
     except DurationError as exc:
