@@ -49,6 +49,7 @@ class Engine:
         self.next_id = 1
         self.policy_state: dict = {}
         self.meta_dirty = False
+        self.saved_floor = 1                # the next_id daemon.json holds: ids below it are never reused
         self.unsaved: set = set()           # job records whose last write failed (full disk)
         self.pending = None                 # a Decision to carry out after a reply
         self.resched = False                # something freed resources: schedule on the next tick
@@ -61,6 +62,7 @@ class Engine:
         meta = self.store.load_meta()
         jobs = self.store.load_jobs()
         self.policy_state = meta.get("policy_state", {}) or {}
+        self.saved_floor = int(meta.get("next_id", 1))
         top = max((j.id for j in jobs), default=0)
         self.next_id = max(int(meta.get("next_id", 1)), top + 1)
         notes = []
@@ -277,8 +279,10 @@ class Engine:
     def save_meta(self) -> bool:
         """Persist the id floor and policy state; on failure retry from the tick."""
         try:
-            self.store.save_meta({"next_id": self.next_id, "policy_state": self.policy_state})
+            floor = self.next_id
+            self.store.save_meta({"next_id": floor, "policy_state": self.policy_state})
             self.meta_dirty = False
+            self.saved_floor = floor
             return True
         except OSError as exc:
             log.error("cannot write daemon.json (%s); will retry", exc)
@@ -481,9 +485,11 @@ class Engine:
         extra = len(done) - self.cfg.keep_finished
         if extra <= 0:
             return
-        if not self.save_meta():  # the id floor must outlive the records it replaces
+        victims = sorted(done, key=lambda j: j.id)[:extra]
+        # The persisted id floor must outlive the records it replaces; it usually already does.
+        if victims[-1].id >= self.saved_floor and not self.save_meta():
             return
-        for job in sorted(done, key=lambda j: j.id)[:extra]:
+        for job in victims:
             if job.output_error:
                 self._keep_undelivered(job)
             self.store.remove_job(job.id)
