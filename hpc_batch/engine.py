@@ -432,6 +432,8 @@ class Engine:
         for key in ("peak_mem", "cpu_time"):
             if rec.get(key) is not None:
                 job.stats[key] = rec[key]
+        if delivery is None and not os.path.exists(os.path.join(jdir, records.OUTPUT)):
+            delivery = {"ok": True}  # record lost in a crash; the buffer goes only after a full copy
         if job.output is not None and not (delivery and delivery.get("ok")):
             why = (delivery or {}).get("error") or "its delivery was interrupted"
             job.output_error = f"{why}; the output is kept at {os.path.join(jdir, records.OUTPUT)}"

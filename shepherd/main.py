@@ -208,8 +208,8 @@ def deliver(job_dir: str, spec: dict, lock_fd: int) -> None:
     dest = spec.get("output")
     if dest is None:
         _unlink(out_path)
-        _persist(lambda: records.write_json(os.path.join(job_dir, records.DELIVERY), {"ok": True, "path": None}),
-                 "the delivery record")
+        _persist(lambda: records.write_json(os.path.join(job_dir, records.DELIVERY), {"ok": True, "path": None},
+                                            durable=False), "the delivery record")
         return
     try:
         src = os.open(out_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -231,7 +231,10 @@ def deliver(job_dir: str, spec: dict, lock_fd: int) -> None:
     else:
         rec = {"ok": False, "path": dest,
                "error": err.decode(errors="replace") or f"copy failed (status {status})"}
-    _persist(lambda: records.write_json(os.path.join(job_dir, records.DELIVERY), rec), "the delivery record")
+    # Not fsync'd: if a crash loses it, the buffer's presence tells the daemon
+    # the same thing (it is deleted only after a complete copy).
+    _persist(lambda: records.write_json(os.path.join(job_dir, records.DELIVERY), rec, durable=False),
+             "the delivery record")
 
 
 def _copy_as_user(spec: dict, src: int, dest: str, err_w: int) -> None:
