@@ -50,7 +50,7 @@ class Machine:
 class Limits:
     """Admin limits (``hpc-batchd`` flags).
 
-    ``reserve_cpu`` never takes the last core of its node, so a small
+    ``reserve_cpu`` never takes the machine's last core, so a small
     development machine still offers one core to jobs.
     """
 
@@ -174,8 +174,10 @@ def capacity(machine: Machine, limits: Limits) -> Capacity:
     reserved: tuple[int, ...] = ()
     reserved_mem = 0
     if home is not None:
-        # Keep at least one core so a tiny machine is not closed to jobs.
-        n_res = max(0, min(limits.reserve_cpu, len(home.cpus) - 1))
+        # All of it from the lowest node, so the other nodes keep their full
+        # width; only a machine that would be left with no core at all keeps one.
+        total = sum(len(n.cpus) for n in nodes)
+        n_res = max(0, min(limits.reserve_cpu, len(home.cpus), total - 1))
         reserved = tuple(sorted(home.cpus)[:n_res])
         reserved_mem = max(0, min(limits.reserve_mem, home.mem // 2))
     out = []

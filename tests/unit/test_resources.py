@@ -91,6 +91,9 @@ def test_default_share_arithmetic():
          {0: 32 * GiB, 1: 64 * GiB}, (0, 1)),
         # A 2-core machine keeps one core for jobs.
         (TINY, Limits(), {0: (1,)}, {0: 2 * GiB}, (0,)),
+        # Two nodes of two cores: node 0 gives both, node 1 keeps its full width.
+        (Machine((Node(0, (0, 1), 4 * GiB), Node(1, (2, 3), 4 * GiB))), Limits(),
+         {0: (), 1: (2, 3)}, {0: 2 * GiB, 1: 4 * GiB}, (0, 1)),
         # Allowed CPUs need not start at 0: the lowest ones present go.
         (Machine((Node(0, (4, 5, 6, 7), 8 * GiB),)), Limits(), {0: (6, 7)}, {0: 6 * GiB}, (4, 5)),
         # A memory-only node 0 has no cores to give: node 1 is the reserve node.
