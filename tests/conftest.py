@@ -207,7 +207,15 @@ def exit_of(row: str) -> str:
 
 
 def kill_shepherds(base):
-    """Kill every shepherd whose job directory lives under *base* (test cleanup)."""
+    """Kill every job and shepherd whose job directory lives under *base* (test cleanup)."""
+    import glob
+    import json
+    for status in glob.glob(os.path.join(base, "*", "jobs", "*", "status.json")):
+        try:
+            with open(status) as f:
+                os.killpg(json.load(f)["job_pid"], signal.SIGKILL)
+        except (OSError, ValueError, KeyError):
+            pass
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -216,7 +224,7 @@ def kill_shepherds(base):
                 cmd = f.read().split(b"\0")
         except OSError:
             continue
-        if any(b"shepherd" in c for c in cmd[:3]) and any(c.startswith(base.encode()) for c in cmd):
+        if any(b"hpc-batch-shepherd" in c for c in cmd) and any(c.startswith(base.encode()) for c in cmd):
             try:
                 os.kill(int(pid), signal.SIGKILL)
             except OSError:
