@@ -17,6 +17,7 @@ import os
 import signal
 
 from . import defaults
+from .discovery import format_cpulist, parse_cpulist
 
 CGROUP_FS = "/sys/fs/cgroup"
 REQUIRED = ("cpuset", "memory")
@@ -111,21 +112,6 @@ def shepherds_path(root: str) -> str:
     return os.path.join(root, SHEPHERDS)
 
 
-def _cpulist(cpus) -> str:
-    return ",".join(str(c) for c in sorted(cpus))
-
-
-def _parse_list(text: str) -> set:
-    out = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
 def create_job(root: str, job_id: int, cpus, mems, mem_bytes: int) -> str:
     """Create and limit a job's cgroup; raise CgroupError if the kernel did not apply it."""
     path = job_path(root, job_id)
@@ -133,21 +119,21 @@ def create_job(root: str, job_id: int, cpus, mems, mem_bytes: int) -> str:
         if os.path.isdir(path):
             remove(path)
         os.mkdir(path)
-        _write(os.path.join(path, "cpuset.cpus"), _cpulist(cpus))
-        _write(os.path.join(path, "cpuset.mems"), _cpulist(mems))
+        _write(os.path.join(path, "cpuset.cpus"), format_cpulist(cpus))
+        _write(os.path.join(path, "cpuset.mems"), format_cpulist(mems))
         _write(os.path.join(path, "memory.max"), str(mem_bytes))
         _write(os.path.join(path, "memory.swap.max"), "0")
         _write(os.path.join(path, "memory.oom.group"), "1")
-        eff_cpus = _parse_list(_read(os.path.join(path, "cpuset.cpus.effective")))
-        eff_mems = _parse_list(_read(os.path.join(path, "cpuset.mems.effective")))
+        eff_cpus = set(parse_cpulist(_read(os.path.join(path, "cpuset.cpus.effective"))))
+        eff_mems = set(parse_cpulist(_read(os.path.join(path, "cpuset.mems.effective"))))
     except OSError as exc:
         remove(path)
         raise CgroupError(f"cannot confine job {job_id} in {path}: {exc.strerror or exc}") from None
     if eff_cpus != set(cpus) or eff_mems != set(mems):
         remove(path)
         raise CgroupError(
-            f"the kernel did not apply job {job_id}'s confinement: asked for cpus {_cpulist(cpus)} "
-            f"mems {_cpulist(mems)}, got cpus {_cpulist(eff_cpus)} mems {_cpulist(eff_mems)}")
+            f"the kernel did not apply job {job_id}'s confinement: asked for cpus {format_cpulist(cpus)} "
+            f"mems {format_cpulist(mems)}, got cpus {format_cpulist(eff_cpus)} mems {format_cpulist(eff_mems)}")
     return path
 
 
@@ -179,14 +165,8 @@ def remove(path: str) -> None:
 
 def oom_killed(path: str) -> bool:
     """True if the cgroup's memory.events records an OOM kill."""
-    try:
-        for line in _read(os.path.join(path, "memory.events")).splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill" and int(value) > 0:
-                return True
-    except (OSError, ValueError):
-        pass
-    return False
+    from shepherd import cgroup
+    return cgroup.keyed(cgroup.read(path, "memory.events")).get("oom_kill", 0) > 0
 
 
 def prune(root: str, keep) -> list:

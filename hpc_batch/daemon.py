@@ -228,12 +228,6 @@ def build(cfg: Config, inherited: dict):
     return server, store
 
 
-def _reexec_argv(cfg_argv):
-    """argv for the re-exec on reload: the unit's current ExecStart when systemd can say."""
-    from . import reload_args
-    return reload_args.current_argv(cfg_argv)
-
-
 def main(argv=None) -> int:
     """Entry point of ``hpc-batchd``."""
     logging.basicConfig(level=logging.INFO, format="hpc-batchd: %(message)s", stream=sys.stderr)
@@ -258,7 +252,8 @@ def main(argv=None) -> int:
     if reason == "reload":
         sdnotify.reloading()
         server.engine.save_meta()
-        exe, new_argv = _reexec_argv(args)
+        from . import reload_args
+        exe, new_argv = reload_args.current_argv(args)
         log.info("reloading: re-executing %s", " ".join(new_argv))
         os.set_inheritable(store.lock_fd, True)
         os.set_inheritable(server.listener.fileno(), True)

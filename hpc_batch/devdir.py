@@ -69,8 +69,8 @@ class DevDir:
         if not self.jobs:
             return
         for name in os.listdir(self.jobs):
-            if not (name.isdigit() and int(name) in keep):
-                self.remove(int(name)) if name.isdigit() else None
+            if name.isdigit() and int(name) not in keep:
+                self.remove(int(name))
 
 
 def write_user_file(path: str, data: bytes, uid: int, gid: int) -> None:

@@ -15,7 +15,8 @@ def join(path: str) -> None:
         f.write("0")
 
 
-def _read(path: str, name: str) -> str | None:
+def read(path: str, name: str) -> str | None:
+    """A cgroup file's text, or None when it cannot be read."""
     try:
         with open(os.path.join(path, name)) as f:
             return f.read()
@@ -23,7 +24,8 @@ def _read(path: str, name: str) -> str | None:
         return None
 
 
-def _keyed(text: str | None) -> dict:
+def keyed(text: str | None) -> dict:
+    """A flat-keyed cgroup file (memory.events, cpu.stat) as a dict of ints."""
     out = {}
     for line in (text or "").splitlines():
         parts = line.split()
@@ -34,9 +36,9 @@ def _keyed(text: str | None) -> dict:
 
 def collect_and_remove(path: str) -> dict:
     """Record OOM kills, peak memory and CPU time, kill leftovers, remove the cgroup."""
-    events = _keyed(_read(path, "memory.events"))
-    cpu = _keyed(_read(path, "cpu.stat"))
-    peak = _read(path, "memory.peak")
+    events = keyed(read(path, "memory.events"))
+    cpu = keyed(read(path, "cpu.stat"))
+    peak = read(path, "memory.peak")
     out = {
         "oom_kill": events.get("oom_kill", 0),
         "oom_group_kill": events.get("oom_group_kill", 0),
