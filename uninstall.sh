@@ -10,8 +10,54 @@
 # `hpc-batch-install --uninstall` instead.
 set -u
 
-# One function called on the last line: nothing runs before the whole script
-# has been read, even when it is piped into sh.
+# Functions only, main called on the last line: nothing runs before the
+# whole script has been read, even when it is piped into sh.
+
+# is_shepherd DIR: whether the process of DIR (/proc/PID) is a shepherd, as
+# is_shepherd() in hpc_batch/install.py decides. Any user picks their own
+# argv, so its words are never split or globbed here: root expanding a word
+# like '*' would see the names in its working directory as that argv.
+is_shepherd() {
+    [ "$(cat "$1/comm" 2>/dev/null)" = hpc-batch-sheph ] && return 0
+    # One word a line: a NUL ends each word, a newline in one becomes a
+    # space (no name or option tested below holds either, so the answer
+    # stays Python's).
+    tr '\n\0' ' \n' 2>/dev/null <"$1/cmdline" | shepherd_argv
+}
+
+# shepherd_argv: read argv one word a line; succeed if it is a shepherd's.
+shepherd_argv() {
+    argv_state=program argv_seen=0
+    while IFS= read -r argv_word || [ -n "$argv_word" ]; do
+        [ -n "$argv_word" ] || continue  # Python's reader drops empty words too
+        argv_seen=$((argv_seen + 1))
+        [ "$argv_seen" -le 8 ] || return 1  # SHEPHERD_ARGV_WORDS in install.py
+        case $argv_state in
+            program)
+                case ${argv_word##*/} in
+                    hpc-batch-shepherd | hpc-batch-shepherd.py) return 0 ;;
+                    python*) argv_state=option ;;
+                    *) return 1 ;;
+                esac ;;
+            value) argv_state=option ;;  # what -X or -W takes
+            module) [ "$argv_word" = shepherd ] || [ "$argv_word" = shepherd.main ]; return ;;
+            option)
+                case $argv_word in
+                    -m) argv_state=module ;;
+                    -X | -W) argv_state=value ;;
+                    -c) return 1 ;;
+                    -*) ;;
+                    *)  # the first operand: the script python runs
+                        case ${argv_word##*/} in
+                            hpc-batch-shepherd | hpc-batch-shepherd.py) return 0 ;;
+                            *) return 1 ;;
+                        esac ;;
+                esac ;;
+        esac
+    done
+    return 1
+}
+
 main() {
     prog=uninstall.sh
     record=/etc/hpc-batch/install.json
@@ -27,7 +73,8 @@ main() {
     recorded() {  # recorded KEY: a choice of the last install, or nothing
         [ -f "$record" ] || return 0
         if command -v python3 >/dev/null 2>&1; then
-            python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2]) or "")' \
+            # -I: not the modules of root's working directory (a json.py there).
+            python3 -I -c 'import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2]) or "")' \
                 "$record" "$1" 2>/dev/null
         else  # install.json is written one key a line
             sed -n "s/^ *\"$1\": \"\\(.*\\)\",\\{0,1\\}\$/\\1/p" "$record"
@@ -64,6 +111,9 @@ main() {
     state_dir=/var/lib/hpc-batch dev_dir=/dev/hpc-batch socket=/run/hpc-batch/hpc-batch.sock
     exec_start=$(cat "$unit" "$dropins"/*.conf 2>/dev/null | sed -n 's/^ExecStart=//p' | tail -n 1)
     prev=
+    # Split on blanks, as systemd does, but glob nothing (set -f): a word
+    # in the unit must not become names of files in root's directory.
+    set -f
     for word in $exec_start; do
         case $prev in
             --state-dir) state_dir=$word ;;
@@ -77,6 +127,7 @@ main() {
         esac
         prev=$word
     done
+    set +f
 
     booted=
     [ -d /run/systemd/system ] && booted=1
@@ -86,34 +137,10 @@ main() {
     fi
 
     # Shepherds (and, without cgroups, their jobs): every process below one.
-    is_shepherd() {  # is_shepherd PID: as is_shepherd() in hpc_batch/install.py
-        [ "$(cat "/proc/$1/comm" 2>/dev/null)" = hpc-batch-sheph ] && return 0
-        # shellcheck disable=SC2046  # argv words, split on purpose
-        set -- $(tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | head -n 8)
-        [ $# -gt 0 ] || return 1
-        case ${1##*/} in
-            hpc-batch-shepherd | hpc-batch-shepherd.py) return 0 ;;
-            python*) shift ;;
-            *) return 1 ;;
-        esac
-        while [ $# -gt 0 ]; do
-            case $1 in
-                -m) [ "${2-}" = shepherd ] || [ "${2-}" = shepherd.main ]; return ;;
-                -X | -W) shift 2 || return 1 ;;
-                -c) return 1 ;;
-                -*) shift ;;
-                *) case ${1##*/} in
-                       hpc-batch-shepherd | hpc-batch-shepherd.py) return 0 ;;
-                       *) return 1 ;;
-                   esac ;;
-            esac
-        done
-        return 1
-    }
     roots=''
     for dir in /proc/[0-9]*; do
         pid=${dir#/proc/}
-        if [ "$pid" != "$$" ] && is_shepherd "$pid"; then
+        if [ "$pid" != "$$" ] && is_shepherd "$dir"; then
             roots="$roots $pid"
         fi
     done

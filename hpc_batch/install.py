@@ -6,7 +6,9 @@ hpc-batch-install``, linked as ``/opt/bin/hpc-batch-install``). One run:
 1. merges this run's flags with the choices an earlier run recorded in
    ``/etc/hpc-batch/install.json`` (prefix, bin dir, admin group, pip spec),
    so a bare ``hpc-batch-install`` upgrades with the same choices; a flag
-   that contradicts the record is refused unless ``--force``;
+   that contradicts the record is refused unless ``--force``. A prefix,
+   bin dir or path spec that anyone but root could change is refused
+   outright (find_unsafe), whether given now or recorded;
 2. unless ``--no-pip``: creates the venv if missing, ``pip install
    --upgrade SPEC`` into it, then re-execs the freshly installed
    ``hpc-batch-install --no-pip`` so the rest is done by the new version's
@@ -33,13 +35,16 @@ import argparse
 import grp
 import json
 import os
+import pwd
 import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -86,6 +91,16 @@ _SAFE_PATH = re.compile(r"^/[A-Za-z0-9._+/-]*$")
 _GROUP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*\$?$")
 _VERSION = re.compile(r"^v?\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
 _PLACEHOLDER = re.compile(r"@[A-Z][A-Z_]*@")
+# Endings pip takes as an archive file rather than a project name.
+_ARCHIVES = (".whl", ".zip", ".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz",
+             ".txz", ".tar.lz", ".tlz", ".tar.lzma", ".tar")
+# A file: URL in a spec, alone, after "name @ " or as in git+file:.
+_FILE_URL = re.compile(r"(?:^|(?<=[\s@+]))file:[^\s;]+")
+
+# Both versions of is_shepherd (this and uninstall.sh's) look at no more
+# argv words than this: a hostile argv may hold a million options, and the
+# daemon's own form needs five.
+SHEPHERD_ARGV_WORDS = 8
 
 # Never rm -rf these, whatever a unit file's --state-dir says.
 _PROTECTED = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64",
@@ -162,12 +177,35 @@ def normalize_spec(spec: str, cwd: str) -> str:
         raise InstallError("--spec is empty")
     if "://" in spec or spec.startswith("git+"):
         return spec
-    # pip's own test for "this is a path, not a project name".
-    if os.sep in spec or spec in (".", "..") or spec.endswith((".whl", ".tar.gz", ".zip")):
+    if _is_path_spec(spec):
         return os.path.normpath(os.path.join(cwd, spec))
     if _VERSION.match(spec):
         return f"{PACKAGE}=={spec.lstrip('v')}"
     return spec
+
+
+def _is_path_spec(spec: str) -> bool:
+    """pip's own test for "this is a path, not a project name"."""
+    return os.sep in spec or spec in (".", "..") or spec.endswith(_ARCHIVES)
+
+
+def spec_path(spec: str, cwd: str) -> str | None:
+    """The local file or directory pip would install ``spec`` from, or None.
+
+    That is a path (as normalize_spec decides) or a ``file:`` URL, bare,
+    after ``name @`` or under a VCS (``git+file:///repo@v1``); relative
+    paths are taken from ``cwd``, as pip takes them.
+    """
+    found = _FILE_URL.search(spec)
+    if found:
+        url = urllib.parse.urlsplit(found.group())
+        path = urllib.parse.unquote(url.path)
+        if found.start() > 0 and spec[found.start() - 1] == "+" and "@" in path:
+            path = path.rsplit("@", 1)[0]  # pip's VCS revision, not a path
+        return os.path.normpath(os.path.join(cwd, path))
+    if "://" in spec or spec.startswith("git+") or not _is_path_spec(spec):
+        return None
+    return os.path.normpath(os.path.join(cwd, spec))
 
 
 def normalize_path(path: str, cwd: str) -> str:
@@ -219,6 +257,10 @@ def check_choices(choices: dict) -> list[str]:
         if not _SAFE_PATH.match(value) or value == "/":
             problems.append(f"{FLAGS[key]} {value!r} must be an absolute path "
                             "of letters, digits and . _ + - /")
+    if (choices.get("spec") or "").startswith("-"):
+        # pip would take it as an option: -e. or -r FILE name what to
+        # build as root without it being a path anyone checks.
+        problems.append(f"--spec {choices['spec']!r} must not start with '-'")
     group = choices.get("admin_group")
     if group is None:
         problems.append(f"none of {', '.join(ADMIN_GROUP_CANDIDATES)} exists here: "
@@ -269,8 +311,10 @@ def is_shepherd(cmdline: list[str], comm: str) -> bool:
     The daemon runs ``python -E -s -S .../shepherd/hpc-batch-shepherd.py``;
     the console script shows as ``python .../bin/hpc-batch-shepherd`` with
     comm cut to 15 characters. An editor with the file open is no shepherd.
+    uninstall.sh's is_shepherd must answer the same for every argv.
     """
     names = (SHEPHERD, SHEPHERD + ".py")
+    cmdline = cmdline[:SHEPHERD_ARGV_WORDS]
     if comm == SHEPHERD[:15] or (cmdline and os.path.basename(cmdline[0]) in names):
         return True
     if not cmdline or not os.path.basename(cmdline[0]).startswith("python"):
@@ -307,6 +351,153 @@ def safe_to_remove(path: str) -> bool:
     """Whether ``path`` may be deleted recursively by --purge."""
     norm = os.path.normpath(path)
     return os.path.isabs(norm) and norm not in _PROTECTED and norm.count("/") >= 2
+
+
+# The installer runs as root and so does what it installs: pip builds a
+# checkout or an sdist with root's rights, and the daemon runs from the
+# venv. Whoever can change such a path, or swap a directory above it for
+# their own, can run code as root. So each is refused unless only root can
+# change it: the path and every directory above it owned by root and not
+# group- or world-writable (an ACL that grants a user write shows in the
+# group bits). A sticky directory like /tmp passes as a parent only: there
+# nobody else can rename or delete the root-owned entry below it.
+
+_WRITE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
+_MAX_SYMLINKS = 40  # as many as the kernel follows before ELOOP
+
+
+@dataclass(frozen=True)
+class Unsafe:
+    """The component of a path that makes it unsafe for root, and why.
+
+    ``kind`` is one of: "owner" (not owned by root), "link-owner" (a
+    symlink not owned by root), "writable" (group- or world-writable),
+    "shared-missing" (absent from a sticky directory others can write, so
+    anyone may create it first; ``detail`` names that directory),
+    "missing", "loop" (too many symlinks), "unreadable" (lstat failed;
+    ``detail`` says why).
+    """
+
+    component: str
+    kind: str
+    uid: int | None = None
+    mode: int | None = None
+    detail: str = ""
+
+
+def _steps(path: str) -> list[str]:
+    """The components of ``path`` in walking order, "/" first if absolute."""
+    names = [name for name in path.split("/") if name and name != "."]
+    return ["/", *names] if path.startswith("/") else names
+
+
+def _shared(st: os.stat_result) -> bool:
+    """Whether ``st`` is a sticky directory others may create entries in."""
+    return (stat.S_ISDIR(st.st_mode) and bool(st.st_mode & stat.S_ISVTX)
+            and bool(st.st_mode & _WRITE_BY_OTHERS))
+
+
+def find_unsafe(path: str, lstat: Callable[[str], os.stat_result] = os.lstat,
+                readlink: Callable[[str], str] = os.readlink, *,
+                missing_ok: bool = False) -> Unsafe | None:
+    """The first component of absolute ``path`` someone but root could change.
+
+    Walks from / down with ``lstat`` and ``readlink`` (tests pass fakes),
+    following root-owned symlinks by walking their targets; a symlink owned
+    by anyone else is refused, as they could repoint it. Returns None when
+    only root can change ``path``. With ``missing_ok`` a path that does not
+    exist yet is fine when its existing part is, as the installer creates
+    the rest as root; unless it would go straight into a sticky directory,
+    where anyone can create that name first.
+    """
+    if not path.startswith("/"):
+        raise ValueError(f"not an absolute path: {path!r}")
+    todo = _steps(path)[::-1]  # a stack: the next component last
+    current, mode, shared, links = "", 0, False, 0
+    while todo:
+        name = todo.pop()
+        if name == "..":
+            # current holds no symlinks, so its parent was walked already.
+            current = os.path.dirname(current)
+            st = lstat(current)
+            mode, shared = st.st_mode, _shared(st)
+            continue
+        child = os.path.join(current, name)
+        try:
+            st = lstat(child)
+        except FileNotFoundError:
+            if shared:
+                return Unsafe(child, "shared-missing", detail=current)
+            return None if missing_ok else Unsafe(child, "missing")
+        except OSError as exc:
+            return Unsafe(child, "unreadable", detail=exc.strerror or str(exc))
+        is_link = stat.S_ISLNK(st.st_mode)
+        if st.st_uid != 0:
+            return Unsafe(child, "link-owner" if is_link else "owner", uid=st.st_uid)
+        if is_link:
+            links += 1
+            if links > _MAX_SYMLINKS:
+                return Unsafe(child, "loop")
+            target = readlink(child)
+            if target.startswith("/"):
+                current = ""
+            todo.extend(_steps(target)[::-1])
+            continue
+        if st.st_mode & _WRITE_BY_OTHERS and not _shared(st):
+            return Unsafe(child, "writable", uid=0, mode=st.st_mode)
+        current, mode, shared = child, st.st_mode, _shared(st)
+    if shared:
+        # A sticky directory passes as a parent, but not as the path itself.
+        return Unsafe(current, "writable", uid=0, mode=mode)
+    return None
+
+
+# What root does with each checked path, for the refusal.
+_ROOT_USES = {"--spec": "pip installs it as root",
+              "--prefix": "the daemon runs as root from this venv",
+              "--bin-dir": "root runs the commands linked into it"}
+
+
+def unsafe_message(flag: str, path: str, found: Unsafe,
+                   owner_name: Callable[[int], str]) -> str:
+    """One line: why ``flag path`` is refused, naming the culprit, and the fix."""
+    where = found.component
+    if found.kind == "missing":
+        return f"{flag} {path}: {where} does not exist"
+    if found.kind in ("owner", "link-owner"):
+        link = "a symlink " if found.kind == "link-owner" else ""
+        problem = f"{where} is {link}owned by {owner_name(found.uid)}, not root"
+    elif found.kind == "writable":
+        who = " and ".join(w for bit, w in ((stat.S_IWGRP, "its group"),
+                                            (stat.S_IWOTH, "everyone"))
+                           if found.mode & bit)
+        problem = f"{where} is writable by {who} (mode {stat.S_IMODE(found.mode):04o})"
+    elif found.kind == "shared-missing":
+        problem = f"{where} does not exist and anyone can create it first in {found.detail}"
+    elif found.kind == "loop":
+        problem = f"{where} has too many levels of symlinks"
+    else:
+        problem = f"{where} cannot be checked ({found.detail})"
+
+    copy = ("install from a root-owned copy in a directory only root can write to "
+            "(e.g. `cp -r` it under /root, then `chown -R root:` the copy)")
+    if found.kind == "shared-missing":
+        fix = (f"create it as root first (mkdir -m 755 {where}) or choose a path "
+               f"outside {found.detail}")
+    elif found.kind == "writable" and found.mode & stat.S_ISVTX:
+        # Only the path itself gets here: /tmp and the like are for everyone.
+        fix = f"use a directory of root's own, not {where} itself"
+    elif found.kind == "writable":
+        fix = f"run `chmod go-w {where}`" + (f", or {copy}" if flag == "--spec" else "")
+    elif where == path and found.kind == "owner":
+        fix = f"run `chown -R root: {path} && chmod -R go-w {path}`"
+        fix += ", or install from a root-owned copy" if flag == "--spec" else ""
+    elif flag == "--spec":
+        fix = copy
+    else:
+        fix = f"choose a {flag} whose every directory only root can write to"
+    return (f"refusing {flag} {path}: {problem}, and {_ROOT_USES.get(flag, 'root uses it')}, "
+            f"so whoever can change it can run code as root; {fix}")
 
 
 # ---------------------------------------------------------------- the host
@@ -353,6 +544,47 @@ class Host:
     def booted(self) -> bool:
         """Whether systemd runs this machine (sd_booted's test)."""
         return self.paths.systemd_booted.is_dir()
+
+
+def owner_name(uid: int) -> str:
+    """``alice (uid 1000)``, or ``uid 1000`` for a uid with no name."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def require_root_only(flag: str, path: str, *, missing_ok: bool) -> None:
+    """Raise InstallError unless only root can change ``path`` on this machine."""
+    found = find_unsafe(path, os.lstat, os.readlink, missing_ok=missing_ok)
+    if found:
+        raise InstallError(unsafe_message(flag, path, found, owner_name))
+
+
+def check_root_only(choices: dict, explicit: dict, record: Path, cwd: str) -> None:
+    """Refuse a prefix, bin dir or spec path that someone but root could change.
+
+    Run on every install, so a spec or prefix that was safe when recorded
+    is refused once a user gets hold of it, before pip runs it as root.
+    """
+    # Missing is fine for these two: the installer creates them as root.
+    checks = [("prefix", choices["prefix"], True), ("bin_dir", choices["bin_dir"], True)]
+    path = spec_path(choices["spec"], cwd)
+    if path is not None:
+        # A checkout is checked as a directory, not file by file: pip builds
+        # it as root, so whoever can write the directory (add a setup.py, a
+        # build backend, any module) runs code as root. Files in it that
+        # others own are the admin's to fix; the refusal says chown -R.
+        checks.append(("spec", path, False))
+    for key, value, missing_ok in checks:
+        try:
+            require_root_only(FLAGS[key], value, missing_ok=missing_ok)
+        except InstallError as exc:
+            if explicit.get(key) is not None:
+                raise
+            hint = " (pass --spec hpc-batch to go back to PyPI)" if key == "spec" else ""
+            raise InstallError(f"{exc} [{FLAGS[key]} comes from {record}, recorded by "
+                               f"an earlier install{hint}]") from None
 
 
 def load_record(path: Path) -> dict | None:
@@ -478,7 +710,8 @@ def ensure_venv(prefix: Path, host: Host) -> None:
     if prefix.exists() and any(prefix.iterdir()):
         raise InstallError(f"{prefix} exists and is not a venv; pick another --prefix")
     host.note(f"creating a venv at {prefix}")
-    rc = subprocess.run([sys.executable, "-m", "venv", str(prefix)]).returncode
+    # -I: not the working directory's modules (a user's venv.py, say) as root.
+    rc = subprocess.run([sys.executable, "-I", "-m", "venv", str(prefix)]).returncode
     if rc != 0:
         raise InstallError(f"could not create a venv at {prefix} (on Debian/Ubuntu: "
                            "apt-get install python3-venv)")
@@ -487,7 +720,8 @@ def ensure_venv(prefix: Path, host: Host) -> None:
 def pip_install(prefix: Path, spec: str, host: Host) -> None:
     """``pip install --upgrade spec`` into the venv."""
     host.note(f"pip install --upgrade {spec} into {prefix}")
-    rc = subprocess.run([str(prefix / "bin" / "python"), "-m", "pip", "install",
+    # -I keeps the working directory off sys.path: a pip/ there would run as root.
+    rc = subprocess.run([str(prefix / "bin" / "python"), "-I", "-m", "pip", "install",
                          "--disable-pip-version-check", "--upgrade", spec]).returncode
     if rc != 0:
         raise InstallError(f"pip could not install {spec!r}; nothing else was changed")
@@ -737,7 +971,9 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{', '.join(ADMIN_GROUP_CANDIDATES)} that exists)")
     p.add_argument("--spec", metavar="SPEC",
                    help="what to pip install: a version (0.2.0), a wheel or sdist file, "
-                   f"a checkout, a requirement (default: the last one, else {DEFAULT_SPEC})")
+                   f"a checkout, a requirement (default: the last one, else {DEFAULT_SPEC}); "
+                   "a file or checkout, and every directory above it, must be root's and "
+                   "writable by no one else")
     p.add_argument("--no-pip", action="store_true",
                    help="use what is already installed in the venv (no network)")
     p.add_argument("--force", action="store_true",
@@ -792,6 +1028,7 @@ def main(argv: list[str] | None = None, host: Host | None = None) -> int:
         problems = check_choices(choices)
         if problems:
             raise InstallError("; ".join(problems))
+        check_root_only(choices, explicit, host.paths.record, cwd)
         prefix = Path(choices["prefix"])
         if not args.no_pip:
             ensure_venv(prefix, host)

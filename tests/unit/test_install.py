@@ -1,9 +1,11 @@
 """hpc-batch-install's pure parts, its host steps against scratch paths, the
 non-root refusals, and hpc_batch.sdnotify's datagrams."""
 
+import errno
 import functools
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -97,6 +99,8 @@ def test_profile_snippet_is_marked_as_ours():
     ("hpc_batch-0.2.0-py3-none-any.whl", "/work/co/hpc_batch-0.2.0-py3-none-any.whl"),
     ("/srv/hpc-batch/", "/srv/hpc-batch"),
     ("git+https://example.org/hpc-batch", "git+https://example.org/hpc-batch"),
+    ("hpc_batch-0.2.0.tgz", "/work/co/hpc_batch-0.2.0.tgz"),
+    ("hpc_batch-0.2.0.tar.bz2", "/work/co/hpc_batch-0.2.0.tar.bz2"),
 ])
 def test_normalize_spec(spec, expected):
     assert inst.normalize_spec(spec, "/work/co") == expected
@@ -146,6 +150,8 @@ def test_merge_choices_with_force_takes_the_flag():
     ({**DEFAULTS, "prefix": "/opt/$x"}, ["--prefix"]),
     ({**DEFAULTS, "admin_group": None}, ["pass --admin-group"]),
     ({**DEFAULTS, "admin_group": "a b\nExecStart=/evil"}, ["--admin-group"]),
+    ({**DEFAULTS, "spec": "-e."}, ["--spec"]),
+    ({**DEFAULTS, "spec": "--index-url=https://example.org"}, ["--spec"]),
 ])
 def test_check_choices(choices, bad):
     problems = inst.check_choices(choices)
@@ -168,7 +174,7 @@ def test_exec_start_argv_takes_the_last_setting_of_unit_and_dropins():
         "socket": "/run/hpc-batch/hpc-batch.sock"}
 
 
-@pytest.mark.parametrize("cmdline, comm, expected", [
+IS_SHEPHERD_CASES = [pytest.param(*case) for case in [
     (["/opt/hpc-batch/bin/python", "/opt/hpc-batch/bin/hpc-batch-shepherd", "--job", "1"],
      "hpc-batch-sheph", True),
     (["/opt/hpc-batch/bin/python", "/opt/hpc-batch/bin/hpc-batch-shepherd"], "python", True),
@@ -184,9 +190,107 @@ def test_exec_start_argv_takes_the_last_setting_of_unit_and_dropins():
     (["vim", "/opt/bin/hpc-batch-shepherd"], "vim", False),
     (["less", "x", "hpc-batch-shepherd"], "less", False),
     ([], "", False),
-])
+]]
+
+
+@pytest.mark.parametrize("cmdline, comm, expected", IS_SHEPHERD_CASES)
 def test_is_shepherd(cmdline, comm, expected):
     assert inst.is_shepherd(cmdline, comm) is expected
+
+
+# A file name that "*" would expand to in a word-splitting, globbing
+# is_shepherd (uninstall.sh's old one), which then sees a shepherd.
+GLOB_BAIT = "hpc-batch-shepherd.py"
+
+# (argv, comm, is a shepherd): argv words a user picks to fool a shell
+# that splits or globs them, and the edges both readers must agree on.
+HOSTILE_ARGV = [
+    (["python3", "*"], "python3", False),
+    (["python3", "-s", "* a b"], "python3", False),
+    (["*"], "sleep", False),
+    (["python3", "-s", "-m shepherd"], "python3", False),
+    (["python3", "-W", "x y", "-m", "shepherd"], "python3", True),
+    (["/x y/hpc-batch-shepherd", "*"], "sleep", True),
+    (["python3", "/a b/[h]pc-batch-shepherd.py"], "python3", False),
+    (["python3", "-E", "/opt/a b/hpc-batch-shepherd.py", "*"], "python3", True),
+    (["python3", "-Q\nhpc-batch-shepherd"], "python3", False),
+    (["python3", "x\n/hpc-batch-shepherd.py"], "python3", True),
+    (["python3", "", "-m", "", "shepherd"], "python3", True),
+    (["python3", "-a", "-b", "-c1", "-d", "-e", "-f", "hpc-batch-shepherd.py"], "python3", True),
+    (["python3", "-a", "-b", "-c1", "-d", "-e", "-f", "-g", "hpc-batch-shepherd.py"],
+     "python3", False),
+    (["python3", "-m"], "python3", False),
+]
+
+
+def _shell_functions(names=("is_shepherd", "shepherd_argv")) -> str:
+    """uninstall.sh's top-level functions ``names``, as shell text."""
+    text = (REPO / "uninstall.sh").read_text()
+    found = [re.search(rf"^{name}\(\) {{\n.*?^}}\n", text, re.M | re.S) for name in names]
+    assert all(found), f"uninstall.sh lacks one of {names} at the top level"
+    return "".join(m.group() for m in found)
+
+
+def _shell_shepherds(dirs: list[Path], cwd: Path) -> set[str]:
+    """Names of ``dirs`` that uninstall.sh's is_shepherd takes for shepherds."""
+    script = _shell_functions() + 'for d; do if is_shepherd "$d"; then echo "${d##*/}"; fi; done\n'
+    shell = shutil.which("dash") or "sh"
+    run = subprocess.run([shell, "-c", script, "sh", *map(str, dirs)], cwd=cwd,
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    return set(run.stdout.split())
+
+
+def test_shell_and_python_is_shepherd_agree_on_hostile_argv(tmp_path):
+    # Cwd holds a file "*" would expand to: a globbing reader would fail.
+    bait = tmp_path / "cwd"
+    bait.mkdir()
+    (bait / GLOB_BAIT).write_text("")
+    proc = tmp_path / "proc"
+    cases = HOSTILE_ARGV + [tuple(case.values) for case in IS_SHEPHERD_CASES]
+    expected = set()
+    for pid, (argv, comm, ok) in enumerate(cases, start=100):
+        _fake_proc_entry(proc, pid, 1, comm, argv)
+        (proc / str(pid) / "comm").write_text(comm + "\n")
+        assert inst.is_shepherd([a for a in argv if a], comm) is ok, argv
+        if ok:
+            expected.add(str(pid))
+    # The last word without its NUL: a process may rewrite its argv so.
+    _fake_proc_entry(proc, 99, 1, "python3", [])
+    (proc / "99" / "cmdline").write_bytes(b"python3\0/x/hpc-batch-shepherd.py")
+    (proc / "99" / "comm").write_text("python3\n")
+    expected.add("99")
+
+    _, python_says = inst.process_table(proc)
+    assert {str(pid) for pid in python_says} == expected
+    assert _shell_shepherds(sorted(proc.iterdir()), bait) == expected
+
+
+def test_shell_is_shepherd_does_not_glob_or_split_a_live_process_argv(tmp_path):
+    (tmp_path / GLOB_BAIT).write_text("")
+    # /bin/sh -s runs what comes on stdin, keeping argv[1:] as it is;
+    # argv[0] poses as python. Popen may return before the exec is done,
+    # so each shell answers a first command: then /proc shows its argv.
+    argvs = {False: ["python3", "-s", "*", "a b"],
+             True: ["python3", "-s", "/x y/hpc-batch-shepherd.py", "*"]}
+    procs = {ok: subprocess.Popen(argv, executable="/bin/sh", stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+             for ok, argv in argvs.items()}
+    try:
+        for ok, p in procs.items():
+            p.stdin.write("echo ready\n")
+            p.stdin.flush()
+            assert p.stdout.readline() == "ready\n"
+            raw = Path(f"/proc/{p.pid}/cmdline").read_bytes()
+            assert raw.split(b"\0")[:-1] == [a.encode() for a in argvs[ok]]
+            assert inst.is_shepherd(argvs[ok], "sh") is ok
+        found = _shell_shepherds([Path(f"/proc/{p.pid}") for p in procs.values()], tmp_path)
+        assert found == {str(procs[True].pid)}
+    finally:
+        for p in procs.values():
+            p.stdin.close()  # end of its commands: the shell exits
+            assert p.wait(timeout=10) == 0
+            p.stdout.close()
 
 
 def test_descendants():
@@ -203,6 +307,155 @@ def test_descendants():
 ])
 def test_safe_to_remove(path, ok):
     assert inst.safe_to_remove(path) is ok
+
+
+# ---------------------------------------------------------------- root-only paths
+
+
+def _stat(kind: str, uid: int, perm: int) -> os.stat_result:
+    """A stat result of a directory ("d"), file ("f") or symlink ("l")."""
+    fmt = {"d": stat.S_IFDIR, "f": stat.S_IFREG, "l": stat.S_IFLNK}[kind]
+    return os.stat_result((fmt | perm, 1, 1, 1, uid, uid, 0, 0, 0, 0))
+
+
+class FakeFS:
+    """lstat and readlink over a table: path -> ("d"|"f", uid, mode),
+    ("l", uid, target) or an exception to raise. Records the lstat calls."""
+
+    def __init__(self, table: dict):
+        self.table = table
+        self.seen = []
+
+    def lstat(self, path):
+        self.seen.append(path)
+        entry = self.table.get(path)
+        if entry is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        if isinstance(entry, OSError):
+            raise entry
+        kind, uid, rest = entry
+        return _stat(kind, uid, 0o777 if kind == "l" else rest)
+
+    def readlink(self, path):
+        kind, _, target = self.table[path]
+        assert kind == "l", f"readlink on a {kind}: {path}"
+        return target
+
+
+BASE_FS = {"/": ("d", 0, 0o755), "/opt": ("d", 0, 0o755), "/tmp": ("d", 0, 0o1777),
+           "/home": ("d", 0, 0o755), "/home/alice": ("d", 1000, 0o755),
+           "/home/alice/co": ("d", 1000, 0o755), "/srv": ("d", 0, 0o755)}
+
+
+@pytest.mark.parametrize("path, extra, missing_ok, expected", [
+    # The path itself: owner root/other, modes 0755/0775/0777/1777.
+    ("/opt/co", {"/opt/co": ("d", 0, 0o755)}, False, None),
+    ("/opt/co", {"/opt/co": ("d", 1000, 0o755)}, False, ("/opt/co", "owner")),
+    ("/opt/co", {"/opt/co": ("d", 0, 0o775)}, False, ("/opt/co", "writable")),
+    ("/opt/co", {"/opt/co": ("d", 0, 0o777)}, False, ("/opt/co", "writable")),
+    ("/opt/co", {"/opt/co": ("d", 0, 0o1777)}, False, ("/opt/co", "writable")),
+    ("/tmp", {}, True, ("/tmp", "writable")),
+    ("/opt/a.whl", {"/opt/a.whl": ("f", 0, 0o644)}, False, None),
+    ("/opt/a.whl", {"/opt/a.whl": ("f", 0, 0o666)}, False, ("/opt/a.whl", "writable")),
+    ("/opt/a.whl", {"/opt/a.whl": ("f", 1000, 0o644)}, False, ("/opt/a.whl", "owner")),
+    # Its parents, / included.
+    ("/home/alice/co", {}, False, ("/home/alice", "owner")),
+    ("/srv/open/co", {"/srv/open": ("d", 0, 0o777), "/srv/open/co": ("d", 0, 0o755)},
+     False, ("/srv/open", "writable")),
+    ("/srv/team/co", {"/srv/team": ("d", 0, 0o2775), "/srv/team/co": ("d", 0, 0o755)},
+     False, ("/srv/team", "writable")),
+    ("/opt/co", {"/": ("d", 0, 0o777), "/opt/co": ("d", 0, 0o755)}, False, ("/", "writable")),
+    ("/opt/co", {"/": ("d", 1000, 0o755), "/opt/co": ("d", 0, 0o755)}, False, ("/", "owner")),
+    # A sticky parent passes only above a root-owned entry.
+    ("/tmp/co", {"/tmp/co": ("d", 0, 0o755)}, False, None),
+    ("/tmp/co/a.whl", {"/tmp/co": ("d", 0, 0o755), "/tmp/co/a.whl": ("f", 0, 0o644)},
+     False, None),
+    ("/tmp/co", {"/tmp/co": ("d", 1000, 0o755)}, False, ("/tmp/co", "owner")),
+    ("/tmp/co/a.whl", {"/tmp/co": ("d", 1000, 0o755), "/tmp/co/a.whl": ("f", 0, 0o644)},
+     False, ("/tmp/co", "owner")),
+    # Symlinks: root's are followed, anyone else's refused.
+    ("/opt/link", {"/opt/link": ("l", 0, "/opt/real"), "/opt/real": ("d", 0, 0o755)},
+     False, None),
+    ("/opt/link/a.whl", {"/opt/link": ("l", 0, "../srv/x"), "/srv/x": ("d", 0, 0o755),
+                         "/srv/x/a.whl": ("f", 0, 0o644)}, False, None),
+    ("/opt/link", {"/opt/link": ("l", 0, "/home/alice/co")}, False, ("/home/alice", "owner")),
+    ("/opt/link", {"/opt/link": ("l", 0, "/tmp")}, False, ("/tmp", "writable")),
+    ("/opt/link", {"/opt/link": ("l", 1000, "/opt/real"), "/opt/real": ("d", 0, 0o755)},
+     False, ("/opt/link", "link-owner")),
+    ("/opt/a", {"/opt/a": ("l", 0, "/opt/b"), "/opt/b": ("l", 0, "a")}, False, ("/opt/a", "loop")),
+    # Missing: fine for a prefix or bin dir the installer creates as root,
+    # not for a spec, nor straight inside a sticky directory.
+    ("/opt/hb", {}, True, None),
+    ("/opt/hb/deeper/still", {}, True, None),
+    ("/opt/hb", {}, False, ("/opt/hb", "missing")),
+    ("/tmp/hb", {}, True, ("/tmp/hb", "shared-missing")),
+    ("/home/alice/venv", {}, True, ("/home/alice", "owner")),
+    ("/opt/f/x", {"/opt/f": ("f", 0, 0o644),
+                  "/opt/f/x": NotADirectoryError(errno.ENOTDIR, "Not a directory")},
+     True, ("/opt/f/x", "unreadable")),
+])
+def test_find_unsafe(path, extra, missing_ok, expected):
+    fs = FakeFS({**BASE_FS, **extra})
+    found = inst.find_unsafe(path, fs.lstat, fs.readlink, missing_ok=missing_ok)
+    assert (found and (found.component, found.kind)) == expected
+    if expected and expected[1] in ("owner", "link-owner"):
+        assert found.uid == 1000
+
+
+def test_find_unsafe_walks_every_parent_with_lstat_from_the_root():
+    fs = FakeFS({**BASE_FS, "/opt/link": ("l", 0, "../srv/co"), "/srv/co": ("d", 0, 0o755)})
+    assert inst.find_unsafe("/opt/link", fs.lstat, fs.readlink) is None
+    # ".." in the link's target goes back up to "/", looked at once more.
+    assert fs.seen == ["/", "/opt", "/opt/link", "/", "/srv", "/srv/co"]
+    with pytest.raises(ValueError):
+        inst.find_unsafe("opt/co", fs.lstat, fs.readlink)
+
+
+def _who(uid):
+    return {1000: "alice (uid 1000)"}.get(uid, f"uid {uid}")
+
+
+@pytest.mark.parametrize("flag, path, found, words, not_words", [
+    ("--spec", "/home/alice/co", inst.Unsafe("/home/alice/co", "owner", uid=1000),
+     ["/home/alice/co is owned by alice (uid 1000)", "chown -R root: /home/alice/co",
+      "root-owned copy", "pip installs it as root"], []),
+    ("--spec", "/home/alice/co/a.whl", inst.Unsafe("/home/alice", "owner", uid=1000),
+     ["/home/alice is owned by alice (uid 1000)", "root-owned copy"], ["chown -R root: /home"]),
+    ("--prefix", "/home/alice/venv", inst.Unsafe("/home/alice", "owner", uid=1000),
+     ["choose a --prefix", "the daemon runs as root"], ["chown"]),
+    ("--bin-dir", "/srv/bin", inst.Unsafe("/srv/bin", "writable", uid=0, mode=0o40775),
+     ["writable by its group (mode 0775)", "chmod go-w /srv/bin"], []),
+    ("--prefix", "/tmp", inst.Unsafe("/tmp", "writable", uid=0, mode=0o41777),
+     ["its group and everyone (mode 1777)", "not /tmp itself"], ["chmod", "chown"]),
+    ("--prefix", "/tmp/hb", inst.Unsafe("/tmp/hb", "shared-missing", detail="/tmp"),
+     ["anyone can create it first in /tmp", "mkdir -m 755 /tmp/hb"], []),
+    ("--spec", "/opt/link", inst.Unsafe("/opt/link", "link-owner", uid=1000),
+     ["a symlink owned by alice (uid 1000)"], []),
+    ("--spec", "/opt/nope.whl", inst.Unsafe("/opt/nope.whl", "missing"),
+     ["/opt/nope.whl does not exist"], ["root"]),
+])
+def test_unsafe_message(flag, path, found, words, not_words):
+    message = inst.unsafe_message(flag, path, found, _who)
+    assert "\n" not in message and message.count(path) >= 1
+    for word in words:
+        assert word in message, word
+    for word in not_words:
+        assert word not in message, word
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("hpc-batch", None), ("hpc-batch==0.2.0", None), ("hpc-batch>=0.2", None),
+    ("https://example.org/hpc_batch-0.2.0-py3-none-any.whl", None),
+    ("git+https://example.org/hpc-batch@v1", None),
+    ("/srv/co", "/srv/co"), (".", "/w"), ("dist/a.whl", "/w/dist/a.whl"),
+    ("hpc_batch-0.2.0.tgz", "/w/hpc_batch-0.2.0.tgz"),
+    ("file:///srv/a%20b/x.whl#sha256=00", "/srv/a b/x.whl"),
+    ("hpc-batch @ file:///srv/co", "/srv/co"),
+    ("git+file:///srv/repo@v1#egg=hpc-batch", "/srv/repo"),
+    ("file:x.whl", "/w/x.whl"),
+])
+def test_spec_path(spec, expected):
+    assert inst.spec_path(spec, "/w") == expected
 
 
 # ---------------------------------------------------------------- host steps
@@ -416,6 +669,157 @@ def test_purge_kills_shepherds_and_removes_everything(scratch):
                  paths.unit, paths.profile, paths.record, bin_dir, prefix):
         assert not os.path.lexists(gone), gone
     assert "disable --now hpc-batch" in systemd.calls
+
+
+NOBODY = 65534  # a uid that is not root's; it need not have a name
+
+
+def _owned_by_nobody(path: Path) -> Path:
+    os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    return path
+
+
+@needs_root
+def test_require_root_only_on_the_real_filesystem(tmp_path):
+    # tmp_path and its parents are root's (/tmp being sticky): all pass.
+    inst.require_root_only("--spec", str(tmp_path), missing_ok=False)
+    ours = tmp_path / "root-co"
+    ours.mkdir()
+    ours.chmod(0o755)
+    inst.require_root_only("--spec", str(ours), missing_ok=False)
+    inst.require_root_only("--prefix", str(ours / "venv"), missing_ok=True)
+
+    theirs = tmp_path / "user-co"
+    theirs.mkdir()
+    _owned_by_nobody(theirs)
+    (theirs / "a.whl").write_text("")  # root's file, in their directory
+    link = tmp_path / "link"
+    link.symlink_to(theirs)
+    for path in (theirs, theirs / "a.whl", link):
+        with pytest.raises(inst.InstallError) as caught:
+            inst.require_root_only("--spec", str(path), missing_ok=False)
+        message = str(caught.value)
+        assert f"--spec {path}: {theirs} is owned by" in message
+        assert f"(uid {NOBODY})" in message and "\n" not in message
+
+    shared = tmp_path / "open"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(inst.InstallError, match=r"by its group and everyone \(mode 0777\)"):
+        inst.require_root_only("--prefix", str(shared / "venv"), missing_ok=True)
+
+
+def _refuse_to_build(*args):
+    raise AssertionError("pip or venv reached with a path others can change")
+
+
+@needs_root
+def test_install_refuses_paths_others_can_change_before_pip(scratch, capsys, monkeypatch):
+    root, paths, systemd, host, _ = scratch
+    prefix, bin_dir = fake_prefix(root), root / "opt" / "bin"
+    theirs = root / "user-co"
+    theirs.mkdir()
+    _owned_by_nobody(theirs)
+    ours = root / "root-co"
+    ours.mkdir()
+    monkeypatch.setattr(inst, "ensure_venv", _refuse_to_build)
+    monkeypatch.setattr(inst, "pip_install", _refuse_to_build)
+    args = ["--prefix", str(prefix), "--bin-dir", str(bin_dir), "--admin-group", "adm"]
+
+    assert inst.main([*args, "--spec", str(theirs)], host) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"hpc-batch-install: refusing --spec {theirs}: ")
+    assert f"(uid {NOBODY})" in err and f"chown -R root: {theirs}" in err
+    assert not paths.record.exists() and systemd.calls == []
+
+    # Root's own checkout is fine, and recorded.
+    assert inst.main(["--no-pip", *args, "--spec", str(ours)], host) == 0
+    assert json.loads(paths.record.read_text())["spec"] == str(ours)
+
+    # Once a user owns it, a bare upgrade refuses the recorded spec.
+    systemd.calls.clear()
+    _owned_by_nobody(ours)
+    assert inst.main([], host) == 1
+    err = capsys.readouterr().err
+    assert f"refusing --spec {ours}: {ours} is owned by" in err
+    assert f"--spec comes from {paths.record}" in err and "--spec hpc-batch" in err
+    assert systemd.calls == []
+
+    for flag in ("--prefix", "--bin-dir"):
+        assert inst.main(["--no-pip", flag, str(theirs / "x"), "--force"], host) == 1
+        assert f"refusing {flag} {theirs / 'x'}: {theirs} is owned by" in capsys.readouterr().err
+
+
+def _install_sh_check() -> str:
+    """The Python that install.sh runs to refuse a spec or prefix."""
+    found = re.search(r"^ROOT_ONLY_PY='\n(.*?)^'$", (REPO / "install.sh").read_text(),
+                      re.M | re.S)
+    assert found, "install.sh has no ROOT_ONLY_PY='...'"
+    return found.group(1)
+
+
+@pytest.fixture
+def real_tree(tmp_path):
+    """Paths of each kind find_unsafe tells apart, on the real filesystem."""
+    t = tmp_path
+    for name, mode, owner in (("ours", 0o755, 0), ("theirs", 0o755, NOBODY),
+                              ("open", 0o777, 0), ("group", 0o775, 0),
+                              ("sticky", 0o1777, 0), ("sticky/ours", 0o755, 0),
+                              ("sticky/theirs", 0o755, NOBODY)):
+        (t / name).mkdir()
+        (t / name).chmod(mode)
+        os.chown(t / name, owner, owner)
+    (t / "ours/a.whl").write_text("")
+    (t / "theirs/a.whl").write_text("")
+    (t / "link-to-theirs").symlink_to(t / "theirs")
+    (t / "their-link").symlink_to(t / "ours")
+    _owned_by_nobody(t / "their-link")
+    return t
+
+
+# (flag, spec or path, {t} being the tree, whether only root can change it)
+REAL_CASES = [
+    ("--spec", "{t}/ours", True), ("--spec", "{t}/ours/a.whl", True),
+    ("--spec", "{t}/theirs", False), ("--spec", "{t}/theirs/a.whl", False),
+    ("--spec", "{t}/open", False), ("--spec", "{t}/group", False),
+    ("--spec", "{t}/sticky", False), ("--spec", "{t}/sticky/ours", True),
+    ("--spec", "{t}/sticky/theirs", False), ("--spec", "{t}/link-to-theirs", False),
+    ("--spec", "{t}/their-link", False), ("--spec", "{t}/ours/missing.whl", False),
+    ("--spec", "file://{t}/theirs/a.whl", False),
+    ("--spec", "hpc-batch @ file://{t}/ours/a.whl", True),
+    ("--spec", "hpc-batch", True), ("--spec", "hpc-batch==0.2.0", True),
+    ("--prefix", "{t}/ours/venv", True), ("--prefix", "{t}/sticky/venv", False),
+    ("--prefix", "{t}/theirs/venv", False), ("--prefix", "{t}/open/venv", False),
+]
+
+
+@needs_root
+def test_install_sh_check_agrees_with_find_unsafe(real_tree):
+    check = _install_sh_check()
+    for flag, value, ok in REAL_CASES:
+        value = value.format(t=real_tree)
+        path = inst.spec_path(value, "/") if flag == "--spec" else value
+        python_ok = path is None or inst.find_unsafe(path, missing_ok=flag == "--prefix") is None
+        run = subprocess.run([sys.executable, "-I", "-c", check, flag, value],
+                             capture_output=True, text=True, timeout=30)
+        assert (python_ok, run.returncode == 0) == (ok, ok), (flag, value, run.stderr)
+        if not ok:
+            assert run.stderr.startswith(f"install.sh: refusing {flag} {value}: ")
+            assert run.stderr.count("\n") == 1
+
+
+@needs_root
+def test_install_sh_refuses_a_spec_others_can_change_before_pip(real_tree):
+    venv = real_tree / "ours" / "venv"
+    run = subprocess.run(
+        ["sh", str(REPO / "install.sh"), str(real_tree / "theirs"), "--prefix", str(venv),
+         "--force"], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "HPC_BATCH_PYTHON": sys.executable})
+    assert run.returncode == 1
+    assert f"refusing --spec {real_tree / 'theirs'}: " in run.stderr
+    assert f"uid {NOBODY}" in run.stderr
+    assert not venv.exists()  # refused before the venv, so before pip
 
 
 def test_reexec_hands_over_every_choice():
