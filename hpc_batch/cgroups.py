@@ -6,7 +6,7 @@ service's own cgroup, so restarting the unit never touches a job::
     hpc-batch/shepherds/   every shepherd (no limits: an OOM kill of a job
                            must never take the exit record with it)
     hpc-batch/job-<id>/    the job: cpuset.cpus, cpuset.mems, memory.max,
-                           memory.swap.max=0, memory.oom.group=1
+                           memory.swap.max=0, memory.oom.group=1, pids.max
 
 The daemon creates and limits a job's cgroup before starting its shepherd,
 and reads the limits back: a job whose confinement the kernel did not apply
@@ -14,7 +14,6 @@ does not start.
 """
 
 import os
-import signal
 
 from . import defaults
 from .discovery import format_cpulist, parse_cpulist
@@ -112,18 +111,34 @@ def shepherds_path(root: str) -> str:
     return os.path.join(root, SHEPHERDS)
 
 
-def create_job(root: str, job_id: int, cpus, mems, mem_bytes: int) -> str:
+def check_pids(root: str = defaults.CGROUP_ROOT) -> None:
+    """Refuse (CgroupError) unless job cgroups get the pids controller (for --max-pids)."""
+    try:
+        have = _read(os.path.join(root, "cgroup.subtree_control")).split()
+    except OSError as exc:
+        have, why = [], exc.strerror
+    else:
+        why = "not enabled"
+    if "pids" not in have:
+        raise CgroupError(f"the pids controller is {why} for {root} (the unit needs Delegate=cpuset memory "
+                          f"pids), so --max-pids cannot be enforced; pass --max-pids 0 to run without "
+                          f"a per-job process limit")
+
+
+def create_job(root: str, job_id: int, cpus, mems, mem_bytes: int, max_pids: int = 0) -> str:
     """Create and limit a job's cgroup; raise CgroupError if the kernel did not apply it."""
     path = job_path(root, job_id)
     try:
-        if os.path.isdir(path):
-            remove(path)
+        if os.path.isdir(path) and not discard(path):
+            raise CgroupError(f"a leftover cgroup {path} is still busy; job {job_id} cannot use it")
         os.mkdir(path)
         _write(os.path.join(path, "cpuset.cpus"), format_cpulist(cpus))
         _write(os.path.join(path, "cpuset.mems"), format_cpulist(mems))
         _write(os.path.join(path, "memory.max"), str(mem_bytes))
         _write(os.path.join(path, "memory.swap.max"), "0")
         _write(os.path.join(path, "memory.oom.group"), "1")
+        if max_pids:
+            _write(os.path.join(path, "pids.max"), str(max_pids))
         eff_cpus = set(parse_cpulist(_read(os.path.join(path, "cpuset.cpus.effective"))))
         eff_mems = set(parse_cpulist(_read(os.path.join(path, "cpuset.mems.effective"))))
     except OSError as exc:
@@ -137,28 +152,25 @@ def create_job(root: str, job_id: int, cpus, mems, mem_bytes: int) -> str:
     return path
 
 
-def signal_all(path: str, sig: int) -> bool:
-    """Signal every process in the cgroup; SIGKILL uses cgroup.kill (no races with forks)."""
-    if sig == signal.SIGKILL:
-        try:
-            _write(os.path.join(path, "cgroup.kill"), "1")
-            return True
-        except OSError:
-            return False
+def discard(path: str) -> bool:
+    """Kill what is left in a job cgroup and try once to remove it; True once it is gone.
+
+    Never waits (the daemon's loop calls it): a cgroup whose processes are
+    still dying is left for the caller to try again.
+    """
+    from shepherd import cgroup
+    cgroup.kill(path)
     try:
-        pids = [int(p) for p in _read(os.path.join(path, "cgroup.procs")).split()]
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
     except OSError:
         return False
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-    return bool(pids)
+    return True
 
 
 def remove(path: str) -> None:
-    """Kill what is left in a job cgroup and remove it."""
+    """Kill what is left in a job cgroup and remove it, waiting a few seconds at most (start-up only)."""
     from shepherd import cgroup
     cgroup.remove(path)
 

@@ -93,8 +93,6 @@ SUBCOMMANDS = {"new": NEW_USAGE, "list": LIST_USAGE, "attach": ATTACH_USAGE, "ki
 EX_USAGE = 2
 EX_UNAVAILABLE = 69
 _ENV_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
-_MEM = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
-_UNIT = {"": 1 << 30, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 class UsageError(Exception):
@@ -108,13 +106,11 @@ def _die(msg: str, status: int = 1) -> int:
 
 def parse_mem(text: str) -> int:
     """``--max-mem``: GiB by default, or a K/M/G/T suffix; returns bytes."""
-    m = _MEM.fullmatch(text.strip())
-    if not m:
-        raise UsageError(f"--max-mem {text!r}: expected GiB as a number (e.g. 84) or with a unit (512M, 64G)")
-    value = int(float(m.group(1)) * _UNIT[m.group(2).upper()])
-    if value <= 0:
-        raise UsageError(f"--max-mem {text!r}: must be more than zero")
-    return value
+    from .sizes import SizeError, parse_size
+    try:
+        return parse_size(text, "G")
+    except SizeError as exc:
+        raise UsageError(f"--max-mem {exc}") from None
 
 
 def _positive(flag: str, text: str, minimum: int) -> int:
@@ -163,6 +159,15 @@ def cmd_new(conn, a) -> int:
             raise UsageError(f"--max-time: {exc}") from None
     if a["--output"] and a["--output"] != "./output.<id>.log":
         args["output"] = os.path.abspath(os.path.expanduser(a["--output"]))
+    if not a["--no-output"]:
+        from .userio import OutputError, check_destination
+        try:
+            _, args["output_is_dir"] = check_destination(cwd, args.get("output"))
+        except OutputError as exc:
+            return _die(str(exc))
+    mask = os.umask(0o077)
+    os.umask(mask)
+    args["umask"] = mask
     if a["--env"]:
         args["env"] = dict(os.environ)
     reply = conn().call("new", **args)

@@ -13,7 +13,7 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from . import __version__, defaults
+from . import __version__, bounds, defaults
 
 USAGE = f"""hpc-batchd: the hpc-batch daemon (run by systemd as root).
 
@@ -40,6 +40,17 @@ Options:
   --no-cgroups             Development mode: CPU affinity only, no memory limit,
                            no NUMA confinement.
   --no-dev-dir             Skip the per-job entries under --dev-dir.
+  --max-queued-per-user N  Queued jobs one user may have [default: {defaults.MAX_QUEUED_PER_USER}]
+  --max-job-size SIZE      Largest command plus --env environment of one job
+                           [default: {defaults.MAX_JOB_SIZE}]
+  --max-connections-per-user N
+                           Open connections one user may hold
+                           [default: {defaults.MAX_CONNECTIONS_PER_USER}]
+  --max-pids N             pids.max of every job's cgroup; 0 for no limit
+                           [default: {defaults.MAX_PIDS}]
+  --max-output-buffer SIZE Output kept for attach in the state dir; the rest
+                           goes straight to the job's log file
+                           [default: {defaults.MAX_OUTPUT_BUFFER}]
   -h --help                Show this help.
   --version                Show the version.
 """
@@ -72,24 +83,30 @@ class Config:
     admin_group: str
     schedule: str
     cgroups: bool
+    max_queued_per_user: int = defaults.MAX_QUEUED_PER_USER
+    max_job_size: int = 1 << 20
+    max_connections_per_user: int = defaults.MAX_CONNECTIONS_PER_USER
+    max_pids: int = defaults.MAX_PIDS
+    max_output_buffer: int = 256 << 20
     cgroup_root: str = defaults.CGROUP_ROOT
     admin_gid: int | None = None
     user_name: str = ""
 
 
-def _gb(flag: str, text: str) -> int:
+def _size(flag: str, text: str, unit: str = "G", minimum: int = 0) -> int:
+    from .sizes import SizeError, parse_size
     try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: expected a number of GiB, e.g. {flag} 2", 2) from None
-    if value < 0:
-        raise ConfigError(f"{flag} {text!r}: must not be negative", 2)
-    return int(value * (1 << 30))
+        value = parse_size(text, unit, allow_zero=True)
+    except SizeError as exc:
+        raise ConfigError(f"{flag} {exc}", 2) from None
+    if value < minimum:
+        raise ConfigError(f"{flag} {text!r}: must be at least {minimum} bytes", 2)
+    return value
 
 
-def _count(flag: str, text: str, minimum: int = 0) -> int:
-    if not text.isdigit() or int(text) < minimum:
-        raise ConfigError(f"{flag} {text!r}: expected a whole number of at least {minimum}", 2)
+def _count(flag: str, text: str, minimum: int = 0, maximum: int = 1 << 31) -> int:
+    if not text.isdigit() or not minimum <= int(text) <= maximum:
+        raise ConfigError(f"{flag} {text!r}: expected a whole number from {minimum} to {maximum}", 2)
     return int(text)
 
 
@@ -109,6 +126,8 @@ def parse_args(argv) -> Config:
         lifetime = parse_duration(a["--max-lifetime"])
     except DurationError as exc:
         raise ConfigError(f"--max-lifetime: {exc}", 2) from None
+    if lifetime > bounds.MAX_SECONDS:
+        raise ConfigError(f"--max-lifetime {a['--max-lifetime']!r}: at most a century", 2)
     if a["--schedule"] not in POLICIES:
         raise ConfigError(f"--schedule {a['--schedule']!r}: choose one of {', '.join(POLICIES)}", 2)
     return Config(
@@ -117,9 +136,14 @@ def parse_args(argv) -> Config:
         dev_dir=None if a["--no-dev-dir"] else os.path.abspath(a["--dev-dir"]),
         max_lifetime=lifetime,
         reserve_cpu=_count("--reserve-cpu", a["--reserve-cpu"]),
-        reserve_mem=_gb("--reserve-mem", a["--reserve-mem"]),
-        min_job_mem=_gb("--min-job-mem", a["--min-job-mem"]),
+        reserve_mem=_size("--reserve-mem", a["--reserve-mem"]),
+        min_job_mem=_size("--min-job-mem", a["--min-job-mem"]),
         keep_finished=_count("--keep-finished", a["--keep-finished"]),
+        max_queued_per_user=_count("--max-queued-per-user", a["--max-queued-per-user"], 1),
+        max_job_size=_size("--max-job-size", a["--max-job-size"], "M", 4096),
+        max_connections_per_user=_count("--max-connections-per-user", a["--max-connections-per-user"], 1, 1 << 20),
+        max_pids=_count("--max-pids", a["--max-pids"]),
+        max_output_buffer=_size("--max-output-buffer", a["--max-output-buffer"], "M", 4096),
         list_is_public=bool(a["--list-is-public"]),
         admin_group=a["--admin-group"],
         schedule=a["--schedule"],
@@ -172,6 +196,24 @@ def _listen(path: str, inherited: int | None) -> socket.socket:
     return sock
 
 
+def _no_strays(keep: set) -> None:
+    """Mark every descriptor the daemon inherited by accident close-on-exec.
+
+    A daemon started from a shell (or a test) may hold that shell's pipes;
+    none of them may reach a shepherd, and through it a job.
+    """
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in fds:
+        if fd > 2 and fd not in keep:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass
+
+
 def build(cfg: Config, inherited: dict):
     """Set everything up (or raise ConfigError) and return a ready Server."""
     from . import access, cgroups, devdir, discovery, resources
@@ -191,9 +233,11 @@ def build(cfg: Config, inherited: dict):
         try:
             cgroups.check_available(cfg.cgroup_root)
             cgroups.setup(cfg.cgroup_root)
+            if cfg.max_pids:
+                cgroups.check_pids(cfg.cgroup_root)
         except cgroups.CgroupError as exc:
             raise ConfigError(f"refusing to start: {exc}") from None
-    dev = devdir.DevDir(cfg.dev_dir, cfg.admin_gid if cfg.admin_gid is not None else -1)
+    dev = devdir.DevDir(cfg.dev_dir, cfg.admin_gid if cfg.admin_gid is not None else -1, cfg.list_is_public)
     try:
         dev.setup()
     except devdir.DevDirError as exc:
@@ -240,6 +284,7 @@ def main(argv=None) -> int:
             print("usage: hpc-batchd [options]; see hpc-batchd --help", file=sys.stderr)
         return exc.status
     inherited = _inherited()
+    _no_strays(set(inherited.values()))
     try:
         server, store = build(cfg, inherited)
     except ConfigError as exc:

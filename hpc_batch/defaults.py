@@ -18,6 +18,16 @@ KEEP_FINISHED = 50
 ADMIN_GROUP = "wheel"
 SCHEDULE = "fifo-strict"
 
+# Per-user bounds (daemon flags): nothing one user does may exhaust the daemon.
+MAX_QUEUED_PER_USER = 1000
+MAX_JOB_SIZE = "1M"          # a job's command plus its --env, as the user sent them
+MAX_CONNECTIONS_PER_USER = 64
+MAX_PIDS = 8192              # pids.max of each job's cgroup (0: no limit)
+MAX_OUTPUT_BUFFER = "256M"   # output kept in the state dir for attach; the rest goes straight to the log
+
+# Seconds a shepherd gives the copy of a job's output to the user's log file.
+DELIVERY_LIMIT = 600.0
+
 # Seconds between SIGTERM and SIGKILL when a job is timed out or killed.
 KILL_GRACE = 5.0
 

@@ -1,15 +1,18 @@
 """Per-job inspection entries: ``<dev-dir>/jobs/<id>`` -> the job's directory.
 
-The entry and the files it exposes (``info.json``, ``output``) belong to the
-submitting user with the admin group as group owner, mode 0640, so the user
-and admins can read them and nobody else can. Entries exist while a job is
-queued or running.
+The entry (a symlink) belongs to the submitting user with the admin group
+as group owner. The files it exposes (``info.json``, ``output``) stay root's
+(group admin, 0640) with an ACL letting the user read them: the user and
+admins can read them, nobody else can, and the user cannot lease, chmod or
+truncate what the daemon itself reads. ``jobs/`` is 0711, so no one lists
+other users' job ids, unless ``--list-is-public`` (0755). Entries exist
+while a job is queued or running.
 """
 
 import json
 import os
 
-from shepherd import records
+from shepherd import acl, records
 
 
 class DevDirError(OSError):
@@ -19,21 +22,22 @@ class DevDirError(OSError):
 class DevDir:
     """The ``--dev-dir`` tree, or a no-op when disabled (--no-dev-dir)."""
 
-    def __init__(self, root: str | None, admin_gid: int):
+    def __init__(self, root: str | None, admin_gid: int, public: bool = False):
         self.root = root
         self.jobs = os.path.join(root, "jobs") if root else None
         self.admin_gid = admin_gid
+        self.jobs_mode = 0o755 if public else 0o711
 
     def setup(self) -> None:
         """Create ``<root>/jobs``; raise DevDirError if that is impossible."""
         if not self.root:
             return
         try:
-            os.makedirs(self.jobs, mode=0o755, exist_ok=True)
-            for d in (self.root, self.jobs):
+            os.makedirs(self.jobs, mode=self.jobs_mode, exist_ok=True)
+            for d, mode in ((self.root, 0o755), (self.jobs, self.jobs_mode)):
                 if os.path.islink(d) or not os.path.isdir(d):
                     raise DevDirError(f"{d} is not a directory")
-                os.chmod(d, 0o755)
+                os.chmod(d, mode)
         except DevDirError:
             raise
         except OSError as exc:
@@ -74,17 +78,8 @@ class DevDir:
 
 
 def write_user_file(path: str, data: bytes, uid: int, gid: int) -> None:
-    """Write a file the job's owner and the admin group may read (0640)."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
-    try:
-        os.write(fd, data)
-        if os.geteuid() == 0:
-            os.fchown(fd, uid, gid)
-        os.fchmod(fd, 0o640)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
+    """Replace a root-owned file the job's owner and the admin group may read."""
+    records.write_atomic(path, data, 0o640, durable=False, prepare=lambda fd: acl.share_with(fd, uid, gid))
 
 
 def write_info(job_dir: str, info: dict, uid: int, gid: int) -> None:

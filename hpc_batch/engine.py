@@ -5,21 +5,28 @@ server feeds it requests and kernel events (a shepherd's pidfd became
 readable, a timer fired) and the engine persists every change before it is
 acknowledged: a submit that cannot be written is refused, never accepted and
 then forgotten. Scheduling itself is the pure ``scheduler`` module; starting
-and signalling processes is ``launcher``; cgroups are ``cgroups``.
+shepherds and asking them to stop jobs is ``launcher``; cgroups are
+``cgroups``.
+
+Nothing a user sends can make the engine act on a path they control, wait
+on a process they can stop, or signal a process by number: output paths are
+only handed to the shepherd (which writes them as the user), and stopping a
+job is a line on its shepherd's control FIFO. An error while acting on one
+job ends that job (as ``error``, with the reason), never the daemon.
 """
 
 import logging
 import os
 import pwd
-import signal
 import time
 
 from . import cgroups, defaults, devdir, launcher, resources, scheduler
 from .jobs import (ERROR, EXITED, FINISHED, KILLED, OOM, QUEUED, RUNNING, SIGNALLED, TIMEOUT,
                    Job, Result, exit_column)
+from .listing import format_mem, one_line
 from .protocol import NewJob
-from .store import StateError, is_disk_full
-from .userio import OutputError, check_output_as
+from .store import is_disk_full
+from .userio import log_name
 from shepherd import records
 
 log = logging.getLogger("hpc-batchd")
@@ -46,6 +53,8 @@ class Engine:
         self.jobs: dict[int, Job] = {}
         self.queued: dict[int, scheduler.QueuedJob] = {}   # insertion order = submission order
         self.running: dict[int, dict] = {}  # id -> {"pid", "pidfd", "alloc", "cgroup"}
+        self.queued_by_uid: dict[int, int] = {}   # per-user count, for --max-queued-per-user
+        self.stale_cgroups: set = set()     # job cgroups still busy when their job ended
         self.next_id = 1
         self.policy_state: dict = {}
         self.meta_dirty = False
@@ -63,9 +72,9 @@ class Engine:
         jobs = self.store.load_jobs()
         self.policy_state = meta.get("policy_state", {}) or {}
         self.saved_floor = int(meta.get("next_id", 1))
-        top = max((j.id for j in jobs), default=0)
-        self.next_id = max(int(meta.get("next_id", 1)), top + 1)
-        notes = []
+        top = max([j.id for j in jobs] + [self.store.highest_quarantined_id()])
+        self.next_id = max(self.saved_floor, top + 1)
+        notes = list(self.store.notes)
         for job in jobs:
             self.jobs[job.id] = job
             if job.state == QUEUED:
@@ -73,7 +82,12 @@ class Engine:
                 self.dev.add(job.id, job.uid, self.store.job_dir(job.id))
         for job in jobs:
             if job.state == RUNNING:
-                notes.append(self._readopt(job))
+                try:
+                    notes.append(self._readopt(job))
+                except Exception as exc:  # one record the daemon cannot act on must not stop it
+                    log.exception("job %d: cannot re-adopt it", job.id)
+                    self.running.pop(job.id, None)
+                    self._finish(job, Result(ERROR, note=f"the daemon could not re-adopt it: {exc}"), time.time())
         self.dev.prune(set(self.queued) | set(self.running))
         if self.cfg.cgroups:
             gone = cgroups.prune(self.cfg.cgroup_root, set(self.running))
@@ -154,6 +168,7 @@ class Engine:
             "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"),
             "exit": exit_column(res) if job.state == FINISHED else None,
             "result": job.result, "output": job.output, "output_error": job.output_error,
+            "output_note": job.output_note,
             "stats": job.stats,
         }
 
@@ -177,6 +192,14 @@ class Engine:
             from .durations import format_duration
             raise Refused(f"--max-time {format_duration(max_time)} exceeds the limit of "
                           f"{format_duration(self.cfg.max_lifetime)} set by the admin (--max-lifetime)")
+        size = req.size()
+        if size > self.cfg.max_job_size:
+            raise Refused(f"the command and its environment take {format_mem(size)}, more than the "
+                          f"{format_mem(self.cfg.max_job_size)} a job may carry (the admin's --max-job-size); "
+                          f"submit a script instead, or drop --env", "too_large")
+        if self.queued_by_uid.get(caller.uid, 0) >= self.cfg.max_queued_per_user:
+            raise Refused(f"you already have {self.cfg.max_queued_per_user} jobs queued, the most one user may "
+                          f"(the admin's --max-queued-per-user); wait for some to start", "queue_full")
         request = resources.Request(cpus=req.cpus, mem=req.mem, gpus=req.gpus,
                                     exclusive=req.exclusive, numa_local=req.numa_local)
         try:
@@ -190,16 +213,15 @@ class Engine:
         job_id = self.next_id
         output = None
         if not req.no_output:
-            try:
-                output = check_output_as(caller.uid, pw.pw_gid, pw.pw_name, job_id, req.cwd, req.output)
-            except OutputError as exc:
-                raise Refused(str(exc)) from None
+            # Checked by dispatch, as the user; the shepherd writes it as the user, never following links.
+            target = req.output or req.cwd
+            output = os.path.join(target, log_name(job_id)) if req.output is None or req.output_is_dir else target
         job = Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name, argv=list(req.argv),
                   cwd=req.cwd, submitted=now, max_time=max_time,
                   request={"cpus": req.cpus, "mem": req.mem, "gpus": req.gpus,
                            "exclusive": req.exclusive, "numa_local": req.numa_local},
                   budget={"mem": budget.mem, "assigned": budget.assigned},
-                  output=output)
+                  output=output, umask=req.umask)
         env = {"forward": req.env, "job_env": req.job_env, "base": req.base_env}
         jdir = self.store.job_dir(job_id)
         try:
@@ -220,7 +242,7 @@ class Engine:
             pass
         self.dev.add(job_id, job.uid, jdir)
         self._enqueue(job)
-        log.info("job %d queued for %s: %s", job_id, job.user, job.command)
+        log.info("job %d queued for %s: %s", job_id, job.user, one_line(job.command))
         # Decide now, act after the reply is sent: the client does not wait for the spawn.
         self.pending = self.plan(now)
         starting = self.pending is not None and any(j == job_id for j, _ in self.pending.starts)
@@ -235,12 +257,22 @@ class Engine:
 
     def _enqueue(self, job: Job) -> None:
         r = job.request
+        if job.id not in self.queued:
+            self.queued_by_uid[job.uid] = self.queued_by_uid.get(job.uid, 0) + 1
         self.queued[job.id] = scheduler.QueuedJob(
             id=job.id,
             request=resources.Request(cpus=r.get("cpus"), mem=r.get("mem"), gpus=r.get("gpus", 0),
                                       exclusive=bool(r.get("exclusive")), numa_local=bool(r.get("numa_local"))),
             budget=resources.Budget(job.budget["mem"], bool(job.budget.get("assigned"))),
             max_time=job.max_time)
+
+    def _dequeue(self, job: Job) -> None:
+        del self.queued[job.id]
+        left = self.queued_by_uid.get(job.uid, 1) - 1
+        if left > 0:
+            self.queued_by_uid[job.uid] = left
+        else:
+            self.queued_by_uid.pop(job.uid, None)
 
     def _info(self, job: Job) -> dict:
         s = self.summary(job)
@@ -271,10 +303,15 @@ class Engine:
             self.save_meta()
         for job_id, reason in decision.failures:
             job = self.jobs[job_id]
-            del self.queued[job_id]
+            self._dequeue(job)
             self._finish(job, Result(ERROR, note=f"can never start here: {reason}"), now)
         for job_id, alloc in decision.starts:
-            self._start(self.jobs[job_id], alloc, now)
+            job = self.jobs[job_id]
+            try:
+                self._start(job, alloc, now)
+            except Exception as exc:  # one job that cannot start must not stop the others
+                log.exception("job %d: cannot start it", job_id)
+                self._fail(job, f"the daemon could not start it: {exc}", now)
 
     def save_meta(self) -> bool:
         """Persist the id floor and policy state; on failure retry from the tick."""
@@ -317,23 +354,17 @@ class Engine:
         # first, then the record that says "running" (which drops the
         # environment from job.json), then the spawn. A crash in between leaves
         # either a queued job or a launch spec the next daemon can start.
-        del self.queued[job.id]
+        self._dequeue(job)
         jdir = self.store.job_dir(job.id)
         self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": None}
         job.state, job.started, job.alloc = RUNNING, now, alloc.to_dict()
         cg = None
         try:
             if self.cfg.cgroups:
-                cg = cgroups.create_job(self.cfg.cgroup_root, job.id, alloc.cpus, alloc.mems, alloc.mem)
+                cg = cgroups.create_job(self.cfg.cgroup_root, job.id, alloc.cpus, alloc.mems, alloc.mem,
+                                        self.cfg.max_pids)
                 self.running[job.id]["cgroup"] = cg
-            launcher.write_launch(jdir, {
-                "id": job.id, "user": job.user, "uid": job.uid, "gid": job.gid, "cwd": job.cwd,
-                "argv": job.argv, "env": self._job_env(job), "output": job.output,
-                "admin_gid": self.cfg.admin_gid,
-                "cpus": None if self.cfg.cgroups else list(alloc.cpus),
-                "cgroup": cg,
-                "shepherd_cgroup": cgroups.shepherds_path(self.cfg.cgroup_root) if self.cfg.cgroups else None,
-            })
+            launcher.write_launch(jdir, self._launch_spec(job, alloc, cg))
         except OSError as exc:
             self._requeue(job, cg, exc, now)
             return
@@ -350,6 +381,7 @@ class Engine:
             pid = launcher.spawn(job.id, job.user, jdir)
         except OSError as exc:
             log.error("job %d cannot start: %s", job.id, exc)
+            self._drop_cgroup(cg)
             self._finish(job, Result(ERROR, note=f"cannot start its shepherd: {exc}"), now)
             return
         self._watch(job.id, pid)
@@ -360,22 +392,38 @@ class Engine:
         log.info("job %d started: cpus %s, mem %d, gpus %s", job.id, list(alloc.cpus), alloc.mem, list(alloc.gpus))
         self.hooks.job_event(job.id, "started")
 
+    def _launch_spec(self, job: Job, alloc, cg) -> dict:
+        """What the shepherd needs, all of it: it cannot ask the daemon anything later."""
+        return {
+            "id": job.id, "user": job.user, "uid": job.uid, "gid": job.gid, "cwd": job.cwd,
+            "argv": job.argv, "env": self._job_env(job), "output": job.output, "umask": job.umask,
+            "admin_gid": self.cfg.admin_gid,
+            "cpus": None if self.cfg.cgroups else list(alloc.cpus),
+            "cgroup": cg,
+            "shepherd_cgroup": cgroups.shepherds_path(self.cfg.cgroup_root) if self.cfg.cgroups else None,
+            # The shepherd keeps the deadline itself, so it holds while the daemon is down.
+            "deadline": job.deadline, "kill_grace": defaults.KILL_GRACE,
+            "delivery_limit": defaults.DELIVERY_LIMIT, "max_output_buffer": self.cfg.max_output_buffer,
+        }
+
     def _requeue(self, job: Job, cg, exc: OSError, now: float) -> None:
         """A start that could not be written: with a full disk back to the queue, retried soon."""
+        self._drop_cgroup(cg)
         if not is_disk_full(exc):
             log.error("job %d cannot start: %s", job.id, exc)
-            if cg:
-                cgroups.remove(cg)
             self._finish(job, Result(ERROR, note=f"cannot start: {exc}"), now)
             return
         log.error("job %d: cannot start it yet (%s); it stays queued and is retried", job.id, exc)
-        if cg:
-            cgroups.remove(cg)
         del self.running[job.id]
         job.state, job.started, job.alloc = QUEUED, None, None
         self._enqueue(job)
         self.queued = dict(sorted(self.queued.items()))
         self.retry_at = now + 2.0
+
+    def _drop_cgroup(self, cg) -> None:
+        """Kill and remove a job's cgroup without waiting; a busy one is retried from the tick."""
+        if cg and not cgroups.discard(cg):
+            self.stale_cgroups.add(cg)
 
     def _watch(self, job_id: int, pid: int) -> None:
         fd = launcher.open_pidfd(pid, None)
@@ -389,7 +437,11 @@ class Engine:
     # -- ending ---------------------------------------------------------------
     def shepherd_exited(self, job_id: int) -> None:
         """A shepherd's pidfd became readable: collect the job."""
-        self._collect(job_id)
+        try:
+            self._collect(job_id)
+        except Exception as exc:
+            log.exception("job %d: cannot collect it", job_id)
+            self._fail(self.jobs[job_id], f"the daemon could not collect its end: {exc}", time.time())
 
     def _collect(self, job_id: int, shepherd_gone: str | None = None) -> None:
         handle = self.running.get(job_id)
@@ -404,42 +456,66 @@ class Engine:
             launcher.reap(handle["pid"])
         jdir = self.store.job_dir(job_id)
         rec = records.read_json(os.path.join(jdir, records.EXIT))
-        delivery = records.read_json(os.path.join(jdir, records.DELIVERY))
+        if rec is not None and not isinstance(rec, dict):
+            rec = None
         cg = handle.get("cgroup")
         now = time.time()
+        kept = os.path.join(jdir, records.OUTPUT)
         if rec is None:
-            # The shepherd died without an exit record: clean up after it.
+            # The shepherd died without an exit record: end what is left of the job.
             oom = bool(cg) and cgroups.oom_killed(cg)
-            launcher.signal_job(jdir, signal.SIGKILL, cg)
             if cg:
-                cgroups.remove(cg)
+                self._drop_cgroup(cg)
+            else:
+                launcher.kill_orphaned_job(jdir)
+            if job.output is not None and os.path.exists(kept):
+                job.output_error = f"its shepherd died before delivering it; the output is kept at {kept}"
             note = shepherd_gone or "its shepherd was killed before the job ended"
-            result = Result(OOM if oom else KILLED, note=note)
-            self._finish(job, result, now)
+            self._finish(job, Result(OOM if oom else KILLED, note=note), now)
             return
         if cg and os.path.isdir(cg):
-            cgroups.remove(cg)
-        if rec.get("error"):
-            result = Result(ERROR, code=rec.get("code"), note=rec["error"])
-        elif rec.get("oom_kill"):
-            result = Result(OOM, signal=rec.get("signal"), code=rec.get("code"))
-        elif job.stop_reason and job.stop_sent:
-            result = Result(job.stop_reason, code=rec.get("code"), signal=rec.get("signal"))
-        elif rec.get("signal"):
-            result = Result(SIGNALLED, signal=rec["signal"])
-        else:
-            result = Result(EXITED, code=rec.get("code"))
+            self._drop_cgroup(cg)
         for key in ("peak_mem", "cpu_time"):
-            if rec.get(key) is not None:
+            if isinstance(rec.get(key), (int, float)) and not isinstance(rec.get(key), bool):
                 job.stats[key] = rec[key]
-        if delivery is None and not os.path.exists(os.path.join(jdir, records.OUTPUT)):
-            delivery = {"ok": True}  # record lost in a crash; the buffer goes only after a full copy
+        self._finish(job, self._result(job, rec), _number(rec.get("ended"), now))
+
+    def _result(self, job: Job, rec: dict) -> Result:
+        """How the job ended, from its exit record (written by the shepherd)."""
+        code = rec.get("code") if isinstance(rec.get("code"), int) else None
+        sig = rec.get("signal") if isinstance(rec.get("signal"), int) else None
+        stopped = rec.get("stopped") if rec.get("stopped") in (KILLED, TIMEOUT) else None
+        if "stopped" not in rec and job.stop_reason and job.stop_sent:
+            stopped = job.stop_reason   # a shepherd from before exit records said so themselves
+        if rec.get("error"):
+            return Result(ERROR, code=code, note=str(rec["error"]))
+        if rec.get("oom_kill"):
+            return Result(OOM, signal=sig, code=code)
+        if stopped:
+            note = rec.get("stop_note") if isinstance(rec.get("stop_note"), str) else None
+            return Result(stopped, code=code, signal=sig, note=note)
+        if sig:
+            return Result(SIGNALLED, signal=sig)
+        return Result(EXITED, code=code)
+
+    def _delivery(self, job: Job) -> None:
+        """What became of the output, from delivery.json (or its absence)."""
+        jdir = self.store.job_dir(job.id)
+        kept = os.path.join(jdir, records.OUTPUT)
+        delivery = records.read_json(os.path.join(jdir, records.DELIVERY))
+        if not isinstance(delivery, dict):
+            delivery = None
+        if delivery and isinstance(delivery.get("note"), str):
+            job.output_note = delivery["note"]
+        if delivery is None and not os.path.exists(kept):
+            return  # record lost in a crash; the buffer goes only after a full copy
         if job.output is not None and not (delivery and delivery.get("ok")):
             why = (delivery or {}).get("error") or "its delivery was interrupted"
-            job.output_error = f"{why}; the output is kept at {os.path.join(jdir, records.OUTPUT)}"
-        self._finish(job, result, rec.get("ended") or now)
+            job.output_error = f"{why}; the output is kept at {kept}"
 
     def _finish(self, job: Job, result: Result, now: float) -> None:
+        if job.state == RUNNING and os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT)):
+            self._delivery(job)
         job.state, job.ended, job.result = FINISHED, now, result.__dict__.copy()
         handle = self.running.pop(job.id, None)
         try:
@@ -462,11 +538,31 @@ class Engine:
                 pass
         self.dev.remove(job.id)
         log.info("job %d finished: %s%s", job.id, exit_column(result),
-                 f" ({result.note})" if result.note else "")
+                 f" ({one_line(result.note)})" if result.note else "")
         self.hooks.job_event(job.id, "finished")
         self._evict(job.uid)
         if handle is not None:
             self.resched = True  # freed resources: the next tick schedules (never re-entrantly)
+
+    def _fail(self, job: Job, why: str, now: float) -> None:
+        """End one job as ``error`` after something went wrong acting on it."""
+        if job.state == FINISHED:
+            return
+        if job.id in self.queued:
+            self._dequeue(job)
+        handle = self.running.get(job.id) or {}
+        if handle.get("pidfd") is not None:
+            self.hooks.unwatch_pidfd(handle["pidfd"])
+            os.close(handle["pidfd"])
+            handle["pidfd"] = None
+        if job.state == RUNNING:
+            launcher.request_stop(self.store.job_dir(job.id), KILLED)
+            self._drop_cgroup(handle.get("cgroup"))
+        try:
+            self._finish(job, Result(ERROR, note=why), now)
+        except Exception:
+            log.exception("job %d: cannot even record its failure", job.id)
+            self.running.pop(job.id, None)
 
     def retry_unsaved(self) -> None:
         """Retry records whose write failed (a full disk)."""
@@ -511,7 +607,7 @@ class Engine:
         """Remove a queued job, or stop a running one (state ``killed``)."""
         job = self.lookup(caller, job_id)
         if job.state == QUEUED:
-            del self.queued[job_id]
+            self._dequeue(job)
             self.store.remove_job(job_id)
             self.dev.remove(job_id)
             del self.jobs[job_id]
@@ -525,18 +621,20 @@ class Engine:
         return {"id": job_id, "was": RUNNING}
 
     def _stop(self, job: Job, reason: str, now: float) -> None:
+        """Ask the job's shepherd to stop it; the shepherd does the signalling and the grace."""
         if job.stop_sent is None:
             job.stop_reason, job.stop_sent = reason, now
             try:
                 self.store.save_job(job)
             except OSError as exc:
                 log.error("job %d: cannot record the stop (%s)", job.id, exc)
-            log.info("job %d: %s, sending SIGTERM", job.id, reason)
+            log.info("job %d: %s, asking its shepherd to stop it", job.id, reason)
         handle = self.running.get(job.id, {})
-        launcher.signal_job(self.store.job_dir(job.id), signal.SIGTERM, handle.get("cgroup"))
+        handle["asked"] = launcher.request_stop(self.store.job_dir(job.id), job.stop_reason or reason)
+        handle["ask_at"] = now + (defaults.KILL_GRACE if handle["asked"] else STOP_RETRY)
 
     def tick(self, now: float) -> float | None:
-        """Schedule if needed, enforce --max-time and kill grace; returns when to call again."""
+        """Schedule if needed, enforce --max-time, retry what failed; returns when to call again."""
         if self.retry_at is not None and now >= self.retry_at:
             self.retry_at, self.resched = None, True
         if self.resched:
@@ -544,27 +642,49 @@ class Engine:
             self.schedule(now)
         wake = self.retry_at
         for job_id in list(self.running):
-            job = self.jobs[job_id]
-            handle = self.running[job_id]
-            if "recheck" in handle:
-                if now >= handle["recheck"]:
-                    self._recheck(job_id)
-                else:
-                    wake = handle["recheck"] if wake is None else min(wake, handle["recheck"])
+            try:
+                due = self._tick_job(job_id, now)
+            except Exception as exc:  # one job's trouble ends that job, not the daemon
+                log.exception("job %d: error while checking it", job_id)
+                self._fail(self.jobs[job_id], f"the daemon failed while checking it: {exc}", now)
                 continue
-            if job.stop_sent is not None:
-                due = job.stop_sent + defaults.KILL_GRACE
-                if now >= due:
-                    launcher.signal_job(self.store.job_dir(job_id), signal.SIGKILL, handle.get("cgroup"))
-                    due = now + defaults.KILL_GRACE  # repeat while anything survives
-            else:
-                due = job.deadline
-                if due is not None and now >= due:
-                    self._stop(job, TIMEOUT, now)
-                    due = now + defaults.KILL_GRACE
             if due is not None:
                 wake = due if wake is None else min(wake, due)
+        if self.stale_cgroups:
+            self.stale_cgroups = {cg for cg in self.stale_cgroups if not cgroups.discard(cg)}
+            if self.stale_cgroups:
+                wake = now + 1 if wake is None else min(wake, now + 1)
         if self.meta_dirty or self.unsaved:
             self.retry_unsaved()
             wake = now + 2 if wake is None else min(wake, now + 2)
         return wake
+
+    def _tick_job(self, job_id: int, now: float):
+        """Deadline and stop bookkeeping for one running job; returns its next due time."""
+        job = self.jobs[job_id]
+        handle = self.running[job_id]
+        if "recheck" in handle:
+            if now >= handle["recheck"]:
+                self._recheck(job_id)
+                return None
+            return handle["recheck"]
+        if job.stop_sent is not None:
+            # Repeat the request: the shepherd may not have made its FIFO yet.
+            due = handle.get("ask_at") or now
+            if now >= due:
+                self._stop(job, job.stop_reason or KILLED, now)
+                due = handle["ask_at"]
+            return due
+        due = job.deadline
+        if due is not None and now >= due:
+            self._stop(job, TIMEOUT, now)
+            return handle["ask_at"]
+        return due
+
+
+STOP_RETRY = 0.5   # seconds between stop requests while no shepherd reads its FIFO yet
+
+
+def _number(value, default: float) -> float:
+    """*value* if it is a plain number, else *default* (records are not trusted blindly)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default

@@ -39,6 +39,13 @@ class Decoder:
         self._buf += data
 
     @property
+    def expected(self) -> int:
+        """Bytes of the frame being received (header included), or 0 between frames."""
+        if len(self._buf) < HEADER.size:
+            return HEADER.size if self._buf else 0
+        return HEADER.size + HEADER.unpack_from(self._buf)[0]
+
+    @property
     def pending(self) -> int:
         """Bytes buffered but not yet returned as a message (a truncated frame at EOF)."""
         return len(self._buf)
@@ -57,7 +64,7 @@ class Decoder:
         del self._buf[:end]
         try:
             obj = json.loads(body)
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise FrameError(f"corrupt frame: not JSON ({exc.__class__.__name__})") from None
         if not isinstance(obj, dict):
             raise FrameError("corrupt frame: not a JSON object")

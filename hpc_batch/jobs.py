@@ -10,6 +10,8 @@ keep loading.
 
 from dataclasses import asdict, dataclass, field, fields
 
+from . import bounds
+
 QUEUED = "queued"
 RUNNING = "running"
 FINISHED = "finished"
@@ -22,7 +24,6 @@ TIMEOUT = "timeout"     # --max-time ran out and the daemon stopped it
 KILLED = "killed"       # dispatch kill, or its shepherd was killed
 ERROR = "error"         # it never ran: exec failed, privileges, confinement
 OOM = "oom"             # exceeded its memory budget
-RESULT_KINDS = (EXITED, SIGNALLED, TIMEOUT, KILLED, ERROR, OOM)
 
 
 @dataclass
@@ -62,7 +63,9 @@ class Job:
     stop_sent: float | None = None                # when SIGTERM went out (SIGKILL follows after grace)
     result: dict | None = None                    # Result as a dict
     output_error: str | None = None               # why the log was not delivered
+    output_note: str | None = None                # what happened past --max-output-buffer
     stats: dict = field(default_factory=dict)     # accounting: peak_mem, cpu_time
+    umask: int = 0o077                            # the submitter's, for the job and its log
 
     def to_dict(self) -> dict:
         """JSON-safe form for the state file."""
@@ -73,9 +76,46 @@ class Job:
         """Build from a state-file dict, ignoring keys this version does not know."""
         known = {f.name for f in fields(cls)}  # "env" stays on disk, never in memory
         job = cls(**{k: v for k, v in d.items() if k in known})
-        if job.state not in STATES:
-            raise ValueError(f"unknown job state {job.state!r}")
+        job.check()
         return job
+
+    def check(self) -> None:
+        """Raise ValueError naming the first field this daemon could not act on.
+
+        A record is written only by the daemon, but a disk, an admin or an
+        older bug can leave anything there; one bad record must be set aside,
+        not crash every start.
+        """
+        bounds.check_int(self.id, 1, bounds.MAX_ID, "id")
+        bounds.check_int(self.uid, 0, bounds.MAX_UID, "uid")
+        bounds.check_int(self.gid, 0, bounds.MAX_UID, "gid")
+        bounds.check_int(self.max_time, 1, bounds.MAX_SECONDS, "max_time")
+        bounds.check_int(self.umask, 0, bounds.MAX_UMASK, "umask")
+        if not isinstance(self.user, str) or not self.user:
+            raise ValueError("user must be a name")
+        if not isinstance(self.argv, list) or not self.argv or not all(isinstance(a, str) for a in self.argv):
+            raise ValueError("argv must be a non-empty list of strings")
+        for name in ("cwd", "output", "output_error", "output_note", "stop_reason"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be text")
+        bounds.check_time(self.submitted, "submitted", allow_none=False)
+        for name in ("started", "ended", "stop_sent"):
+            bounds.check_time(getattr(self, name), name)
+        if self.state not in STATES:
+            raise ValueError(f"unknown job state {self.state!r}")
+        for name in ("request", "budget", "stats"):
+            if not isinstance(getattr(self, name), dict):
+                raise ValueError(f"{name} must be an object")
+        bounds.check_int(self.budget.get("mem"), 1, bounds.MAX_MEM, "budget.mem")
+        for name, high in (("cpus", bounds.MAX_CPUS), ("mem", bounds.MAX_MEM)):
+            if self.request.get(name) is not None:
+                bounds.check_int(self.request[name], 1, high, f"request.{name}")
+        bounds.check_int(self.request.get("gpus", 0), 0, bounds.MAX_GPUS, "request.gpus")
+        if self.state == RUNNING and (self.started is None or not isinstance(self.alloc, dict)):
+            raise ValueError("a running job needs its start time and allocation")
+        if self.result is not None and not (isinstance(self.result, dict) and isinstance(self.result.get("kind"), str)):
+            raise ValueError("result must be an object with a kind")
 
     @property
     def command(self) -> str:

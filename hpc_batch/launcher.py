@@ -1,19 +1,24 @@
-"""Starting, finding and signalling shepherds: the daemon's process side effects.
+"""Starting, finding and asking shepherds: the daemon's process side effects.
 
 The daemon never waits on a job itself. It spawns one shepherd per job in a
 new session (so the shepherd survives the daemon), holds a pidfd for it (the
 kernel wakes the daemon when it exits: no polling), and after a restart finds
 it again from its pidfile, trusting the pid only when the lock is held and
 the /proc start time matches.
+
+Root never signals a job's processes by number: it asks the shepherd through
+the job's control FIFO (:func:`request_stop`). Only when the shepherd itself
+is gone does the daemon act, through a pidfd it has checked (or cgroup.kill).
 """
 
 import fcntl
 import os
+import select
 import signal
 import sys
 
 import shepherd
-from shepherd import records
+from shepherd import control, records
 
 SHEPHERD = "hpc-batch-shepherd"
 
@@ -98,17 +103,42 @@ def reap(pid: int) -> None:
         pass
 
 
-def signal_job(job_dir: str, sig: int, cgroup_path: str | None = None) -> bool:
-    """Send *sig* to every process of the job; True if anything was signalled."""
-    sent = False
+def exited(pidfd: int) -> bool:
+    """True once the process behind *pidfd* has exited (its pidfd polls readable)."""
+    p = select.poll()
+    p.register(pidfd, select.POLLIN)
+    return bool(p.poll(0))
+
+
+def request_stop(job_dir: str, reason: str) -> bool:
+    """Ask the job's shepherd to stop it ("killed" or "timeout"); False if none is listening."""
+    return control.send(job_dir, f"stop {reason}")
+
+
+def kill_orphaned_job(job_dir: str) -> bool:
+    """SIGKILL a job whose shepherd died (no cgroups): only a leader proven alive, by pidfd.
+
+    The leader's pid comes from status.json and is trusted only while a pidfd
+    on it shows the same process (start time) not yet exited: a live leader
+    pins its process group's id, so the group named by it is still the job's.
+    """
     status = records.read_json(os.path.join(job_dir, records.STATUS))
-    if status and status.get("job_pid"):
+    if not isinstance(status, dict) or not isinstance(status.get("job_pid"), int) \
+            or not isinstance(status.get("job_start"), int) or status["job_pid"] <= 1:
+        return False
+    fd = open_pidfd(status["job_pid"], status["job_start"])
+    if fd is None:
+        return False
+    try:
+        if exited(fd):
+            return False  # it has exited: the number may no longer be its
         try:
-            os.killpg(status["job_pid"], sig)
-            sent = True
-        except (ProcessLookupError, PermissionError):
+            os.killpg(status["job_pid"], signal.SIGKILL)
+        except OSError:
             pass
-    if cgroup_path:
-        from . import cgroups
-        sent = cgroups.signal_all(cgroup_path, sig) or sent
-    return sent
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

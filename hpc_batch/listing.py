@@ -50,6 +50,8 @@ def _note(job: dict) -> str:
         notes.append(res["note"])
     if job.get("output_error"):
         notes.append(f"output not delivered: {job['output_error']}")
+    if job.get("output_note"):
+        notes.append(job["output_note"])
     return f" ({one_line('; '.join(notes))})" if notes else ""
 
 
@@ -61,7 +63,7 @@ def format_row(job: dict, now: float, finished: bool) -> str:
         start = format_start(job["started"], now)
         uptime = format_clock((job.get("ended") or now) - job["started"])
     mem = format_mem(job.get("mem")) + ("+" if job.get("spread") else "")
-    cols = [job["user"], str(job["id"]), one_line(job["command"]), start, uptime,
+    cols = [one_line(job["user"]), str(job["id"]), one_line(job["command"]), start, uptime,
             format_duration(job["max_time"]), mem, "yes" if job.get("exclusive") else "no"]
     line = " ".join(cols)
     if finished:

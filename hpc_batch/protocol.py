@@ -7,12 +7,13 @@ of ``{"ok": true, "event": ...}`` frames ending in an ``end`` event. Who is
 asking never travels in a message: the daemon takes it from SO_PEERCRED.
 
 Requests are parsed into frozen dataclasses validated when built, so a handler
-only ever sees well-typed values, and a bad field is the *client's* fault with
-a message naming the field.
+only ever sees well-typed values within bounds (``bounds``), and a bad field
+is the *client's* fault with a message naming the field.
 """
 
 from dataclasses import dataclass, field
 
+from . import bounds
 from .messages import VERSION, error, event, ok, request  # noqa: F401  (re-exported)
 
 
@@ -31,6 +32,24 @@ def _get(args: dict, name: str, kinds, default=..., allow_none=False):
     # bool is an int subclass; never accept one for the other.
     if isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds):
         raise ProtocolError(f"field {name!r} has the wrong type")
+    return value
+
+
+def _int(args: dict, name: str, low: int, high: int, default=..., allow_none=False):
+    value = _get(args, name, (int,), default, allow_none)
+    if value is None:
+        return value
+    if not low <= value <= high:
+        raise ProtocolError(f"field {name!r} must be from {low} to {high}")
+    return value
+
+
+def _path(args: dict, name: str, default=..., allow_none=False):
+    value = _get(args, name, (str,), default, allow_none)
+    if value is None:
+        return value
+    if not value.startswith("/") or "\0" in value or len(value) > bounds.MAX_PATH:
+        raise ProtocolError(f"field {name!r} must be an absolute path of at most {bounds.MAX_PATH} bytes")
     return value
 
 
@@ -68,32 +87,39 @@ class NewJob:
     env: dict | None = None         # the forwarded environment (--env), or None
     job_env: dict = field(default_factory=dict)  # leading NAME=VALUE words
     base_env: dict = field(default_factory=dict)  # the submitter's PATH and LANG for a clean env
+    output_is_dir: bool = True      # *output* names a directory (the log is output.<id>.log in it)
+    umask: int = 0o077              # the submitter's; the job and its log get it
 
     @classmethod
     def from_args(cls, args: dict) -> "NewJob":
         argv = _str_list(args, "argv")
         if not argv or not argv[0]:
             raise ProtocolError("no command given: put it after '--', e.g. dispatch new -- echo hello")
-        cwd = _get(args, "cwd", (str,))
-        if not cwd.startswith("/") or "\0" in cwd:
-            raise ProtocolError("field 'cwd' must be an absolute path")
-        output = _get(args, "output", (str,), default=None, allow_none=True)
-        if output is not None and (not output.startswith("/") or "\0" in output):
-            raise ProtocolError("field 'output' must be an absolute path")
         return cls(
-            argv=argv, cwd=cwd,
-            cpus=_get(args, "cpus", (int,), default=None, allow_none=True),
-            gpus=_get(args, "gpus", (int,), default=0),
-            mem=_get(args, "mem", (int,), default=None, allow_none=True),
-            max_time=_get(args, "max_time", (int,), default=None, allow_none=True),
+            argv=argv, cwd=_path(args, "cwd"),
+            cpus=_int(args, "cpus", 1, bounds.MAX_CPUS, default=None, allow_none=True),
+            gpus=_int(args, "gpus", 0, bounds.MAX_GPUS, default=0),
+            mem=_int(args, "mem", 1, bounds.MAX_MEM, default=None, allow_none=True),
+            max_time=_int(args, "max_time", 1, bounds.MAX_SECONDS, default=None, allow_none=True),
             exclusive=_get(args, "exclusive", (bool,), default=False),
             numa_local=_get(args, "numa_local", (bool,), default=False),
-            output=output,
+            output=_path(args, "output", default=None, allow_none=True),
+            output_is_dir=_get(args, "output_is_dir", (bool,), default=True),
             no_output=_get(args, "no_output", (bool,), default=False),
             env=_str_map(args, "env"),
             job_env=_str_map(args, "job_env") or {},
             base_env={k: v for k, v in (_str_map(args, "base_env") or {}).items() if k in ("PATH", "LANG")},
+            umask=_int(args, "umask", 0, bounds.MAX_UMASK, default=0o077),
         )
+
+    def size(self) -> int:
+        """Bytes of command and environment this job would carry (for --max-job-size)."""
+        def n(text: str) -> int:
+            return len(text.encode("utf-8", "surrogatepass")) + 1
+        total = sum(n(a) for a in self.argv)
+        for env in (self.env or {}, self.job_env, self.base_env):
+            total += sum(n(k) + n(v) for k, v in env.items())
+        return total
 
 
 @dataclass(frozen=True)
@@ -118,8 +144,8 @@ class JobRef:
     @classmethod
     def from_args(cls, args: dict) -> "JobRef":
         job_id = _get(args, "id", (int,))
-        if job_id <= 0:
-            raise ProtocolError("job ids are positive integers")
+        if not 0 < job_id <= bounds.MAX_ID:
+            raise ProtocolError(f"job ids are whole numbers from 1 to {bounds.MAX_ID}")
         return cls(id=job_id)
 
 
@@ -133,10 +159,7 @@ class Attach:
     @classmethod
     def from_args(cls, args: dict) -> "Attach":
         ref = JobRef.from_args(args)
-        offset = _get(args, "offset", (int,), default=0)
-        if offset < 0:
-            raise ProtocolError("field 'offset' must not be negative")
-        return cls(id=ref.id, offset=offset)
+        return cls(id=ref.id, offset=_int(args, "offset", 0, bounds.MAX_OFFSET, default=0))
 
 
 @dataclass(frozen=True)
@@ -152,16 +175,22 @@ class Ping:
 REQUESTS = {"new": NewJob, "list": ListJobs, "attach": Attach, "kill": JobRef, "ping": Ping}
 
 
+def _short(value) -> str:
+    """A value from the wire, for an error message: quoted, escaped, and short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def parse_request(msg: dict):
     """Validate a decoded frame; return ``(op, payload)`` or raise ProtocolError."""
     version = msg.get("v")
-    if version != VERSION:
+    if type(version) is not int or version != VERSION:
         raise ProtocolError(
-            f"protocol version {version!r} is not supported (daemon speaks {VERSION}); "
+            f"protocol version {_short(version)} is not supported (daemon speaks {VERSION}); "
             "is dispatch the same version as hpc-batchd?")
     op = msg.get("op")
-    if op not in REQUESTS:
-        raise ProtocolError(f"unknown command {op!r}; is dispatch the same version as hpc-batchd?")
+    if not isinstance(op, str) or op not in REQUESTS:
+        raise ProtocolError(f"unknown command {_short(op)}; is dispatch the same version as hpc-batchd?")
     args = msg.get("args", {})
     if not isinstance(args, dict):
         raise ProtocolError("field 'args' must be an object")

@@ -5,6 +5,12 @@ buffered, so a slow or malicious client can only stall itself. The loop
 sleeps until something happens: a client writes, a shepherd exits (its pidfd
 becomes readable), a job writes output someone is attached to (inotify), a
 signal arrives (the wakeup fd), or the engine's next deadline comes.
+
+Every client is bounded: connections per user (--max-connections-per-user),
+bytes of unfinished frames per user, a deadline to finish a frame once
+begun, an idle timeout, and an attach that stops reading is dropped once its
+backlog has not moved for as long. Running out of descriptors pauses
+accepting for a moment instead of spinning.
 """
 
 import errno
@@ -13,6 +19,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import struct
 import time
 
@@ -20,11 +27,16 @@ from . import access, framing, protocol
 from .engine import Refused
 from .handlers import HANDLERS
 from .jobs import FINISHED, QUEUED, exit_column
+from .ratelog import RateLimited
 from shepherd import records
 
 log = logging.getLogger("hpc-batchd")
+rlog = RateLimited(log)
 
 IDLE_TIMEOUT = 60.0          # a connection that sends no request is dropped
+FRAME_DEADLINE = 10.0        # a frame once begun must be complete within this
+ACCEPT_PAUSE = 1.0           # out of descriptors: stop accepting for this long
+PENDING_PER_USER = 2 * framing.MAX_FRAME   # unfinished frame bytes one user may hold in the daemon
 CHUNK = 64 << 10             # attach reads and sends output in chunks this big
 FALLBACK_POLL = 0.05         # attach wake-up when inotify is unavailable
 _CRED = struct.Struct("3i")
@@ -50,7 +62,8 @@ class Conn:
         self.decoder = framing.Decoder()
         self.out = bytearray()
         self.closing = False
-        self.last = time.monotonic()
+        self.last = time.monotonic()          # last request bytes, or last reply bytes taken
+        self.partial_since = None             # when the unfinished frame in decoder began
         self.attach = None   # dict(job, fd, offset, ending, done) while streaming
 
     def open(self) -> bool:
@@ -73,6 +86,8 @@ class Server:
         self.job_wd: dict[int, int] = {}      # job id -> inotify wd
         self.signals = []
         self.stop_reason = None               # "reload" / "terminate"
+        self.per_uid: dict[int, int] = {}     # open connections per user
+        self.accept_paused_until = None
         try:
             from .inotify import Inotify
             self.inotify = Inotify()
@@ -123,7 +138,10 @@ class Server:
             wake = self.engine.tick(now)
             timeout = None if wake is None else max(0.0, wake - now)
             if self.conns:
-                timeout = IDLE_TIMEOUT if timeout is None else min(timeout, IDLE_TIMEOUT)
+                timeout = FRAME_DEADLINE if timeout is None else min(timeout, FRAME_DEADLINE)
+            if self.accept_paused_until is not None:
+                pause = max(0.0, self.accept_paused_until - time.monotonic())
+                timeout = pause if timeout is None else min(timeout, pause)
             if self.inotify is None and self.attached:
                 timeout = FALLBACK_POLL if timeout is None else min(timeout, FALLBACK_POLL)
             for key, mask in self.sel.select(timeout):
@@ -144,7 +162,7 @@ class Server:
                     elif kind == "signal":
                         self._drain_signals()
                 except Exception:  # one bad event must not take the daemon down
-                    log.exception("error handling %s event", kind)
+                    rlog.exception(f"event-{kind}", "error handling %s event", kind)
                     if kind == "conn":
                         self._close(arg)
             if self.inotify is None:
@@ -152,6 +170,7 @@ class Server:
                     for conn in list(conns):
                         self._pump(conn)
             self._expire_idle()
+            self._resume_accepting()
         return self.stop_reason
 
     def _drain_signals(self) -> None:
@@ -169,10 +188,16 @@ class Server:
                 _reap_children()  # exits are learned through pidfds; this only clears zombies
 
     def _expire_idle(self) -> None:
-        cutoff = time.monotonic() - IDLE_TIMEOUT
+        now = time.monotonic()
         for conn in list(self.conns.values()):
-            if conn.attach is None and conn.last < cutoff:
+            if conn.partial_since is not None and now - conn.partial_since > FRAME_DEADLINE:
+                rlog.warning(f"slow-{conn.caller.uid}", "uid %d took over %ds to send one request; dropped",
+                             conn.caller.uid, FRAME_DEADLINE)
                 self._close(conn)
+            elif conn.attach is None and now - conn.last > IDLE_TIMEOUT:
+                self._close(conn)
+            elif conn.attach is not None and conn.out and now - conn.last > IDLE_TIMEOUT:
+                self._close(conn)   # an attach that stopped reading its output
 
     # -- connections ------------------------------------------------------------
     def _accept(self) -> None:
@@ -182,16 +207,45 @@ class Server:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE):
-                    log.error("out of file descriptors; not accepting for now")
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    rlog.error("accept", "out of file descriptors (%s); not accepting for %ss",
+                               exc.strerror, ACCEPT_PAUSE)
+                    self._pause_accepting()
                     return
                 raise
-            sock.setblocking(False)
-            pid, uid, gid = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-            caller = access.make_caller(uid, gid, pid, self.cfg.admin_gid)
+            try:
+                sock.setblocking(False)
+                pid, uid, gid = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+                caller = access.make_caller(uid, gid, pid, self.cfg.admin_gid)
+            except OSError:
+                sock.close()
+                continue
             conn = Conn(sock, caller)
             self.conns[sock.fileno()] = conn
+            self.per_uid[uid] = self.per_uid.get(uid, 0) + 1
             self.sel.register(sock, selectors.EVENT_READ, ("conn", conn))
+            if self.per_uid[uid] > self.cfg.max_connections_per_user and uid != 0:
+                rlog.warning(f"conns-{uid}", "uid %d holds more than %d connections; refusing more",
+                             uid, self.cfg.max_connections_per_user)
+                self._reply(conn, protocol.error(
+                    f"you already have {self.cfg.max_connections_per_user} connections open to hpc-batchd, "
+                    f"the most one user may (the admin's --max-connections-per-user); close some and retry",
+                    "busy"), close=True)
+
+    def _pause_accepting(self) -> None:
+        try:
+            self.sel.unregister(self.listener)
+        except (KeyError, ValueError):
+            pass
+        self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE
+
+    def _resume_accepting(self) -> None:
+        if self.accept_paused_until is not None and time.monotonic() >= self.accept_paused_until:
+            self.accept_paused_until = None
+            self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
+
+    def _pending_of(self, uid: int) -> int:
+        return sum(c.decoder.pending for c in self.conns.values() if c.caller.uid == uid)
 
     def _service(self, conn: Conn, mask: int) -> None:
         if mask & selectors.EVENT_READ:
@@ -211,6 +265,13 @@ class Server:
                 conn.last = time.monotonic()
                 if conn.attach is None and not conn.closing:
                     conn.decoder.feed(data)
+                    if conn.decoder.pending and conn.partial_since is None:
+                        conn.partial_since = conn.last
+                    if (conn.decoder.pending > framing.MAX_FRAME + framing.HEADER.size
+                            or (conn.decoder.expected > CHUNK
+                                and self._pending_of(conn.caller.uid) > PENDING_PER_USER)):
+                        self._over_limit(conn)
+                        return
                     if not conn.out:
                         self._requests(conn)
         if mask & selectors.EVENT_WRITE:
@@ -222,6 +283,12 @@ class Server:
             elif not conn.out and conn.decoder.pending:
                 self._requests(conn)  # pipelined requests held back while replies were unsent
 
+    def _over_limit(self, conn: Conn) -> None:
+        rlog.warning(f"pending-{conn.caller.uid}", "uid %d sent more unfinished request bytes than allowed; "
+                     "dropped a connection", conn.caller.uid)
+        self._reply(conn, protocol.error(
+            "too many request bytes in flight from your user; send one request at a time", "busy"), close=True)
+
     def _requests(self, conn: Conn) -> None:
         while not conn.closing and conn.attach is None and not conn.out:
             try:
@@ -229,6 +296,7 @@ class Server:
             except framing.FrameError as exc:
                 self._reply(conn, protocol.error(str(exc), "bad_frame"), close=True)
                 return
+            conn.partial_since = time.monotonic() if conn.decoder.pending else None
             if msg is None:
                 return
             try:
@@ -245,7 +313,7 @@ class Server:
             except Refused as exc:
                 reply = protocol.error(str(exc), exc.code)
             except Exception:
-                log.exception("internal error handling %s", op)
+                rlog.exception(f"internal-{op}", "internal error handling %s", op)
                 reply = protocol.error(f"internal error in hpc-batchd handling {op!r}; see the daemon's log",
                                        "internal")
             self._reply(conn, reply)
@@ -270,6 +338,7 @@ class Server:
                 self._close(conn)
                 return
             del conn.out[:n]
+            conn.last = time.monotonic()
         if not conn.out and conn.closing and (conn.attach is None or conn.attach.get("done")):
             self._close(conn)
             return
@@ -285,6 +354,11 @@ class Server:
         fd = conn.sock.fileno()
         if fd in self.conns:
             del self.conns[fd]
+            left = self.per_uid.get(conn.caller.uid, 1) - 1
+            if left > 0:
+                self.per_uid[conn.caller.uid] = left
+            else:
+                self.per_uid.pop(conn.caller.uid, None)
             try:
                 self.sel.unregister(conn.sock)
             except (KeyError, ValueError):
@@ -312,9 +386,15 @@ class Server:
             return
         path = os.path.join(self.engine.store.job_dir(st["job"]), records.OUTPUT)
         try:
-            st["fd"] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # Non-blocking: a lease (or anything else a user set up) refuses instead of stalling us.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         except OSError:
             return
+        st_ = os.fstat(fd)
+        if not stat.S_ISREG(st_.st_mode):
+            os.close(fd)
+            return
+        st["fd"] = fd
         if self.inotify and st["job"] not in self.job_wd:
             try:
                 wd = self.inotify.add(path)
@@ -330,7 +410,10 @@ class Server:
             return
         if st["fd"] is not None:
             while len(conn.out) < CHUNK * 4:
-                data = os.pread(st["fd"], CHUNK, st["offset"])
+                try:
+                    data = os.pread(st["fd"], CHUNK, st["offset"])
+                except OSError:
+                    data = b""   # a buffer that cannot be read ends the stream, not the daemon
                 if not data:
                     break
                 st["offset"] += len(data)

@@ -8,11 +8,14 @@ through /dev/hpc-batch, but cannot list anyone's)::
     jobs/<id>/job.json   the job record, and its environment while it is queued
                          (root-only, 0600: it may hold a forwarded environment)
 
+    quarantine/          records the daemon could not act on, set aside whole
+
 A submit writes only its own job's file, so a long queue does not make
 submits slower. Every write is temp + fsync + rename + fsync(dir), so a crash
-at any point leaves either the old or the new file, never a torn one. A file
-that cannot be read stops the daemon with its path rather than being
-replaced by an empty queue.
+at any point leaves either the old or the new file, never a torn one. A
+record that cannot be read or holds values no daemon could act on is moved
+to ``quarantine/`` with a log line saying where: it is never silently
+replaced, and never takes the daemon down with it at every start.
 """
 
 import errno
@@ -20,7 +23,11 @@ import fcntl
 import json
 import os
 import shutil
+import time
 
+from shepherd.records import fsync_dir, write_atomic
+
+from .bounds import MAX_ID
 from .jobs import Job
 
 
@@ -30,41 +37,6 @@ class StateError(Exception):
 
 class StateLocked(StateError):
     """Another daemon holds the state directory."""
-
-
-def write_atomic(path: str, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
-    """Replace *path* with *data* (durably unless told not to); on failure the old file is untouched."""
-    directory = os.path.dirname(path) or "."
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        try:
-            os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    if durable:
-        fsync_dir(directory)
-
-
-def fsync_dir(directory: str) -> None:
-    """Make a rename or unlink in *directory* durable."""
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def _dump(obj) -> bytes:
@@ -77,7 +49,9 @@ class Store:
     def __init__(self, root: str):
         self.root = os.path.abspath(root)
         self.jobs_dir = os.path.join(self.root, "jobs")
+        self.quarantine_dir = os.path.join(self.root, "quarantine")
         self._lock_fd = None
+        self.notes: list = []   # what loading set aside, for the log
 
     # -- set-up -------------------------------------------------------------
     def open(self, inherited_lock: int | None = None) -> None:
@@ -121,18 +95,25 @@ class Store:
 
     # -- daemon record --------------------------------------------------------
     def load_meta(self) -> dict:
-        """Read daemon.json (empty dict when the directory is new)."""
+        """Read daemon.json (empty dict when the directory is new or it had to be set aside)."""
         path = os.path.join(self.root, "daemon.json")
         try:
             with open(path, "rb") as f:
                 data = json.loads(f.read())
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            next_id = data.get("next_id", 1)
+            if isinstance(next_id, bool) or not isinstance(next_id, int) or not 1 <= next_id <= MAX_ID:
+                raise ValueError("next_id out of range")
+            if not isinstance(data.get("policy_state", {}) or {}, dict):
+                raise ValueError("policy_state is not an object")
+            return data
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
-            raise StateError(self._corrupt(path, exc)) from None
-        if not isinstance(data, dict):
-            raise StateError(self._corrupt(path, "not a JSON object"))
-        return data
+        except (OSError, ValueError, RecursionError) as exc:
+            self.quarantine(path, "daemon.json", exc,
+                            "job ids continue after the highest one on disk; scheduling state starts afresh")
+            return {}
 
     def save_meta(self, meta: dict) -> None:
         """Persist daemon.json durably."""
@@ -176,19 +157,21 @@ class Store:
         shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
 
     def load_jobs(self) -> list:
-        """Every job on disk, in id order; an unreadable record stops the daemon."""
+        """Every readable job on disk, in id order; a bad record is quarantined, not fatal."""
         jobs = []
         try:
             names = os.listdir(self.jobs_dir)
         except OSError as exc:
             raise StateError(f"cannot read {self.jobs_dir}: {exc.strerror}") from None
         for name in names:
-            if not name.isdigit():
+            if not name.isdigit() or len(name) > 20:
                 continue
             path = os.path.join(self.jobs_dir, name, "job.json")
             try:
                 with open(path, "rb") as f:
                     data = json.loads(f.read())
+                if not isinstance(data, dict):
+                    raise ValueError("not a JSON object")
                 job = Job.from_dict(data)
                 if job.id != int(name):
                     raise ValueError(f"record says job {job.id}")
@@ -196,19 +179,41 @@ class Store:
                 # A crash between mkdir and the first write: nothing was accepted.
                 self.remove_job(int(name))
                 continue
-            except (OSError, ValueError, TypeError) as exc:
-                raise StateError(self._corrupt(path, exc)) from None
+            except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+                self.quarantine(os.path.join(self.jobs_dir, name), f"job {name}", exc,
+                                "that job is no longer tracked")
+                continue
             jobs.append(job)
         jobs.sort(key=lambda j: j.id)
         return jobs
 
-    @staticmethod
-    def _corrupt(path: str, exc) -> str:
-        why = exc if isinstance(exc, str) else (getattr(exc, "strerror", None) or exc)
-        return (f"state file {path} cannot be read ({why}); refusing to start rather than "
-                f"forget the jobs it holds. Inspect or repair it, or move it aside "
-                f"(e.g. mv {path} {path}.broken) to drop that record, then start again")
+    def quarantine(self, path: str, what: str, why, consequence: str) -> str | None:
+        """Move *path* into quarantine/ and note it; returns where it went."""
+        why = getattr(why, "strerror", None) or why
+        os.makedirs(self.quarantine_dir, mode=0o700, exist_ok=True)
+        dest = os.path.join(self.quarantine_dir, f"{os.path.basename(path)}.{int(time.time())}")
+        try:
+            os.rename(path, dest)
+        except OSError as exc:
+            self.notes.append(f"{what} at {path} cannot be used ({why}) nor moved aside ({exc.strerror}); "
+                              f"{consequence}")
+            return None
+        self.notes.append(f"{what} could not be used ({why}) and was moved to {dest} for inspection; "
+                          f"{consequence}")
+        return dest
 
+    def highest_quarantined_id(self) -> int:
+        """The largest job id among quarantined records (ids below the floor are never reused)."""
+        top = 0
+        try:
+            names = os.listdir(self.quarantine_dir)
+        except OSError:
+            return 0
+        for name in names:
+            head = name.split(".", 1)[0]
+            if head.isdigit() and len(head) <= 20:
+                top = max(top, int(head))
+        return top
 
 def is_disk_full(exc: OSError) -> bool:
     """True for the errors a full or quota-limited disk gives."""

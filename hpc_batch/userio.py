@@ -1,10 +1,11 @@
-"""Filesystem checks made *as the submitting user*, never as root.
+"""The output destination, checked by ``dispatch`` as the user who submits.
 
-Root must not follow a path a user controls, and must not approve a
-destination only because root could write there. So the submit-time check of
-the output destination runs in a forked child that has dropped to the user's
-uid/gid (a root daemon) or in-process (a user-mode daemon, which already is
-that user). The child's verdict comes back over a pipe.
+The check runs in the client, with the user's own permissions, so the root
+daemon never touches a path a user controls to answer a submit (a FIFO, a
+stalled network mount or a stopped helper could otherwise hold it up), and
+never approves a destination only because root could write there. It is a
+courtesy, not the safeguard: the shepherd writes the log as the user, never
+through a link and never into another user's file, whatever the client said.
 """
 
 import os
@@ -20,10 +21,11 @@ def log_name(job_id: int) -> str:
     return f"output.{job_id}.log"
 
 
-def resolve_output(job_id: int, cwd: str, output: str | None) -> str:
-    """Check *output* (a directory, a file or None = *cwd*) and return the log path.
+def check_destination(cwd: str, output: str | None) -> tuple:
+    """Check where a job's log will go; returns ``(path, is_dir)``.
 
-    Runs with the caller's own permissions; see :func:`check_output_as`.
+    *output* is a directory, a file, or None (the submit directory). A
+    directory gets ``output.<id>.log`` in it once the daemon assigns the id.
     """
     target = output or cwd
     try:
@@ -33,62 +35,28 @@ def resolve_output(job_id: int, cwd: str, output: str | None) -> str:
         is_dir = False
     except OSError as exc:
         raise OutputError(f"cannot use output path {target}: {exc.strerror}") from None
-    path = os.path.join(target, log_name(job_id)) if is_dir else target
-    parent = os.path.dirname(path) or "/"
+    parent = target if is_dir else (os.path.dirname(target) or "/")
     if not os.path.isdir(parent):
         raise OutputError(f"output directory {parent} does not exist; create it or pick another --output")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write to {parent}: permission denied; "
                           f"pick a directory you can write with --output, or use --no-output")
+    if is_dir:
+        return target, True
     try:
-        lst = os.lstat(path)
+        lst = os.lstat(target)
     except FileNotFoundError:
-        return path
+        return target, False
     except OSError as exc:
-        raise OutputError(f"cannot use output file {path}: {exc.strerror}") from None
+        raise OutputError(f"cannot use output file {target}: {exc.strerror}") from None
     if stat.S_ISLNK(lst.st_mode):
-        raise OutputError(f"output file {path} is a symbolic link; hpc-batch never writes through "
+        raise OutputError(f"output file {target} is a symbolic link; hpc-batch never writes through "
                           f"links: remove it or pick another --output")
     if not stat.S_ISREG(lst.st_mode):
-        raise OutputError(f"output path {path} exists and is not a regular file")
-    if not os.access(path, os.W_OK):
-        raise OutputError(f"cannot overwrite {path}: permission denied")
-    return path
-
-
-def check_output_as(uid: int, gid: int, user: str, job_id: int, cwd: str, output: str | None) -> str:
-    """:func:`resolve_output` run with *uid*'s permissions; returns the log path."""
-    if os.geteuid() != 0 or uid == 0:
-        return resolve_output(job_id, cwd, output)
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: become the user, decide, report, vanish
-        code = 1
-        try:
-            os.close(rfd)
-            os.initgroups(user, gid)
-            os.setgid(gid)
-            os.setuid(uid)
-            msg = "ok\0" + resolve_output(job_id, cwd, output)
-            code = 0
-        except OutputError as exc:
-            msg = "error\0" + str(exc)
-        except BaseException as exc:  # report, never raise into the daemon's copy of the stack
-            msg = f"error\0cannot check the output destination as {user}: {exc}"
-        try:
-            os.write(wfd, msg.encode("utf-8", "surrogateescape"))
-        finally:
-            os._exit(code)
-    os.close(wfd)
-    chunks = []
-    while True:
-        data = os.read(rfd, 65536)
-        if not data:
-            break
-        chunks.append(data)
-    os.close(rfd)
-    os.waitpid(pid, 0)
-    kind, _, text = b"".join(chunks).decode("utf-8", "surrogateescape").partition("\0")
-    if kind != "ok":
-        raise OutputError(text or "cannot check the output destination")
-    return text
+        raise OutputError(f"output path {target} exists and is not a regular file")
+    if lst.st_uid != os.geteuid():
+        raise OutputError(f"output file {target} belongs to another user; hpc-batch never writes into "
+                          f"another user's file: pick another --output")
+    if not os.access(target, os.W_OK):
+        raise OutputError(f"cannot overwrite {target}: permission denied")
+    return target, False

@@ -34,6 +34,16 @@ def keyed(text: str | None) -> dict:
     return out
 
 
+def kill(path: str) -> bool:
+    """SIGKILL everything in the cgroup at once (cgroup.kill: no race with forks)."""
+    try:
+        with open(os.path.join(path, "cgroup.kill"), "w") as f:
+            f.write("1")
+        return True
+    except OSError:
+        return False
+
+
 def collect_and_remove(path: str) -> dict:
     """Record OOM kills, peak memory and CPU time, kill leftovers, remove the cgroup."""
     events = keyed(read(path, "memory.events"))
@@ -52,13 +62,8 @@ def collect_and_remove(path: str) -> dict:
 def remove(path: str) -> bool:
     """Kill everything left in the cgroup and remove it; True once it is gone."""
     import time
-    try:
-        with open(os.path.join(path, "cgroup.kill"), "w") as f:
-            f.write("1")
-    except FileNotFoundError:
+    if not kill(path) and not os.path.isdir(path):
         return True
-    except OSError:
-        pass
     deadline = time.monotonic() + 5
     while True:
         try:

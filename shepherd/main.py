@@ -5,33 +5,51 @@
 Like Slurm's slurmstepd, one shepherd sits beside each running job so the
 daemon can stop, reload or crash without touching it. The shepherd:
 
-1. takes the lock on JOB_DIR/shepherd.pid and writes its pid and start time;
+1. closes every descriptor it inherited, takes the lock on
+   JOB_DIR/shepherd.pid and writes its pid and start time;
 2. reads launch.json (the daemon's spec) and deletes it, so a forwarded
    environment is in no file once the job runs;
-3. forks the job: joins its cgroup, pins CPUs, drops to the user
-   (initgroups, setgid, setuid, each checked), enters the submit directory
-   and execs the command with output going straight to JOB_DIR/output;
-4. blocks in waitpid (it never wakes while the job is silent);
-5. writes exit.json atomically, then copies the output to the user's log file
-   as the user, never following a link, and records that in delivery.json.
+3. makes the control FIFO, then forks the job: it joins its cgroup, pins
+   CPUs, drops to the user (checked), takes the submitter's umask, enters
+   the submit directory and execs the command with descriptors 0, 1 and 2
+   only, its output going into a pipe;
+4. sleeps in poll() until something happens: output (moved into the
+   buffer, see ``output``), a command on the FIFO ("stop killed"), the
+   --max-time deadline, a signal, or the job's end. It never wakes while
+   the job is silent;
+5. is the only process that signals the job, and only while the job's
+   leader is its unreaped child, so the process group it names cannot be
+   anyone else's (or cgroup.kill in cgroup mode);
+6. writes exit.json atomically, then delivers the output as the user
+   within a time limit (the FIFO can still interrupt it) and records that
+   in delivery.json.
 
-It enforces nothing itself: timeouts and kills come from the daemon.
+SIGTERM, SIGINT or SIGHUP to the shepherd stops its job (as ``killed``),
+records that, and leaves the output buffer where it is.
 """
 
+import errno
 import fcntl
 import os
+import select
 import signal
 import sys
 import time
 
 try:
-    from shepherd import cgroup, records
-except ImportError:  # run as a file (python -I -S .../hpc-batch-shepherd.py): siblings are on sys.path
+    from shepherd import acl, cgroup, control, identity, output, records
+except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py): siblings are on sys.path
+    import acl
     import cgroup
+    import control
+    import identity
+    import output
     import records
 
-# An exec failure in the child reaches the shepherd through a close-on-exec
-# pipe: EOF means the exec happened, bytes mean it did not (and why).
+STOP_REASONS = ("killed", "timeout")
+HOLD_OFF = 0.02          # a trickle of output is batched: at most this often a wake-up
+TRICKLE = 64 << 10       # less than this moved in one wake-up counts as a trickle
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def main(argv=None) -> int:
@@ -42,145 +60,472 @@ def main(argv=None) -> int:
                          "(started by hpc-batchd; not meant to be run by hand)\n")
         return 2
     job_dir = args[4]
-    os.umask(0o022)
+    os.closerange(3, _fd_ceiling())   # whatever the daemon's parent left open is not ours to pass on
+    os.umask(0o077)
     lock_fd = _take_lock(job_dir)
     if lock_fd is None:
         return 75
-    launch_path = os.path.join(job_dir, records.LAUNCH)
-    try:
-        with open(launch_path, "rb") as f:
-            spec = records.loads(f.read().decode())
-        os.unlink(launch_path)
-    except (OSError, ValueError) as exc:
-        _finish(job_dir, {"error": f"cannot read the launch spec: {exc}", "ended": time.time()})
+    spec = _read_launch(job_dir)
+    if spec is None:
         return 1
     if spec.get("shepherd_cgroup"):
         try:  # beside the job, never inside its limits: an OOM kill must not take us
             cgroup.join(spec["shepherd_cgroup"])
         except OSError as exc:
             sys.stderr.write(f"hpc-batch-shepherd: cannot join {spec['shepherd_cgroup']}: {exc}\n")
-    result = run_job(job_dir, spec, lock_fd)
+    sup = Supervisor(job_dir, spec, lock_fd)
+    result = sup.run_job()
     _finish(job_dir, result)
-    deliver(job_dir, spec, lock_fd)
+    sup.deliver()
     return 0
+
+
+def _fd_ceiling() -> int:
+    try:
+        return min(os.sysconf("SC_OPEN_MAX"), 1 << 20)
+    except (OSError, ValueError):
+        return 1 << 16
 
 
 def _take_lock(job_dir: str):
     path = os.path.join(job_dir, records.PIDFILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         sys.stderr.write(f"hpc-batch-shepherd: {job_dir} already has a live shepherd\n")
         os.close(fd)
         return None
+    os.fchmod(fd, 0o600)
     pid = os.getpid()
     line = f"{pid} {records.proc_starttime(pid)}\n".encode()
     _persist(lambda: (os.ftruncate(fd, 0), os.pwrite(fd, line, 0)), "the pidfile")
     return fd
 
 
-def run_job(job_dir: str, spec: dict, lock_fd: int) -> dict:
-    """Start the job, wait for it, and return the exit record."""
-    out_path = os.path.join(job_dir, records.OUTPUT)
-    out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
-    if os.geteuid() == 0:
-        os.fchown(out_fd, spec["uid"], spec.get("admin_gid", -1))
-    os.fchmod(out_fd, 0o640)
-    rfd, wfd = os.pipe()  # both close-on-exec by default
+def _read_launch(job_dir: str):
+    path = os.path.join(job_dir, records.LAUNCH)
+    spec = records.read_json(path)
+    if not isinstance(spec, dict) or not spec.get("argv"):
+        _finish(job_dir, {"error": f"cannot read the launch spec {path}", "ended": time.time()})
+        return None
+    os.unlink(path)
+    return spec
+
+
+class Supervisor:
+    """One job from fork to delivery; all waiting is one poll() with deadlines."""
+
+    def __init__(self, job_dir: str, spec: dict, lock_fd: int):
+        self.job_dir = job_dir
+        self.spec = spec
+        self.lock_fd = lock_fd
+        self.grace = float(spec.get("kill_grace", 5.0))
+        self.deadline = None if spec.get("deadline") is None else float(spec["deadline"])
+        self.delivery_limit = float(spec.get("delivery_limit", 600.0))
+        self.limit = int(spec.get("max_output_buffer") or (256 << 20))
+        self.cgroup = spec.get("cgroup")
+        self.stop_reason = self.stop_note = None
+        self.kill_at = None
+        self.abandon = None            # why delivery is skipped (the shepherd was told to stop)
+        self.pid = None
+        self.reaped = False
+        self.poller = select.poll()
+        self.watched: dict = {}
+        # Output: buffer until the bound, then relay (as the user) or discard.
+        self.mode = "buffer"
+        self.buffered = 0
+        self.pipe_r = None
+        self.resume_pipe_at = None
+        self.sink = None
+        self.relay = None              # (pid, pidfd, report_fd) once past the bound
+        self.output_note = None
+        self.failure = b""
+        ctl_r, self._ctl_keeper = control.create(job_dir)
+        self.control = control.Reader(ctl_r)
+        self._watch(ctl_r, self._on_control)
+        self.sig_r, sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(sig_w, warn_on_full_buffer=False)
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, lambda signum, frame: None)  # the wake-up byte carries it
+        self._watch(self.sig_r, self._on_signal)
+
+    # -- the poll set -------------------------------------------------------------
+    def _watch(self, fd: int, handler) -> None:
+        self.watched[fd] = handler
+        self.poller.register(fd, select.POLLIN)
+
+    def _unwatch(self, fd: int) -> None:
+        if self.watched.pop(fd, None) is not None:
+            self.poller.unregister(fd)
+
+    def _wait(self, until) -> None:
+        """One poll() until *until* (epoch seconds, or None: no timeout); run the handlers."""
+        timeout = None
+        if until is not None:
+            timeout = max(0, min(int((until - time.time()) * 1000) + 1, 1 << 30))
+        for fd, _ in self.poller.poll(timeout):
+            handler = self.watched.get(fd)
+            if handler is not None:
+                handler(fd)
+
+    # -- running the job -------------------------------------------------------------
+    def run_job(self) -> dict:
+        """Start the job, supervise it to its end, and return the exit record."""
+        spec = self.spec
+        self.buf = _open_buffer(os.path.join(self.job_dir, records.OUTPUT), spec)
+        self.pipe_r, pipe_w = output.make_pipe()
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        pid = _fork()
+        if pid == 0:
+            try:
+                _child(spec, pipe_w, err_w)
+            finally:
+                os._exit(127)
+        os.close(pipe_w)
+        os.close(err_w)
+        self.pid = pid
+        pidfd = os.pidfd_open(pid)
+        status = {"job_pid": pid, "job_start": records.proc_starttime(pid), "started": time.time()}
+        _persist(lambda: records.write_json(os.path.join(self.job_dir, records.STATUS), status, durable=False),
+                 "the status record")
+        os.set_blocking(self.pipe_r, False)
+        self._watch(self.pipe_r, self._on_output)
+        self._watch(err_r, self._on_exec_report)
+        ended = []
+        self._watch(pidfd, lambda fd: ended.append(True))
+        while not ended:
+            self._wait(self._next_timer())
+            self._timers()
+        self._unwatch(pidfd)
+        os.close(pidfd)
+        return self._collect(err_r)
+
+    def _next_timer(self):
+        times = [t for t in (self.kill_at, self.resume_pipe_at,
+                             self.deadline if self.stop_reason is None else None) if t is not None]
+        return min(times) if times else None
+
+    def _timers(self) -> None:
+        now = time.time()
+        if self.stop_reason is None and self.deadline is not None and now >= self.deadline:
+            self.stop("timeout")
+        if self.kill_at is not None and now >= self.kill_at:
+            self.kill_at = None
+            self._signal_job(signal.SIGKILL)
+        if self.resume_pipe_at is not None and now >= self.resume_pipe_at:
+            self.resume_pipe_at = None
+            if self.pipe_r is not None and self.mode != "relay":
+                self._watch(self.pipe_r, self._on_output)
+
+    def stop(self, reason: str, note: str | None = None) -> None:
+        """End the job: SIGTERM now, SIGKILL after the grace period (the first reason wins)."""
+        if self.stop_reason is not None or self.reaped:
+            return
+        self.stop_reason, self.stop_note = reason, note
+        self._signal_job(signal.SIGTERM)
+        self.kill_at = time.time() + self.grace
+
+    def _signal_job(self, sig: int) -> None:
+        # The leader is our unreaped child, so its pid and process group are still ours.
+        if not self.reaped:
+            for send in (os.killpg, os.kill):
+                try:
+                    send(self.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        if sig == signal.SIGKILL and self.cgroup:
+            cgroup.kill(self.cgroup)
+
+    def _on_control(self, fd: int) -> None:
+        for words in self.control.commands():
+            if words[0] == "stop":
+                reason = words[1] if len(words) > 1 and words[1] in STOP_REASONS else "killed"
+                self.stop(reason)
+                if self.reaped:
+                    self.abandon = self.abandon or "delivery was interrupted by dispatch kill"
+
+    def _on_signal(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 64)
+        except BlockingIOError:
+            return
+        for num in data:
+            if num in _STOP_SIGNALS:
+                name = signal.Signals(num).name
+                self.stop("killed", f"its shepherd was killed ({name}); the job was stopped")
+                self.abandon = self.abandon or f"its shepherd was stopped by {name} before delivering"
+
+    def _on_exec_report(self, fd: int) -> None:
+        chunk = os.read(fd, 4096)
+        if chunk:
+            self.failure += chunk[:4096]
+        else:  # EOF: the exec happened, or the child is gone
+            self._unwatch(fd)
+            os.close(fd)
+
+    # -- output ---------------------------------------------------------------------
+    def _on_output(self, fd: int) -> None:
+        moved, eof = self._pump()
+        if eof:
+            self._unwatch(fd)
+        elif moved < TRICKLE and self.mode != "relay":
+            # A trickle: wait a moment so many small writes cost one wake-up.
+            self._unwatch(fd)
+            self.resume_pipe_at = time.time() + HOLD_OFF
+
+    def _pump(self, budget: int | None = None):
+        """Move what the pipe holds now (at most *budget* bytes); returns (bytes moved, reached EOF)."""
+        moved = 0
+        while self.mode in ("buffer", "discard") and (budget is None or moved < budget):
+            if self.mode == "buffer":
+                dst, want = self.buf, min(output.CHUNK, self.limit - self.buffered)
+            else:
+                dst, want = self.sink, output.CHUNK
+            try:
+                n = output.move(self.pipe_r, dst, want, nonblock=True)
+            except BlockingIOError:
+                return moved, False
+            except OSError as exc:
+                if self.mode != "buffer":
+                    return moved, False  # /dev/null refusing a write: nothing better to do
+                self._past_bound(f"the state directory could not hold more ({exc.strerror})")
+                continue
+            if n == 0:
+                return moved, True
+            moved += n
+            if self.mode == "buffer":
+                self.buffered += n
+                if self.buffered >= self.limit:
+                    self._past_bound(None)
+        return moved, False
+
+    def _past_bound(self, why) -> None:
+        """Stop buffering: relay the rest to the log as the user, or discard it."""
+        dest = self.spec.get("output")
+        size = _size(self.buffered)
+        if dest:
+            report_r, report_w = os.pipe2(os.O_CLOEXEC)
+            pid = _fork()
+            if pid == 0:
+                try:
+                    _keep_only(self.buf, self.pipe_r, report_w)
+                    output.deliver_as_user(self.spec, self.buf, self.pipe_r, report_w)
+                finally:
+                    os._exit(1)
+            os.close(report_w)
+            self._unwatch(self.pipe_r)
+            os.close(self.pipe_r)
+            self.pipe_r = None
+            self.relay = (pid, os.pidfd_open(pid), report_r)
+            self.mode = "relay"
+            self.output_note = (f"output past the first {size} went straight to {dest}"
+                                if why is None else f"{why}: output past the first {size} went straight to {dest}")
+        else:
+            self.sink = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            self.mode = "discard"
+            self.output_note = (f"output past the first {size} was discarded"
+                                if why is None else f"{why}: output past the first {size} was discarded")
+
+    # -- the end -------------------------------------------------------------------------
+    def _collect(self, err_r: int) -> dict:
+        """The leader has exited: finish off the rest of the job, reap it, build the record."""
+        stopped = self.stop_reason
+        if stopped and not self.cgroup:
+            # Still unreaped, the leader pins its process group: take the stragglers with it.
+            self._signal_job(signal.SIGKILL)
+        _, status = os.waitpid(self.pid, 0)
+        self.reaped = True
+        self.kill_at = None
+        rec = {"status": status, "ended": time.time(), "code": None, "signal": None, "error": None,
+               "stopped": stopped, "stop_note": self.stop_note}
+        if os.WIFEXITED(status):
+            rec["code"] = os.WEXITSTATUS(status)
+        elif os.WIFSIGNALED(status):
+            rec["signal"] = os.WTERMSIG(status)
+        if self.cgroup:
+            rec.update(cgroup.collect_and_remove(self.cgroup))
+        if self.pipe_r is not None:
+            self._unwatch(self.pipe_r)
+            # What the job wrote before it ended; a straggler still writing does not keep us here.
+            self._pump(budget=4 * output.CHUNK)
+            if self.pipe_r is not None:   # (past the bound, the relay took it over)
+                os.close(self.pipe_r)
+                self.pipe_r = None
+        if self.relay is not None:
+            try:
+                os.kill(self.relay[0], signal.SIGTERM)  # our unreaped child: "take what is left"
+            except ProcessLookupError:
+                pass
+        if err_r in self.watched:
+            try:
+                self.failure += os.read(err_r, 4096)
+            except OSError:
+                pass
+            self._unwatch(err_r)
+            os.close(err_r)
+        if self.failure:
+            rec["error"] = self.failure.decode(errors="replace").strip()
+        return rec
+
+    def deliver(self) -> None:
+        """Get the output to the user's log file (or drop it), and record the outcome."""
+        path = os.path.join(self.job_dir, records.OUTPUT)
+        dest = self.spec.get("output")
+        rec = {"ok": True, "path": dest, "error": None, "note": self.output_note}
+        if self.relay is not None:
+            pid, pidfd, report = self.relay
+            ok, why = self._await_child(pid, pidfd, report)
+            if not ok:
+                rec.update(ok=False, error=why)
+        elif dest is None:
+            pass
+        elif self.abandon:
+            rec.update(ok=False, error=self.abandon)
+        else:
+            report_r, report_w = os.pipe2(os.O_CLOEXEC)
+            pid = _fork()
+            if pid == 0:
+                try:
+                    _keep_only(self.buf, report_w)
+                    output.deliver_as_user(self.spec, self.buf, None, report_w)
+                finally:
+                    os._exit(1)
+            os.close(report_w)
+            ok, why = self._await_child(pid, os.pidfd_open(pid), report_r)
+            if not ok:
+                rec.update(ok=False, error=why)
+        if rec["ok"]:
+            _unlink(path)
+        # Not fsync'd: if a crash loses it, the buffer's presence tells the daemon
+        # the same thing (it is deleted only after a complete copy).
+        _persist(lambda: records.write_json(os.path.join(self.job_dir, records.DELIVERY), rec, durable=False),
+                 "the delivery record")
+
+    def _await_child(self, pid: int, pidfd: int, report: int):
+        """Wait for a delivery child within the time limit; ``(ok, why)``.
+
+        The child runs as the user, who can stop it; a "stop" on the FIFO or a
+        signal to the shepherd interrupts it too. It is our unreaped child, so
+        killing it by pid is safe.
+        """
+        done, said = [], []
+        self._watch(pidfd, lambda fd: done.append(True))
+
+        def on_report(fd):
+            chunk = os.read(fd, 4096)
+            if chunk:
+                said.append(chunk)
+            else:
+                self._unwatch(fd)
+        self._watch(report, on_report)
+        give_up = time.time() + self.delivery_limit
+        why = None
+        while not done:
+            if self.abandon:
+                why = self.abandon
+            elif time.time() >= give_up:
+                why = f"delivery took longer than {int(self.delivery_limit)}s and was stopped"
+            if why:
+                os.kill(pid, signal.SIGKILL)
+                self._wait(time.time() + 5)
+                break
+            self._wait(give_up)
+        _, status = os.waitpid(pid, 0)
+        for fd in (pidfd, report):
+            self._unwatch(fd)
+        try:
+            said.append(os.read(report, 4096))
+        except OSError:
+            pass
+        os.close(pidfd)
+        os.close(report)
+        text = b"".join(said).decode("utf-8", "replace").strip()
+        if why or status != 0 or text:
+            return False, why or text or f"the copy failed (status {status})"
+        return True, None
+
+
+def _open_buffer(path: str, spec: dict) -> int:
+    """The output buffer: root's, readable by the job's user and the admin group."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o640)
+    os.ftruncate(fd, 0)
+    os.set_blocking(fd, True)
+    acl.share_with(fd, spec["uid"], spec.get("admin_gid") if spec.get("admin_gid") is not None else -1)
+    return fd
+
+
+def _fork() -> int:
+    """fork() with the stop signals held back until the child has its own handlers.
+
+    Until then a signal meant for the child would run the shepherd's handler
+    in it and write to the wake-up pipe the two still share: the shepherd
+    would take the child's SIGTERM for its own. The child unblocks them
+    (``unblock_stop_signals``) once it is ready.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     pid = os.fork()
     if pid == 0:
-        os.close(rfd)
-        os.close(lock_fd)
-        _child(spec, out_fd, wfd)  # never returns
-    os.close(wfd)
-    os.close(out_fd)
-    started = time.time()
-    status = {"job_pid": pid, "job_start": records.proc_starttime(pid), "started": started}
-    _persist(lambda: records.write_json(os.path.join(job_dir, records.STATUS), status, durable=False),
-             "the status record")
-    failure = _drain(rfd)  # returns at the exec (EOF) or with the child's reason
-    _, status = os.waitpid(pid, 0)
-    rec = {"status": status, "ended": time.time(), "code": None, "signal": None, "error": None}
-    if os.WIFEXITED(status):
-        rec["code"] = os.WEXITSTATUS(status)
-    elif os.WIFSIGNALED(status):
-        rec["signal"] = os.WTERMSIG(status)
-    if failure:
-        rec["error"] = failure.decode(errors="replace")
-    if spec.get("cgroup"):
-        rec.update(cgroup.collect_and_remove(spec["cgroup"]))
-    return rec
+        signal.set_wakeup_fd(-1)
+        return 0
+    signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return pid
 
 
-def _child(spec: dict, out_fd: int, err_w: int) -> None:
+def _keep_only(*fds) -> None:
+    """In a forked child: close every descriptor but *fds*."""
+    low = 0
+    for fd in sorted(fds):
+        os.closerange(max(low, 3), fd)
+        low = fd + 1
+    os.closerange(max(low, 3), _fd_ceiling())
+
+
+def _child(spec: dict, pipe_w: int, err_w: int) -> None:
     """In the forked child: confine, drop privileges, exec. Never returns."""
     stage = "setup"
     try:
-        os.setsid()  # own process group: the daemon signals the whole job at once
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; jobs must not
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, *_STOP_SIGNALS):  # Python changed these; jobs must not see it
             signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)   # blocked by _fork; exec keeps the mask
+        os.setsid()  # its own process group, which the shepherd signals as one
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
+        os.dup2(pipe_w, 1)
+        os.dup2(pipe_w, 2)
+        _keep_only(err_w)  # a job starts with 0, 1 and 2 only (err_w closes at exec)
         if spec.get("cgroup"):
             stage = "joining the job's cgroup"
             cgroup.join(spec["cgroup"])
         if spec.get("cpus"):
             stage = "pinning CPUs"
             os.sched_setaffinity(0, spec["cpus"])
-        if os.geteuid() == 0:
-            stage = f"dropping privileges to {spec['user']}"
-            uid, gid = spec["uid"], spec["gid"]
-            os.initgroups(spec["user"], gid)
-            os.setgid(gid)
-            os.setuid(uid)
-            if os.getuid() != uid or os.geteuid() != uid or os.getgid() != gid or os.getegid() != gid:
-                raise PermissionError(1, "privileges were not fully dropped")
-            if uid != 0:
-                try:
-                    os.setuid(0)
-                except PermissionError:
-                    pass
-                else:
-                    raise PermissionError(1, "could regain root after dropping privileges")
+        stage = f"dropping privileges to {spec['user']}"
+        identity.become(spec["user"], spec["uid"], spec["gid"])
+        os.umask(spec.get("umask", 0o077) & 0o777)
         stage = f"entering {spec['cwd']}"
         os.chdir(spec["cwd"])
         stage = f"running {spec['argv'][0]!r}"
         os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
     except BaseException as exc:  # report everything: the job must never run half-set-up
         if isinstance(exc, OSError) and exc.errno:
-            why = f"{exc.strerror} (errno {exc.errno}, {_errname(exc.errno)})"
+            why = f"{exc.strerror} (errno {exc.errno}, {errno.errorcode.get(exc.errno, '?')})"
         else:
             why = str(exc) or exc.__class__.__name__
         msg = f"hpc-batch: job {spec.get('id')} failed while {stage}: {why}\n"
-        try:
-            os.write(2, msg.encode())
-        except OSError:
-            pass
-        try:
-            os.write(err_w, msg.strip().encode())
-        except OSError:
-            pass
+        for fd in (2, err_w):
+            try:
+                os.write(fd, msg.encode("utf-8", "backslashreplace"))
+            except OSError:
+                pass
     os._exit(127)
 
 
-def _drain(fd: int) -> bytes:
-    """Everything a child writes to a pipe until it closes (exec or exit), then close it."""
-    data = b""
-    while True:
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    os.close(fd)
-    return data
-
-
-def _errname(num: int) -> str:
-    import errno
-    return errno.errorcode.get(num, "?")
+def _size(n: int) -> str:
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n} bytes"
 
 
 def _persist(write, what: str) -> None:
@@ -200,69 +545,6 @@ def _persist(write, what: str) -> None:
 def _finish(job_dir: str, rec: dict) -> None:
     """Write the exit record (the only copy of the job's outcome)."""
     _persist(lambda: records.write_json(os.path.join(job_dir, records.EXIT), rec), "the exit record")
-
-
-def deliver(job_dir: str, spec: dict, lock_fd: int) -> None:
-    """Copy the output buffer to the user's log file as the user, then drop it."""
-    out_path = os.path.join(job_dir, records.OUTPUT)
-    dest = spec.get("output")
-    if dest is None:
-        _unlink(out_path)
-        _persist(lambda: records.write_json(os.path.join(job_dir, records.DELIVERY), {"ok": True, "path": None},
-                                            durable=False), "the delivery record")
-        return
-    try:
-        src = os.open(out_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        src = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(rfd)
-        os.close(lock_fd)
-        _copy_as_user(spec, src, dest, wfd)
-    os.close(wfd)
-    os.close(src)
-    err = _drain(rfd)
-    _, status = os.waitpid(pid, 0)
-    if status == 0 and not err:
-        _unlink(out_path)
-        rec = {"ok": True, "path": dest}
-    else:
-        rec = {"ok": False, "path": dest,
-               "error": err.decode(errors="replace") or f"copy failed (status {status})"}
-    # Not fsync'd: if a crash loses it, the buffer's presence tells the daemon
-    # the same thing (it is deleted only after a complete copy).
-    _persist(lambda: records.write_json(os.path.join(job_dir, records.DELIVERY), rec, durable=False),
-             "the delivery record")
-
-
-def _copy_as_user(spec: dict, src: int, dest: str, err_w: int) -> None:
-    """In a forked child: become the user, create *dest* without following links, copy."""
-    try:
-        if os.geteuid() == 0:
-            os.setgroups([])
-            os.initgroups(spec["user"], spec["gid"])
-            os.setgid(spec["gid"])
-            os.setuid(spec["uid"])
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        while True:
-            n = os.sendfile(fd, src, None, 1 << 24)
-            if n == 0:
-                break
-        os.fsync(fd)
-        os.close(fd)
-        os._exit(0)
-    except BaseException as exc:
-        if isinstance(exc, OSError):
-            why = f"cannot write {dest}: {exc.strerror} (errno {exc.errno})"
-        else:
-            why = f"cannot write {dest}: {exc}"
-        try:
-            os.write(err_w, why.encode())
-        except OSError:
-            pass
-    os._exit(1)
 
 
 def _unlink(path: str) -> None:

@@ -8,10 +8,18 @@ daemon learns everything it needs after a restart from these files alone.
                    job runs
     shepherd.pid   "<pid> <starttime>"; flock-held for the shepherd's life, so
                    a failed try-lock means the shepherd is alive
+    control        a FIFO the shepherd reads: one command a line ("stop
+                   killed", "stop timeout"); how the daemon asks for a job to
+                   end without ever signalling a process itself
     status.json    the job's pid and start time, replaced atomically
     exit.json      the exit record, written once, atomically, as the job ends
     delivery.json  what became of the output log
-    output         the combined stdout/stderr buffer while the job runs
+    output         the first --max-output-buffer bytes of the job's combined
+                   stdout/stderr, for attach; root-owned, readable by the
+                   job's user (an ACL) and the admin group
+
+Records are root-only (0600): a job's pid, status and exit are its owner's
+business, and the daemon answers for them through ``dispatch``.
 
 Imported by the shepherd and the daemon alike, so it stays stdlib-only and
 small (the shepherd's import cost is paid per job). That is also why JSON is
@@ -22,6 +30,7 @@ which would be most of a shepherd's start-up time.
 
 import _json
 import os
+import stat
 
 
 class _Decoding:
@@ -61,6 +70,7 @@ def loads(text: str):
 
 LAUNCH = "launch.json"
 PIDFILE = "shepherd.pid"
+CONTROL = "control"
 STATUS = "status.json"
 EXIT = "exit.json"
 DELIVERY = "delivery.json"
@@ -68,37 +78,79 @@ OUTPUT = "output"
 INFO = "info.json"
 
 
-def write_json(path: str, obj, mode: int = 0o644, durable: bool = True) -> None:
-    """Replace *path* atomically with *obj* as JSON; *durable* adds the fsyncs.
+def write_atomic(path: str, data: bytes, mode: int = 0o600, durable: bool = True, prepare=None) -> None:
+    """Replace *path* with *data* atomically; on failure the old file is untouched.
 
-    Records that must survive a power cut (the exit record) are durable;
-    ones only a running daemon reads (status, launch spec) skip the cost.
+    *durable* adds the fsyncs (file, then directory) for records that must
+    survive a power cut. *prepare*, if given, is called with the temporary
+    file's descriptor before the rename (to set its owner or ACL), so the
+    file never appears under its name with the wrong permissions.
     """
-    tmp = f"{path}.tmp"
+    tmp = f"{path}.tmp.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        os.write(fd, dumps(obj).encode())
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    if not durable:
-        return
-    dfd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if prepare is not None:
+                prepare(fd)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        fsync_dir(os.path.dirname(path) or ".")
+
+
+def fsync_dir(directory: str) -> None:
+    """Make a rename or unlink in *directory* durable."""
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(dfd)
     finally:
         os.close(dfd)
 
 
+def write_json(path: str, obj, mode: int = 0o600, durable: bool = True) -> None:
+    """Replace *path* atomically with *obj* as JSON (see :func:`write_atomic`)."""
+    write_atomic(path, dumps(obj).encode(), mode, durable)
+
+
 def read_json(path: str):
     """Return the JSON in *path*, or None if it does not exist or is torn."""
     try:
-        with open(path, "rb") as f:
-            return loads(f.read().decode())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return loads(_read_all(fd).decode())
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
+
+
+def _read_all(fd: int, limit: int = 16 << 20) -> bytes:
+    chunks, total = [], 0
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > limit:
+            raise ValueError("record is implausibly large")
+        chunks.append(chunk)
 
 
 def proc_starttime(pid: int) -> int | None:

@@ -81,8 +81,10 @@ def scratch():
 class Daemon:
     """One hpc-batchd on scratch paths, and a dispatch runner pointed at it."""
 
-    def __init__(self, base, args=(), as_user=None, env=None):
+    def __init__(self, base, args=(), as_user=None, env=None, wrap=(), pass_fds=()):
         self.base = base
+        self.wrap = list(wrap)          # a command the daemon runs under (e.g. prlimit ...)
+        self.pass_fds = tuple(pass_fds)  # descriptors the daemon inherits, as from a careless shell
         self.socket = os.path.join(base, "run", "hpc-batch.sock")
         self.state_dir = os.path.join(base, "state")
         self.dev_dir = os.path.join(base, "dev")
@@ -105,7 +107,7 @@ class Daemon:
         argv += self.args
         if self.as_user:
             argv = ["runuser", "-u", self.as_user, "--"] + argv
-        return argv
+        return self.wrap + argv
 
     def start(self, wait=True):
         os.makedirs(os.path.dirname(self.socket), exist_ok=True)
@@ -118,7 +120,7 @@ class Daemon:
         env = dict(os.environ, **(self.env or {}))
         env.pop("NOTIFY_SOCKET", None)
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, pass_fds=self.pass_fds)
         log.close()
         if wait:
             wait_for(lambda: self.proc.poll() is not None or self.ping(), timeout=20, what="daemon to answer")
@@ -206,16 +208,9 @@ def exit_of(row: str) -> str:
     return parts[parts.index("finished") + 1]
 
 
-def kill_shepherds(base):
-    """Kill every job and shepherd whose job directory lives under *base* (test cleanup)."""
-    import glob
-    import json
-    for status in glob.glob(os.path.join(base, "*", "jobs", "*", "status.json")):
-        try:
-            with open(status) as f:
-                os.killpg(json.load(f)["job_pid"], signal.SIGKILL)
-        except (OSError, ValueError, KeyError):
-            pass
+def _shepherds_under(base):
+    """Pids of shepherds whose job directory lives under *base*."""
+    found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -225,10 +220,34 @@ def kill_shepherds(base):
         except OSError:
             continue
         if any(b"hpc-batch-shepherd" in c for c in cmd) and any(c.startswith(base.encode()) for c in cmd):
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except OSError:
-                pass
+            found.append(int(pid))
+    return found
+
+
+def kill_shepherds(base):
+    """End every shepherd and job whose job directory lives under *base* (test cleanup).
+
+    Shepherds get SIGTERM, which makes each stop its own job; what is left
+    gets SIGKILL, and a job whose shepherd is gone is killed only through a
+    pidfd that proves it is still that job (never a stale pid).
+    """
+    import glob
+    from hpc_batch import launcher
+    for pid in _shepherds_under(base):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 10
+    while _shepherds_under(base) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in _shepherds_under(base):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for status in glob.glob(os.path.join(base, "*", "jobs", "*", "status.json")):
+        launcher.kill_orphaned_job(os.path.dirname(status))
 
 
 @pytest.fixture
@@ -236,8 +255,8 @@ def daemon_factory(scratch):
     """Start daemons on the same scratch paths; all stopped at the end."""
     started = []
 
-    def make(*args, as_user=None, env=None, start=True):
-        d = Daemon(scratch, args, as_user=as_user, env=env)
+    def make(*args, as_user=None, env=None, start=True, wrap=(), pass_fds=()):
+        d = Daemon(scratch, args, as_user=as_user, env=env, wrap=wrap, pass_fds=pass_fds)
         started.append(d)
         return d.start() if start else d
 

@@ -20,19 +20,26 @@ def test_second_daemon_on_same_state_refuses(daemon, scratch):
     assert "already running" in r.stderr and daemon.state_dir in r.stderr
 
 
-def test_truncated_state_file_refuses_with_path(daemon_factory, users, scratch):
+def test_truncated_state_file_is_quarantined_not_fatal(daemon_factory, users, scratch):
     d = daemon_factory()
-    job = d.submit("true")
-    d.wait_finished(job)
+    bad, good = d.submit("true"), d.submit("true")
+    d.wait_finished(bad)
+    d.wait_finished(good)
     d.stop()
-    path = os.path.join(d.state_dir, "jobs", str(job), "job.json")
+    path = os.path.join(d.state_dir, "jobs", str(bad), "job.json")
     with open(path, "r+") as f:
         f.truncate(10)
-    r = subprocess.run(d.command(), capture_output=True, text=True, timeout=30)
-    assert r.returncode == 78
-    assert path in r.stderr and "move it aside" in r.stderr
-    # Nothing was replaced: the broken file is still there for the admin.
-    assert os.path.getsize(path) == 10
+    d2 = daemon_factory()
+    # It serves, the readable job is still there, the broken one is set aside whole and named in the log.
+    rows = d2.rows("--finished")
+    assert good in rows and bad not in rows
+    moved = [n for n in os.listdir(os.path.join(d.state_dir, "quarantine")) if n.startswith(f"{bad}.")]
+    assert len(moved) == 1
+    with open(os.path.join(d.state_dir, "quarantine", moved[0], "job.json"), "rb") as f:
+        assert len(f.read()) == 10
+    assert "quarantine" in d2.log() and f"job {bad}" in d2.log()
+    # Its id is never handed out again.
+    assert d2.submit("true") == good + 1
 
 
 def test_state_files_are_root_only(daemon):

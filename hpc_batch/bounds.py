@@ -1,0 +1,34 @@
+"""The largest (and smallest) values a request or a persisted record may carry.
+
+One table for the protocol's validation and the state loader's: a number
+outside these cannot come from a real ``dispatch`` and would only make the
+daemon overflow or loop, so it is refused at the door (and a record holding
+one is quarantined at start-up, never acted on).
+"""
+
+MAX_ID = 1 << 53              # job ids: exact in JSON numbers everywhere
+MAX_UID = (1 << 32) - 2       # uid_t, less (uid_t)-1
+MAX_CPUS = 1 << 16
+MAX_GPUS = 1 << 10
+MAX_MEM = 1 << 60             # bytes: 1 EiB
+MAX_SECONDS = 100 * 365 * 86400   # durations: a century
+MAX_OFFSET = 1 << 62          # attach offsets: far below what pread can take
+MAX_PATH = 4096               # PATH_MAX
+MAX_UMASK = 0o777
+MAX_EPOCH = 1 << 40           # timestamps: seconds since 1970, comfortably past any clock
+
+
+def check_int(value, low: int, high: int, what: str) -> int:
+    """*value* as an int in [low, high], or ValueError naming *what* and the range."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{what} must be a whole number from {low} to {high}")
+    return value
+
+
+def check_time(value, what: str, allow_none: bool = True):
+    """A timestamp (seconds since the epoch) in range, or None where allowed."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_EPOCH:
+        raise ValueError(f"{what} must be a time in seconds since 1970")
+    return value

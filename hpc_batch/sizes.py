@@ -1,0 +1,27 @@
+"""Sizes as people type them: ``84`` (in a default unit), ``1.5``, ``512M``, ``64G``, ``2T``.
+
+One parser for every size the client and the daemon accept (``--max-mem``,
+``--reserve-mem``, ``--min-job-mem``, ``--max-job-size``,
+``--max-output-buffer``), so they all take the same forms.
+"""
+
+import re
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+class SizeError(ValueError):
+    """A size that is not a number with an optional K/M/G/T unit."""
+
+
+def parse_size(text: str, default_unit: str = "G", allow_zero: bool = False) -> int:
+    """*text* in bytes; a bare number is in *default_unit* (``"G"``, ``"M"``, ...)."""
+    m = _SIZE.fullmatch(text.strip())
+    if not m:
+        raise SizeError(f"{text!r}: expected a size such as 84 ({default_unit}iB), 512M or 64G")
+    unit = m.group(2).upper() or default_unit
+    value = int(float(m.group(1)) * UNITS[unit])
+    if value < 0 or (value == 0 and not allow_zero):
+        raise SizeError(f"{text!r}: must be more than zero")
+    return value
