@@ -3,7 +3,7 @@
 The guest has two NUMA nodes of two CPUs and about 1.9 GiB each. The module
 first reloads the daemon with flags sized for it (which also shows that a
 reload applies flags changed in the unit): one reserved core, 0.25 GiB
-reserved memory and a 0.125 GiB floor for assigned budgets.
+reserved memory, a 0.125 GiB floor for assigned budgets and 64 tasks a job.
 """
 
 import re
@@ -15,7 +15,7 @@ from guestlib import (dispatch, exit_of, home, job_cgroup, read, rows, set_flags
 
 pytestmark = pytest.mark.system
 USER = "alice"
-FLAGS = ("--reserve-cpu", "1", "--reserve-mem", "0.25", "--min-job-mem", "0.125")
+FLAGS = ("--reserve-cpu", "1", "--reserve-mem", "0.25", "--min-job-mem", "0.125", "--max-pids", "64")
 
 ALLOC = ("import time\n"
          "blocks = []\n"
@@ -77,6 +77,28 @@ def test_job_confined_to_one_node(guest):
     other = 1 - node
     assert int(anon[f"N{node}"]) >= 96 << 20 and int(anon[f"N{other}"]) == 0, out
     assert out.strip().splitlines()[-1] == "0", out              # memory.swap.max: no swap
+
+
+FORKER = ("import os, time\n"
+          "n = 0\n"
+          "try:\n"
+          "    for _ in range(200):\n"
+          "        if os.fork() == 0:\n"
+          "            time.sleep(60)\n"
+          "            os._exit(0)\n"
+          "        n += 1\n"
+          "except OSError as exc:\n"
+          "    print('stopped', n, exc.errno, flush=True)\n")
+
+
+def test_max_pids_bounds_a_fork_bomb(guest):
+    job = submit(guest, USER, "sh", "-c", "cat /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/pids.max; "
+                 f"python3 -c \"{FORKER}\"")
+    assert exit_of(wait_finished(guest, USER, job)) == "0"
+    out = read(guest, f"{home(guest, USER)}/output.{job}.log", user=USER).split()
+    assert out[0] == "64", out
+    assert out[1] == "stopped" and int(out[2]) < 64 and out[3] == "11", out   # EAGAIN at the limit
+    assert guest.run(f"test ! -e {job_cgroup(job)}", timeout=30).ok          # and the children went with the job
 
 
 def test_budget_spread_over_nodes_is_marked(guest):
