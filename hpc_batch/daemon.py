@@ -272,9 +272,19 @@ def build(cfg: Config, inherited: dict):
     return server, store
 
 
+class _Escaping(logging.Formatter):
+    """One log line per record whatever it quotes: a user's command cannot forge a line."""
+
+    def formatMessage(self, record) -> str:
+        from .listing import one_line
+        return one_line(super().formatMessage(record))
+
+
 def main(argv=None) -> int:
     """Entry point of ``hpc-batchd``."""
-    logging.basicConfig(level=logging.INFO, format="hpc-batchd: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Escaping("hpc-batchd: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     args = sys.argv[1:] if argv is None else argv
     try:
         cfg = parse_args(args)

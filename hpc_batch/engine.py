@@ -23,7 +23,7 @@ import time
 from . import cgroups, defaults, devdir, launcher, resources, scheduler
 from .jobs import (ERROR, EXITED, FINISHED, KILLED, OOM, QUEUED, RUNNING, SIGNALLED, TIMEOUT,
                    Job, Result, exit_column)
-from .listing import format_mem, one_line
+from .listing import format_mem
 from .protocol import NewJob
 from .store import is_disk_full
 from .userio import log_name
@@ -242,7 +242,7 @@ class Engine:
             pass
         self.dev.add(job_id, job.uid, jdir)
         self._enqueue(job)
-        log.info("job %d queued for %s: %s", job_id, job.user, one_line(job.command))
+        log.info("job %d queued for %s: %s", job_id, job.user, job.command)
         # Decide now, act after the reply is sent: the client does not wait for the spawn.
         self.pending = self.plan(now)
         starting = self.pending is not None and any(j == job_id for j, _ in self.pending.starts)
@@ -538,7 +538,7 @@ class Engine:
                 pass
         self.dev.remove(job.id)
         log.info("job %d finished: %s%s", job.id, exit_column(result),
-                 f" ({one_line(result.note)})" if result.note else "")
+                 f" ({result.note})" if result.note else "")
         self.hooks.job_event(job.id, "finished")
         self._evict(job.uid)
         if handle is not None:

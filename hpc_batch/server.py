@@ -390,8 +390,8 @@ class Server:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         except OSError:
             return
-        st_ = os.fstat(fd)
-        if not stat.S_ISREG(st_.st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
             os.close(fd)
             return
         st["fd"] = fd

@@ -1,8 +1,9 @@
 """Soak: many jobs while the daemon is reloaded and kill -9'd at random moments.
 
 Every job must be reported exactly once, with the exit code it really had.
-Size: $HPC_BATCH_SOAK_N jobs (CI runs the default; the closing note of the
-reload issue records the largest run).
+Size: $HPC_BATCH_SOAK_N jobs with $HPC_BATCH_SOAK_RELOADS reloads and
+$HPC_BATCH_SOAK_KILLS kill -9s at random points (CI runs the defaults; the
+closing notes record the largest runs).
 """
 
 import os
@@ -14,6 +15,8 @@ import pytest
 from conftest import exit_of, wait_for
 
 N = int(os.environ.get("HPC_BATCH_SOAK_N", "40"))
+RELOADS = int(os.environ.get("HPC_BATCH_SOAK_RELOADS", str(max(1, N // 10))))
+KILLS = int(os.environ.get("HPC_BATCH_SOAK_KILLS", str(max(1, N // 10))))
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + 6 * N)]
 
 
@@ -23,16 +26,16 @@ def test_soak_reload_and_crash(daemon_factory, users, scratch):
     d = daemon_factory(*args)
     expected = {}
     actions = {"reload": 0, "kill9": 0}
+    # After which submitted job each reload and kill -9 happens.
+    plan = dict(zip(rng.sample(range(1, N), min(N - 1, RELOADS + KILLS)),
+                    rng.sample(["reload"] * RELOADS + ["kill9"] * KILLS, RELOADS + KILLS)))
     while len(expected) < N:
-        for _ in range(rng.randint(1, 4)):
-            if len(expected) == N:
-                break
-            code = rng.randint(0, 20)
-            nap = rng.choice(["0", "0.1", "0.3", "0.8", "1.5"])
-            job = d.submit("sh", "-c", f"sleep {nap}; exit {code}", flags=("--no-output", "--cpu", "1"))
-            assert job not in expected
-            expected[job] = code
-        action = rng.choice(["none", "reload", "kill9"])
+        code = rng.randint(0, 20)
+        nap = rng.choice(["0", "0.1", "0.3", "0.8", "1.5"])
+        job = d.submit("sh", "-c", f"sleep {nap}; exit {code}", flags=("--no-output", "--cpu", "1"))
+        assert job not in expected
+        expected[job] = code
+        action = plan.get(len(expected))
         if action == "reload":
             seen = d.log().count("ready on")
             d.proc.send_signal(signal.SIGHUP)
