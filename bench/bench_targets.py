@@ -66,8 +66,7 @@ def median(xs) -> float:
 def run_timed(argv, env=None, cwd=None) -> tuple[float, str]:
     """Wall seconds of one run of *argv* (stdout returned); a failure raises."""
     t0 = time.perf_counter()
-    r = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    r = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     took = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {r.returncode}: {(r.stderr or r.stdout).strip()}")
@@ -169,7 +168,7 @@ class Daemon:
         self.proc: subprocess.Popen | None = None
         self.offered_cpus = 0
 
-    def start(self) -> "Daemon":
+    def start(self) -> Daemon:
         argv = [DAEMON, "--no-cgroups", "--socket", self.sock,
                 "--state-dir", os.path.join(self.dir, "state"), "--dev-dir", os.path.join(self.dir, "dev"),
                 "--reserve-cpu", "0", "--reserve-mem", "0"]
@@ -187,9 +186,9 @@ class Daemon:
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                     s.connect(self.sock)
                 break
-            except OSError:
+            except OSError as exc:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"hpc-batchd did not accept connections in 30 s:\n{self.log_text()}")
+                    raise RuntimeError(f"hpc-batchd did not accept connections in 30 s:\n{self.log_text()}") from exc
                 time.sleep(0.02)
         counts = re.findall(r"NUMA node \d+: cpus \S+ \((\d+)\)", self.log_text())
         self.offered_cpus = sum(map(int, counts)) or len(os.sched_getaffinity(0))

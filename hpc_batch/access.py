@@ -60,7 +60,3 @@ def make_caller(uid: int, gid: int, pid: int, admin_gid: int | None) -> Caller:
                 admin = False
     return Caller(uid=uid, gid=gid, pid=pid, name=name, is_admin=admin)
 
-
-def can_touch(caller: Caller, owner_uid: int) -> bool:
-    """May *caller* attach to or kill a job owned by *owner_uid*?"""
-    return caller.is_admin or caller.uid == owner_uid

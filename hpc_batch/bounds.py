@@ -6,6 +6,8 @@ daemon overflow or loop, so it is refused at the door (and a record holding
 one is quarantined at start-up, never acted on).
 """
 
+from typing import Any
+
 MAX_ID = 1 << 53              # job ids: exact in JSON numbers everywhere
 MAX_UID = (1 << 32) - 2       # uid_t, less (uid_t)-1
 MAX_CPUS = 1 << 16
@@ -18,14 +20,14 @@ MAX_UMASK = 0o777
 MAX_EPOCH = 1 << 40           # timestamps: seconds since 1970, comfortably past any clock
 
 
-def check_int(value, low: int, high: int, what: str) -> int:
+def check_int(value: Any, low: int, high: int, what: str) -> int:
     """*value* as an int in [low, high], or ValueError naming *what* and the range."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ValueError(f"{what} must be a whole number from {low} to {high}")
     return value
 
 
-def check_time(value, what: str, allow_none: bool = True):
+def check_time(value: Any, what: str, allow_none: bool = True) -> float | None:
     """A timestamp (seconds since the epoch) in range, or None where allowed."""
     if value is None and allow_none:
         return None

@@ -181,9 +181,9 @@ def oom_killed(path: str) -> bool:
     return cgroup.keyed(cgroup.read(path, "memory.events")).get("oom_kill", 0) > 0
 
 
-def prune(root: str, keep) -> list:
+def prune(root: str, keep) -> list[str]:
     """Remove job cgroups whose job is not running (left by a crash); returns what went."""
-    gone = []
+    gone: list[str] = []
     try:
         names = os.listdir(root)
     except OSError:

@@ -131,7 +131,7 @@ def split_env(words):
 
 
 def _job_id(text: str) -> int:
-    if not text.isdigit() or int(text) == 0:
+    if not (text.isascii() and text.isdigit()) or int(text) == 0:
         raise UsageError(f"job id {text!r}: expected a positive number, as shown by dispatch list")
     return int(text)
 

@@ -24,7 +24,7 @@ class Connection:
         except OSError as exc:
             self.sock.close()
             why = {2: "no such socket", 111: "connection refused", 13: "permission denied"}.get(
-                exc.errno, exc.strerror)
+                exc.errno or 0, exc.strerror)  # 0: no errno, never a key
             raise Unreachable(
                 f"cannot reach hpc-batchd at {self.path} ({why}): the service may not be running "
                 f"(systemctl status hpc-batch), or set ${defaults.SOCKET_ENV} to its --socket") from None

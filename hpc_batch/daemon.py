@@ -105,7 +105,7 @@ def _size(flag: str, text: str, unit: str = "G", minimum: int = 0) -> int:
 
 
 def _count(flag: str, text: str, minimum: int = 0, maximum: int = 1 << 31) -> int:
-    if not text.isdigit() or not minimum <= int(text) <= maximum:
+    if not (text.isascii() and text.isdigit()) or not minimum <= int(text) <= maximum:
         raise ConfigError(f"{flag} {text!r}: expected a whole number from {minimum} to {maximum}", 2)
     return int(text)
 
@@ -308,7 +308,7 @@ def main(argv=None) -> int:
         sdnotify.reloading()
         server.engine.save_meta()
         from . import reload_args
-        exe, new_argv = reload_args.current_argv(args)
+        exe, new_argv = reload_args.current_argv()
         log.info("reloading: re-executing %s", " ".join(new_argv))
         os.set_inheritable(store.lock_fd, True)
         os.set_inheritable(server.listener.fileno(), True)

@@ -34,8 +34,9 @@ KILL_GRACE = 5.0
 # Seconds a recovering daemon waits before it decides an unstarted shepherd never ran.
 SHEPHERD_START_GRACE = 2.0
 
-# Groups suggested when --admin-group names one that does not exist.
-ADMIN_GROUP_CANDIDATES = ("wheel", "sudo", "adm", "staff")
+# Admin groups, in order of preference: the installer picks the first that
+# exists, and the daemon suggests those that do when --admin-group names none.
+ADMIN_GROUP_CANDIDATES = ("wheel", "sudo", "adm")
 
 # The clean environment a job gets without --env.
 CLEAN_ENV_KEYS = ("PATH", "HOME", "USER", "SHELL", "LANG")

@@ -32,6 +32,7 @@ class DevDir:
         """Create ``<root>/jobs``; raise DevDirError if that is impossible."""
         if not self.root:
             return
+        assert self.jobs is not None  # set whenever root is
         try:
             os.makedirs(self.jobs, mode=self.jobs_mode, exist_ok=True)
             for d, mode in ((self.root, 0o755), (self.jobs, self.jobs_mode)):

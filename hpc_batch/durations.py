@@ -3,7 +3,7 @@
 import re
 
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_PART = re.compile(r"(\d+)([dhms])")
+_PART = re.compile(r"([0-9]+)([dhms])")
 
 
 class DurationError(ValueError):
@@ -13,7 +13,7 @@ class DurationError(ValueError):
 def parse_duration(text: str) -> int:
     """Return *text* as whole seconds (plain seconds or d/h/m/s parts, largest first)."""
     s = text.strip()
-    if s.isdigit():
+    if s.isascii() and s.isdigit():
         value = int(s)
     else:
         pos, value, last = 0, 0, None

@@ -19,15 +19,16 @@ import logging
 import os
 import pwd
 import time
+from typing import Any
+
+from shepherd import records
 
 from . import cgroups, defaults, devdir, launcher, resources, scheduler
-from .jobs import (ERROR, EXITED, FINISHED, KILLED, OOM, QUEUED, RUNNING, SIGNALLED, TIMEOUT,
-                   Job, Result, exit_column)
+from .jobs import ERROR, EXITED, FINISHED, KILLED, OOM, QUEUED, RUNNING, SIGNALLED, TIMEOUT, Job, Result, exit_column
 from .listing import format_mem
 from .protocol import NewJob
 from .store import is_disk_full
 from .userio import log_name
-from shepherd import records
 
 log = logging.getLogger("hpc-batchd")
 
@@ -52,17 +53,17 @@ class Engine:
         self.hooks = hooks                  # server callbacks: watch/unwatch pidfds, job events
         self.jobs: dict[int, Job] = {}
         self.queued: dict[int, scheduler.QueuedJob] = {}   # insertion order = submission order
-        self.running: dict[int, dict] = {}  # id -> {"pid", "pidfd", "alloc", "cgroup"}
+        self.running: dict[int, dict[str, Any]] = {}  # id -> {"pid", "pidfd", "alloc", "cgroup"}
         self.queued_by_uid: dict[int, int] = {}   # per-user count, for --max-queued-per-user
-        self.stale_cgroups: set = set()     # job cgroups still busy when their job ended
+        self.stale_cgroups: set[str] = set()  # job cgroups still busy when their job ended
         self.next_id = 1
-        self.policy_state: dict = {}
+        self.policy_state: dict[str, Any] = {}
         self.meta_dirty = False
         self.saved_floor = 1                # the next_id daemon.json holds: ids below it are never reused
-        self.unsaved: set = set()           # job records whose last write failed (full disk)
-        self.pending = None                 # a Decision to carry out after a reply
+        self.unsaved: set[int] = set()      # job records whose last write failed (full disk)
+        self.pending: scheduler.Decision | None = None  # a Decision to carry out after a reply
         self.resched = False                # something freed resources: schedule on the next tick
-        self.retry_at = None                # when to retry starts that failed to write
+        self.retry_at: float | None = None  # when to retry starts that failed to write
         self.root_mode = os.geteuid() == 0
 
     # -- start-up -------------------------------------------------------------
@@ -97,6 +98,7 @@ class Engine:
 
     def _readopt(self, job: Job) -> str:
         jdir = self.store.job_dir(job.id)
+        assert job.alloc is not None  # Job.check: a running job has its allocation
         alloc = resources.Allocation.from_dict(job.alloc)
         found = launcher.adopt(jdir)
         cg = cgroups.job_path(self.cfg.cgroup_root, job.id) if self.cfg.cgroups else None
@@ -287,7 +289,7 @@ class Engine:
         if decision is not None:
             self.apply(decision, now)
 
-    def plan(self, now: float):
+    def plan(self, now: float) -> scheduler.Decision | None:
         """One scheduling pass (pure): the Decision, or None with nothing queued."""
         if not self.queued:
             return None
@@ -296,7 +298,7 @@ class Engine:
         return scheduler.schedule(self.cfg.schedule, list(self.queued.values()), running,
                                   self.machine, self.limits, self.policy_state, now)
 
-    def apply(self, decision, now: float) -> None:
+    def apply(self, decision: scheduler.Decision, now: float) -> None:
         """Carry out a Decision: persist policy state, fail and start jobs."""
         if decision.state != self.policy_state:
             self.policy_state = decision.state
@@ -463,7 +465,7 @@ class Engine:
         kept = os.path.join(jdir, records.OUTPUT)
         if rec is None:
             # The shepherd died without an exit record: end what is left of the job.
-            oom = bool(cg) and cgroups.oom_killed(cg)
+            oom = bool(cg and cgroups.oom_killed(cg))
             if cg:
                 self._drop_cgroup(cg)
             else:
@@ -556,8 +558,11 @@ class Engine:
             os.close(handle["pidfd"])
             handle["pidfd"] = None
         if job.state == RUNNING:
-            launcher.request_stop(self.store.job_dir(job.id), KILLED)
-            self._drop_cgroup(handle.get("cgroup"))
+            try:  # best effort: whatever failed may fail again here
+                launcher.request_stop(self.store.job_dir(job.id), KILLED)
+                self._drop_cgroup(handle.get("cgroup"))
+            except Exception:
+                log.exception("job %d: cannot stop it after an error; its shepherd may run on", job.id)
         try:
             self._finish(job, Result(ERROR, note=why), now)
         except Exception:

@@ -9,6 +9,7 @@ the daemon's event loop and the client's blocking calls on one codec.
 
 import json
 import struct
+from typing import Any
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 4 << 20       # requests: a forwarded environment plus a long argv fits
@@ -19,7 +20,7 @@ class FrameError(Exception):
     """The peer sent bytes that are not a valid frame (corrupt or oversized)."""
 
 
-def encode(obj: dict, limit: int = MAX_FRAME) -> bytes:
+def encode(obj: dict[str, Any], limit: int = MAX_FRAME) -> bytes:
     """Serialise one message as a frame; lone surrogates survive (output bytes)."""
     body = json.dumps(obj, separators=(",", ":")).encode("ascii")
     if len(body) > limit:
@@ -43,14 +44,15 @@ class Decoder:
         """Bytes of the frame being received (header included), or 0 between frames."""
         if len(self._buf) < HEADER.size:
             return HEADER.size if self._buf else 0
-        return HEADER.size + HEADER.unpack_from(self._buf)[0]
+        size: int = HEADER.unpack_from(self._buf)[0]
+        return HEADER.size + size
 
     @property
     def pending(self) -> int:
         """Bytes buffered but not yet returned as a message (a truncated frame at EOF)."""
         return len(self._buf)
 
-    def next(self):
+    def next(self) -> dict[str, Any] | None:
         """Return the next complete message, or None if more bytes are needed."""
         if len(self._buf) < HEADER.size:
             return None

@@ -5,16 +5,24 @@ payload, and returns a reply message. ``attach`` is not here: it streams, so
 the server owns it.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 from . import __version__, protocol
-from .engine import Refused
+from .access import Caller
+from .engine import Engine, Refused
+from .protocol import JobRef, ListJobs, NewJob, Ping
+
+# (engine, caller, validated payload of the handler's own verb, now) -> reply message
+Handler = Callable[[Engine, Caller, Any, float], dict[str, Any]]
 
 
-def new(engine, caller, req, now):
+def new(engine: Engine, caller: Caller, req: NewJob, now: float) -> dict[str, Any]:
     """``dispatch new``."""
     return protocol.ok(**engine.submit(caller, req, now))
 
 
-def list_jobs(engine, caller, req, now):
+def list_jobs(engine: Engine, caller: Caller, req: ListJobs, now: float) -> dict[str, Any]:
     """``dispatch list [--all] [--finished]``."""
     if req.all and not (caller.is_admin or engine.cfg.list_is_public):
         raise Refused("only members of the admin group may list all users' jobs "
@@ -23,14 +31,14 @@ def list_jobs(engine, caller, req, now):
     return protocol.ok(jobs=[engine.summary(j) for j in jobs], now=now)
 
 
-def kill(engine, caller, req, now):
+def kill(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, Any]:
     """``dispatch kill ID``."""
     return protocol.ok(**engine.kill(caller, req.id, now))
 
 
-def ping(engine, caller, req, now):
+def ping(engine: Engine, caller: Caller, req: Ping, now: float) -> dict[str, Any]:
     """Liveness and version."""
     return protocol.ok(version=__version__, protocol=protocol.VERSION)
 
 
-HANDLERS = {"new": new, "list": list_jobs, "kill": kill, "ping": ping}
+HANDLERS: dict[str, Handler] = {"new": new, "list": list_jobs, "kill": kill, "ping": ping}

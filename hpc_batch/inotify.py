@@ -43,9 +43,9 @@ class Inotify:
         """Stop watching (errors ignored: the file may be gone)."""
         self._rm(self.fd, wd)
 
-    def read(self) -> set:
+    def read(self) -> set[int]:
         """Drain pending events; returns the watch descriptors that fired."""
-        fired = set()
+        fired: set[int] = set()
         while True:
             try:
                 data = os.read(self.fd, 65536)

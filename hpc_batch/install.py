@@ -45,14 +45,16 @@ import subprocess
 import sys
 import time
 import urllib.parse
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 try:
     from hpc_batch import __version__
 except Exception:  # a broken package must not stop its own repair
     __version__ = "unknown"
+# A leaf module with no imports: one list of admin groups for the installer and the daemon.
+from hpc_batch.defaults import ADMIN_GROUP_CANDIDATES
 
 PROG = "hpc-batch-install"
 SERVICE = "hpc-batch"
@@ -61,7 +63,6 @@ PACKAGE = "hpc-batch"
 DEFAULT_PREFIX = "/opt/hpc-batch"
 DEFAULT_BIN_DIR = "/opt/bin"
 DEFAULT_SPEC = PACKAGE
-ADMIN_GROUP_CANDIDATES = ("wheel", "sudo", "adm")
 
 # Linked into the bin dir; the shepherd too, so admins find it with `ps`
 # and `command -v` alike. A missing optional one is only a warning.
@@ -465,9 +466,11 @@ def unsafe_message(flag: str, path: str, found: Unsafe,
     if found.kind == "missing":
         return f"{flag} {path}: {where} does not exist"
     if found.kind in ("owner", "link-owner"):
+        assert found.uid is not None  # set for these kinds
         link = "a symlink " if found.kind == "link-owner" else ""
         problem = f"{where} is {link}owned by {owner_name(found.uid)}, not root"
     elif found.kind == "writable":
+        assert found.mode is not None  # set for this kind
         who = " and ".join(w for bit, w in ((stat.S_IWGRP, "its group"),
                                             (stat.S_IWOTH, "everyone"))
                            if found.mode & bit)
@@ -484,7 +487,7 @@ def unsafe_message(flag: str, path: str, found: Unsafe,
     if found.kind == "shared-missing":
         fix = (f"create it as root first (mkdir -m 755 {where}) or choose a path "
                f"outside {found.detail}")
-    elif found.kind == "writable" and found.mode & stat.S_ISVTX:
+    elif found.kind == "writable" and found.mode is not None and found.mode & stat.S_ISVTX:
         # Only the path itself gets here: /tmp and the like are for everyone.
         fix = f"use a directory of root's own, not {where} itself"
     elif found.kind == "writable":

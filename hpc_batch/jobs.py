@@ -9,6 +9,7 @@ keep loading.
 """
 
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from . import bounds
 
@@ -36,7 +37,7 @@ class Result:
     note: str | None = None      # why, in words (errno text, "shepherd killed")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Result":
+    def from_dict(cls, d: dict[str, Any]) -> "Result":
         return cls(**{k: d[k] for k in ("kind", "code", "signal", "note") if k in d})
 
 
@@ -48,31 +49,31 @@ class Job:
     uid: int
     gid: int
     user: str
-    argv: list
+    argv: list[str]
     cwd: str
     submitted: float
     max_time: int
-    request: dict = field(default_factory=dict)   # cpus, mem, gpus, exclusive, numa_local
-    budget: dict = field(default_factory=dict)    # mem (bytes), assigned (bool)
-    output: str | None = None                     # final log path; None = --no-output
+    request: dict[str, Any] = field(default_factory=dict)  # cpus, mem, gpus, exclusive, numa_local
+    budget: dict[str, Any] = field(default_factory=dict)   # mem (bytes), assigned (bool)
+    output: str | None = None                              # final log path; None = --no-output
     state: str = QUEUED
     started: float | None = None
     ended: float | None = None
-    alloc: dict | None = None                     # resources.Allocation.to_dict()
-    stop_reason: str | None = None                # TIMEOUT/KILLED once the daemon decided to stop it
-    stop_sent: float | None = None                # when SIGTERM went out (SIGKILL follows after grace)
-    result: dict | None = None                    # Result as a dict
-    output_error: str | None = None               # why the log was not delivered
-    output_note: str | None = None                # what happened past --max-output-buffer
-    stats: dict = field(default_factory=dict)     # accounting: peak_mem, cpu_time
-    umask: int = 0o077                            # the submitter's, for the job and its log
+    alloc: dict[str, Any] | None = None                    # resources.Allocation.to_dict()
+    stop_reason: str | None = None                         # TIMEOUT/KILLED once the daemon decided to stop it
+    stop_sent: float | None = None                         # when SIGTERM went out (SIGKILL follows after grace)
+    result: dict[str, Any] | None = None                   # Result as a dict
+    output_error: str | None = None                        # why the log was not delivered
+    output_note: str | None = None                         # what happened past --max-output-buffer
+    stats: dict[str, Any] = field(default_factory=dict)    # accounting: peak_mem, cpu_time
+    umask: int = 0o077                                     # the submitter's, for the job and its log
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-safe form for the state file."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Job":
+    def from_dict(cls, d: dict[str, Any]) -> "Job":
         """Build from a state-file dict, ignoring keys this version does not know."""
         known = {f.name for f in fields(cls)}  # "env" stays on disk, never in memory
         job = cls(**{k: v for k, v in d.items() if k in known})
@@ -141,7 +142,9 @@ def exit_column(result: Result | None) -> str:
     if result.kind == SIGNALLED:
         import signal as _signal
         try:
-            return _signal.Signals(result.signal).name
+            if result.signal is not None:  # Signals(None) is a ValueError too
+                return _signal.Signals(result.signal).name
         except ValueError:
-            return f"signal{result.signal}"
+            pass
+        return f"signal{result.signal}"
     return result.kind

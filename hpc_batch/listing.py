@@ -8,6 +8,7 @@ spread over more than one NUMA node.
 """
 
 import time
+from typing import Any
 
 from .durations import format_clock, format_duration
 
@@ -39,7 +40,7 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _note(job: dict) -> str:
+def _note(job: dict[str, Any]) -> str:
     notes = []
     res = job.get("result") or {}
     if res.get("kind") == "oom":
@@ -55,7 +56,7 @@ def _note(job: dict) -> str:
     return f" ({one_line('; '.join(notes))})" if notes else ""
 
 
-def format_row(job: dict, now: float, finished: bool) -> str:
+def format_row(job: dict[str, Any], now: float, finished: bool) -> str:
     """One line of ``dispatch list``."""
     if job["state"] == "queued" or job.get("started") is None:
         start, uptime = "-", "queued"
@@ -71,6 +72,6 @@ def format_row(job: dict, now: float, finished: bool) -> str:
     return line
 
 
-def format_rows(jobs: list, now: float, finished: bool) -> list:
+def format_rows(jobs: list[dict[str, Any]], now: float, finished: bool) -> list[str]:
     """Every line of ``dispatch list``, in job id order."""
     return [format_row(j, now, finished) for j in sorted(jobs, key=lambda j: j["id"])]

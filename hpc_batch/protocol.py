@@ -12,16 +12,25 @@ is the *client's* fault with a message naming the field.
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import bounds
-from .messages import VERSION, error, event, ok, request  # noqa: F401  (re-exported)
+
+# Re-exported (``protocol.ok(...)`` and the rest): the redundant aliases mark them public.
+from .messages import VERSION as VERSION
+from .messages import error as error
+from .messages import event as event
+from .messages import ok as ok
+from .messages import request as request
+
+Args = dict[str, Any]  # a request's decoded "args" object
 
 
 class ProtocolError(ValueError):
     """A request that is well framed but not a valid message of this version."""
 
 
-def _get(args: dict, name: str, kinds, default=..., allow_none=False):
+def _get(args: Args, name: str, kinds: tuple[type, ...], default: Any = ..., allow_none: bool = False) -> Any:
     if name not in args:
         if default is ...:
             raise ProtocolError(f"request lacks field {name!r}")
@@ -35,7 +44,7 @@ def _get(args: dict, name: str, kinds, default=..., allow_none=False):
     return value
 
 
-def _int(args: dict, name: str, low: int, high: int, default=..., allow_none=False):
+def _int(args: Args, name: str, low: int, high: int, default: Any = ..., allow_none: bool = False) -> Any:
     value = _get(args, name, (int,), default, allow_none)
     if value is None:
         return value
@@ -44,7 +53,7 @@ def _int(args: dict, name: str, low: int, high: int, default=..., allow_none=Fal
     return value
 
 
-def _path(args: dict, name: str, default=..., allow_none=False):
+def _path(args: Args, name: str, default: Any = ..., allow_none: bool = False) -> Any:
     value = _get(args, name, (str,), default, allow_none)
     if value is None:
         return value
@@ -53,14 +62,14 @@ def _path(args: dict, name: str, default=..., allow_none=False):
     return value
 
 
-def _str_list(args: dict, name: str) -> tuple:
+def _str_list(args: Args, name: str) -> tuple[str, ...]:
     value = _get(args, name, (list,))
     if not all(isinstance(v, str) and "\0" not in v for v in value):
         raise ProtocolError(f"field {name!r} must be a list of strings without NUL")
     return tuple(value)
 
 
-def _str_map(args: dict, name: str):
+def _str_map(args: Args, name: str) -> dict[str, str] | None:
     value = _get(args, name, (dict,), default=None, allow_none=True)
     if value is None:
         return None
@@ -74,7 +83,7 @@ def _str_map(args: dict, name: str):
 class NewJob:
     """``dispatch new``: everything the daemon needs to queue a job."""
 
-    argv: tuple
+    argv: tuple[str, ...]
     cwd: str
     cpus: int | None = None
     gpus: int = 0
@@ -84,14 +93,14 @@ class NewJob:
     numa_local: bool = False
     output: str | None = None       # absolute path as typed (dir or file); None = cwd
     no_output: bool = False
-    env: dict | None = None         # the forwarded environment (--env), or None
-    job_env: dict = field(default_factory=dict)  # leading NAME=VALUE words
-    base_env: dict = field(default_factory=dict)  # the submitter's PATH and LANG for a clean env
+    env: dict[str, str] | None = None  # the forwarded environment (--env), or None
+    job_env: dict[str, str] = field(default_factory=dict)  # leading NAME=VALUE words
+    base_env: dict[str, str] = field(default_factory=dict)  # the submitter's PATH and LANG for a clean env
     output_is_dir: bool = True      # *output* names a directory (the log is output.<id>.log in it)
     umask: int = 0o077              # the submitter's; the job and its log get it
 
     @classmethod
-    def from_args(cls, args: dict) -> "NewJob":
+    def from_args(cls, args: Args) -> "NewJob":
         argv = _str_list(args, "argv")
         if not argv or not argv[0]:
             raise ProtocolError("no command given: put it after '--', e.g. dispatch new -- echo hello")
@@ -130,7 +139,7 @@ class ListJobs:
     finished: bool = False
 
     @classmethod
-    def from_args(cls, args: dict) -> "ListJobs":
+    def from_args(cls, args: Args) -> "ListJobs":
         return cls(all=_get(args, "all", (bool,), default=False),
                    finished=_get(args, "finished", (bool,), default=False))
 
@@ -142,7 +151,7 @@ class JobRef:
     id: int
 
     @classmethod
-    def from_args(cls, args: dict) -> "JobRef":
+    def from_args(cls, args: Args) -> "JobRef":
         job_id = _get(args, "id", (int,))
         if not 0 < job_id <= bounds.MAX_ID:
             raise ProtocolError(f"job ids are whole numbers from 1 to {bounds.MAX_ID}")
@@ -157,7 +166,7 @@ class Attach:
     offset: int = 0
 
     @classmethod
-    def from_args(cls, args: dict) -> "Attach":
+    def from_args(cls, args: Args) -> "Attach":
         ref = JobRef.from_args(args)
         return cls(id=ref.id, offset=_int(args, "offset", 0, bounds.MAX_OFFSET, default=0))
 
@@ -167,21 +176,24 @@ class Ping:
     """Liveness probe; answers with the daemon's version."""
 
     @classmethod
-    def from_args(cls, args: dict) -> "Ping":
+    def from_args(cls, args: Args) -> "Ping":
         return cls()
 
 
+# A validated request, whichever verb it is.
+Payload = NewJob | ListJobs | Attach | JobRef | Ping
+
 # One line a verb: the daemon's dispatch table is keyed on the same names.
-REQUESTS = {"new": NewJob, "list": ListJobs, "attach": Attach, "kill": JobRef, "ping": Ping}
+REQUESTS: dict[str, type[Payload]] = {"new": NewJob, "list": ListJobs, "attach": Attach, "kill": JobRef, "ping": Ping}
 
 
-def _short(value) -> str:
+def _short(value: object) -> str:
     """A value from the wire, for an error message: quoted, escaped, and short."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def parse_request(msg: dict):
+def parse_request(msg: dict[str, Any]) -> tuple[str, Payload]:
     """Validate a decoded frame; return ``(op, payload)`` or raise ProtocolError."""
     version = msg.get("v")
     if type(version) is not int or version != VERSION:

@@ -31,7 +31,7 @@ def _unit() -> str | None:
     return leaf if leaf.endswith(".service") else None
 
 
-def current_argv(old_args):
+def current_argv():
     """(executable, argv) for the re-exec."""
     from .daemon import ConfigError, parse_args
     fallback = (sys.executable, list(sys.orig_argv))

@@ -20,8 +20,9 @@ Placement rules (from the spec):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any
 
 GiB = 1 << 30
 
@@ -107,7 +108,7 @@ class Allocation:
         """True when the budget spans more than one node (``+`` in list)."""
         return len(self.mem_by_node) > 1
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-safe form; ``from_dict`` restores an equal Allocation."""
         return {
             "cpus": list(self.cpus),
@@ -117,7 +118,7 @@ class Allocation:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Allocation":
+    def from_dict(cls, d: dict[str, Any]) -> Allocation:
         """Inverse of ``to_dict`` (accepts lists where tuples were)."""
         return cls(
             cpus=tuple(int(c) for c in d["cpus"]),
@@ -144,7 +145,6 @@ class Capacity:
     gpus: tuple[int, ...]
     reserved_cpus: tuple[int, ...]
     reserved_mem: int
-    reserve_node: int | None
     pool: bool
 
     @property
@@ -193,7 +193,6 @@ def capacity(machine: Machine, limits: Limits) -> Capacity:
         gpus=tuple(sorted(machine.gpus)),
         reserved_cpus=reserved,
         reserved_mem=reserved_mem,
-        reserve_node=home.id if home is not None else None,
         pool=not limits.per_node_memory,
     )
 
@@ -312,7 +311,8 @@ class Free:
     __slots__ = ("cap", "cpus", "mem", "gpus", "running", "exclusive",
                  "_cpu_node", "_max", "_mem_max", "_failed")
 
-    def __init__(self, cap, cpus, mem, gpus, running=0, exclusive=False, cpu_node=None):
+    def __init__(self, cap: Capacity, cpus: dict[int, set[int]], mem: dict[int, int], gpus: set[int],
+                 running: int = 0, exclusive: bool = False, cpu_node: dict[int, int] | None = None) -> None:
         self.cap = cap
         self.cpus: dict[int, set[int]] = cpus
         self.mem: dict[int, int] = mem
@@ -327,7 +327,7 @@ class Free:
         self._failed: set[tuple[int, int, bool]] = set()
 
     @classmethod
-    def of(cls, cap: Capacity, running: Iterable[Allocation] = ()) -> "Free":
+    def of(cls, cap: Capacity, running: Iterable[Allocation] = ()) -> Free:
         """Free resources of ``cap`` once ``running`` allocations are taken."""
         mem = {POOL: cap.total_mem} if cap.pool else {n.id: n.mem for n in cap.nodes}
         f = cls(cap, {n.id: set(n.cpus) for n in cap.nodes}, mem, set(cap.gpus))
@@ -335,12 +335,12 @@ class Free:
             f.take(a)
         return f
 
-    def copy(self) -> "Free":
+    def copy(self) -> Free:
         """Independent copy (for what-if simulation)."""
         return Free(self.cap, {k: set(v) for k, v in self.cpus.items()}, dict(self.mem),
                     set(self.gpus), self.running, self.exclusive, self._cpu_node)
 
-    def within(self, budget: "Free") -> "Free":
+    def within(self, budget: Free) -> Free:
         """What is free here AND still inside ``budget`` (easy-backfill)."""
         cpus = {k: v & budget.cpus.get(k, set()) for k, v in self.cpus.items()}
         mem = {k: min(v, budget.mem.get(k, 0)) for k, v in self.mem.items()}
@@ -396,7 +396,7 @@ class Free:
         self._max = self._mem_max = None
         self._failed.clear()  # more is free: old failures may fit now
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-safe snapshot (used for easy-backfill's frozen budget)."""
         return {
             "pool": self.cap.pool,
@@ -406,7 +406,7 @@ class Free:
         }
 
     @classmethod
-    def from_dict(cls, cap: Capacity, d) -> "Free | None":
+    def from_dict(cls, cap: Capacity, d: Any) -> Free | None:
         """Restore a ``to_dict`` snapshot; None if it does not match ``cap``."""
         try:
             if bool(d["pool"]) != cap.pool:
@@ -516,7 +516,7 @@ class Free:
                 return None
         return self._alloc(cpus, charges, req.gpus, True)
 
-    def _alloc(self, cpus, charges: dict[int, int], ngpus: int, exclusive: bool) -> Allocation:
+    def _alloc(self, cpus: list[int], charges: dict[int, int], ngpus: int, exclusive: bool) -> Allocation:
         return Allocation(
             cpus=tuple(cpus),
             mem_by_node=tuple(sorted(charges.items())),

@@ -23,8 +23,9 @@ blocking the queue. Policy state is a JSON-safe dict returned in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any
 
 from .resources import (
     Allocation,
@@ -65,7 +66,11 @@ class Decision:
 
     starts: list[tuple[int, Allocation]]
     failures: list[tuple[int, str]]
-    state: dict
+    state: dict[str, Any]
+
+
+# Resources held until a deadline: (epoch seconds, what is held).
+Hold = tuple[float, Allocation]
 
 
 def schedule(
@@ -74,7 +79,7 @@ def schedule(
     running: Sequence[RunningJob],
     machine: Machine,
     limits: Limits,
-    state: dict,
+    state: dict[str, Any],
     now: float,
 ) -> Decision:
     """Decide which queued jobs start now under ``policy``.
@@ -103,7 +108,8 @@ def schedule(
     return Decision(starts, failures, new_state)
 
 
-def _start_in_order(queue, free: Free, machine, limits, starts, failures) -> int:
+def _start_in_order(queue: Sequence[QueuedJob], free: Free, machine: Machine, limits: Limits,
+                    starts: list[tuple[int, Allocation]], failures: list[tuple[int, str]]) -> int:
     """Start jobs from the front while they fit; return the blocked head's index.
 
     Heads that can never fit are failed and skipped.
@@ -121,7 +127,8 @@ def _start_in_order(queue, free: Free, machine, limits, starts, failures) -> int
     return len(queue)
 
 
-def _easy_backfill(queue, head: int, free: Free, state: dict, starts) -> dict:
+def _easy_backfill(queue: Sequence[QueuedJob], head: int, free: Free, state: dict[str, Any],
+                   starts: list[tuple[int, Allocation]]) -> dict[str, Any]:
     """Backfill within the head's frozen budget; return the new state."""
     head_id = queue[head].id
     budget = None
@@ -142,7 +149,7 @@ def _easy_backfill(queue, head: int, free: Free, state: dict, starts) -> dict:
     return {"policy": "easy-backfill", "head": head_id, "budget": budget.to_dict()}
 
 
-def reserved_start(req: Request, budget: Budget, free: Free, holds, now: float) -> float | None:
+def reserved_start(req: Request, budget: Budget, free: Free, holds: Sequence[Hold], now: float) -> float | None:
     """Earliest time ``req`` fits if each hold is released at its deadline.
 
     ``holds`` is (deadline, Allocation) for everything running; a deadline
@@ -158,7 +165,8 @@ def reserved_start(req: Request, budget: Budget, free: Free, holds, now: float) 
     return None
 
 
-def _strict_backfill(queue, head: int, free: Free, holds, state: dict, now: float, starts) -> dict:
+def _strict_backfill(queue: Sequence[QueuedJob], head: int, free: Free, holds: Sequence[Hold],
+                     state: dict[str, Any], now: float, starts: list[tuple[int, Allocation]]) -> dict[str, Any]:
     """Backfill jobs that end before the head's reserved start."""
     job = queue[head]
     start = reserved_start(job.request, job.budget, free, holds, now)

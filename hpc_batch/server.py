@@ -22,13 +22,16 @@ import socket
 import stat
 import struct
 import time
+from types import FrameType
+from typing import Any, TypedDict
+
+from shepherd import records
 
 from . import access, framing, protocol
-from .engine import Refused
+from .engine import Engine, Refused
 from .handlers import HANDLERS
-from .jobs import FINISHED, QUEUED, exit_column
+from .jobs import FINISHED, QUEUED, Job, exit_column
 from .ratelog import RateLimited
-from shepherd import records
 
 log = logging.getLogger("hpc-batchd")
 rlog = RateLimited(log)
@@ -53,18 +56,28 @@ def _reap_children() -> None:
             return
 
 
+class AttachState(TypedDict):
+    """Where an attach stream stands (a plain dict at run time)."""
+
+    job: int
+    fd: int | None
+    offset: int
+    ending: bool
+    done: bool
+
+
 class Conn:
     """One client connection."""
 
-    def __init__(self, sock, caller):
+    def __init__(self, sock: socket.socket, caller: access.Caller):
         self.sock = sock
         self.caller = caller
         self.decoder = framing.Decoder()
         self.out = bytearray()
         self.closing = False
         self.last = time.monotonic()          # last request bytes, or last reply bytes taken
-        self.partial_since = None             # when the unfinished frame in decoder began
-        self.attach = None   # dict(job, fd, offset, ending, done) while streaming
+        self.partial_since: float | None = None   # when the unfinished frame in decoder began
+        self.attach: AttachState | None = None    # dict(job, fd, offset, ending, done) while streaming
 
     def open(self) -> bool:
         """False once the connection has been closed."""
@@ -78,19 +91,19 @@ class Server:
         self.cfg = cfg
         self.listener = listener
         self.sel = selectors.DefaultSelector()
-        self.engine = None
+        self.engine: Engine | None = None     # set by start(), before the loop runs
         self.conns: dict[int, Conn] = {}
         self.pidfds: dict[int, int] = {}      # pidfd -> job id
-        self.attached: dict[int, set] = {}    # job id -> conns streaming it
+        self.attached: dict[int, set[Conn]] = {}  # job id -> conns streaming it
         self.wds: dict[int, int] = {}         # inotify wd -> job id
         self.job_wd: dict[int, int] = {}      # job id -> inotify wd
-        self.signals = []
-        self.stop_reason = None               # "reload" / "terminate"
+        self.signals: list[int] = []
+        self.stop_reason: str | None = None   # "reload" / "terminate"
         self.per_uid: dict[int, int] = {}     # open connections per user
-        self.accept_paused_until = None
+        self.accept_paused_until: float | None = None
         try:
             from .inotify import Inotify
-            self.inotify = Inotify()
+            self.inotify: Inotify | None = Inotify()
         except (OSError, AttributeError) as exc:
             log.warning("inotify unavailable (%s); attach falls back to polling", exc)
             self.inotify = None
@@ -109,11 +122,12 @@ class Server:
             if kind == "started":
                 self._open_stream(conn)
             elif kind in ("finished", "removed"):
+                assert conn.attach is not None  # every conn in attached streams
                 conn.attach["ending"] = True
             self._pump(conn)
 
     # -- set-up -----------------------------------------------------------------
-    def start(self, engine) -> None:
+    def start(self, engine: Engine) -> None:
         self.engine = engine
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
@@ -127,12 +141,13 @@ class Server:
             self.sel.register(self.inotify.fd, selectors.EVENT_READ, ("inotify", None))
         _reap_children()  # shepherds that ended while we were re-executing
 
-    def _on_signal(self, signum, frame):
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals.append(signum)
 
     # -- the loop ---------------------------------------------------------------
     def run(self) -> str:
         """Serve until SIGHUP (returns "reload") or SIGTERM/SIGINT ("terminate")."""
+        assert self.engine is not None  # start() first
         while self.stop_reason is None:
             now = time.time()
             wake = self.engine.tick(now)
@@ -156,8 +171,9 @@ class Server:
                         if job_id is not None:
                             self.engine.shepherd_exited(job_id)
                     elif kind == "inotify":
+                        assert self.inotify is not None  # registered only with one
                         for wd in self.inotify.read():
-                            for conn in list(self.attached.get(self.wds.get(wd), ())):
+                            for conn in list(self.attached.get(self.wds.get(wd, 0), ())):  # 0: no job
                                 self._pump(conn)
                     elif kind == "signal":
                         self._drain_signals()
@@ -290,6 +306,7 @@ class Server:
             "too many request bytes in flight from your user; send one request at a time", "busy"), close=True)
 
     def _requests(self, conn: Conn) -> None:
+        assert self.engine is not None  # start() first
         while not conn.closing and conn.attach is None and not conn.out:
             try:
                 msg = conn.decoder.next()
@@ -307,6 +324,7 @@ class Server:
             now = time.time()
             try:
                 if op == "attach":
+                    assert isinstance(payload, protocol.Attach)  # what parse_request makes of "attach"
                     self._attach(conn, payload, now)
                     continue
                 reply = HANDLERS[op](self.engine, conn.caller, payload, now)
@@ -319,7 +337,7 @@ class Server:
             self._reply(conn, reply)
             self.engine.run_pending(now)
 
-    def _reply(self, conn: Conn, msg: dict, close: bool = False) -> None:
+    def _reply(self, conn: Conn, msg: dict[str, Any], close: bool = False) -> None:
         try:
             conn.out += framing.encode(msg, framing.MAX_REPLY)
         except framing.FrameError as exc:
@@ -368,7 +386,8 @@ class Server:
         conn.sock.close()
 
     # -- attach -----------------------------------------------------------------
-    def _attach(self, conn: Conn, req, now: float) -> None:
+    def _attach(self, conn: Conn, req: protocol.Attach, now: float) -> None:
+        assert self.engine is not None  # start() first
         job = self.engine.lookup(conn.caller, req.id)
         if job.state == FINISHED:
             self._reply(conn, self._end_event(job), close=True)
@@ -382,6 +401,7 @@ class Server:
 
     def _open_stream(self, conn: Conn) -> None:
         st = conn.attach
+        assert st is not None and self.engine is not None  # only for an attached conn, after start()
         if st["fd"] is not None:
             return
         path = os.path.join(self.engine.store.job_dir(st["job"]), records.OUTPUT)
@@ -423,6 +443,7 @@ class Server:
                 self._flush(conn)  # the client is behind: continue when it drains
                 return
         if st["ending"]:
+            assert self.engine is not None  # start() first
             job = self.engine.jobs.get(st["job"])
             if job is None:
                 end = protocol.event("end", id=st["job"], state="removed", exit=None,
@@ -434,7 +455,7 @@ class Server:
             conn.closing = True
         self._flush(conn)
 
-    def _end_event(self, job) -> dict:
+    def _end_event(self, job: Job) -> dict[str, Any]:
         res = job.get_result()
         return protocol.event("end", id=job.id, state=job.state, exit=exit_column(res),
                               note=res.note if res else None, output=job.output,
@@ -442,6 +463,7 @@ class Server:
 
     def _detach(self, conn: Conn) -> None:
         st = conn.attach
+        assert st is not None  # called only for an attached conn
         conns = self.attached.get(st["job"])
         if conns is not None:
             conns.discard(conn)
@@ -449,6 +471,7 @@ class Server:
                 del self.attached[st["job"]]
                 wd = self.job_wd.pop(st["job"], None)
                 if wd is not None:
+                    assert self.inotify is not None  # watches exist only with one
                     self.wds.pop(wd, None)
                     self.inotify.remove(wd)
         if st["fd"] is not None:

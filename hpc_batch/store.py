@@ -50,7 +50,7 @@ class Store:
         self.root = os.path.abspath(root)
         self.jobs_dir = os.path.join(self.root, "jobs")
         self.quarantine_dir = os.path.join(self.root, "quarantine")
-        self._lock_fd = None
+        self._lock_fd: int | None = None
         self.notes: list = []   # what loading set aside, for the log
 
     # -- set-up -------------------------------------------------------------
@@ -69,7 +69,8 @@ class Store:
             if not os.path.isdir(d) or os.path.islink(d):
                 raise StateError(f"state directory {d} is not a directory")
             if st.st_uid != os.geteuid():
-                raise StateError(f"state directory {d} is owned by uid {st.st_uid}, not by the daemon's uid {os.geteuid()}")
+                raise StateError(f"state directory {d} is owned by uid {st.st_uid}, "
+                                 f"not by the daemon's uid {os.geteuid()}")
             os.chmod(d, 0o711)
         path = os.path.join(self.root, "daemon.lock")
         if inherited_lock is not None:
@@ -89,7 +90,7 @@ class Store:
         self._lock_fd = fd
 
     @property
-    def lock_fd(self):
+    def lock_fd(self) -> int | None:
         """The held lock's descriptor (kept open across a re-exec on reload)."""
         return self._lock_fd
 

@@ -21,7 +21,7 @@ import stat
 try:
     from shepherd import records
 except ImportError:  # run as a file: siblings are on sys.path
-    import records
+    import records  # type: ignore[no-redef]  # the same module, found as a top-level one
 
 
 def create(job_dir: str):

@@ -1,4 +1,4 @@
-"""What hpc-batchd runs for each job: ``python -I -S .../shepherd/hpc-batch-shepherd.py``.
+"""What hpc-batchd runs for each job: ``python -E -s -S .../shepherd/hpc-batch-shepherd.py``.
 
 Run as a file, not through the console-script wrapper, so the interpreter
 skips site-packages and the wrapper's imports: a shepherd starts in a few

@@ -39,12 +39,13 @@ import time
 try:
     from shepherd import acl, cgroup, control, identity, output, records
 except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py): siblings are on sys.path
-    import acl
-    import cgroup
-    import control
-    import identity
-    import output
-    import records
+    # The same modules, found as top-level ones: mypy sees each name bound twice.
+    import acl  # type: ignore[no-redef]
+    import cgroup  # type: ignore[no-redef]
+    import control  # type: ignore[no-redef]
+    import identity  # type: ignore[no-redef]
+    import output  # type: ignore[no-redef]
+    import records  # type: ignore[no-redef]
 
 STOP_REASONS = ("killed", "timeout")
 HOLD_OFF = 0.02          # a trickle of output is batched: at most this often a wake-up
@@ -87,7 +88,7 @@ def _fd_ceiling() -> int:
         return 1 << 16
 
 
-def _take_lock(job_dir: str):
+def _take_lock(job_dir: str) -> int | None:
     path = os.path.join(job_dir, records.PIDFILE)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
@@ -99,11 +100,15 @@ def _take_lock(job_dir: str):
     os.fchmod(fd, 0o600)
     pid = os.getpid()
     line = f"{pid} {records.proc_starttime(pid)}\n".encode()
-    _persist(lambda: (os.ftruncate(fd, 0), os.pwrite(fd, line, 0)), "the pidfile")
+
+    def write_pidfile() -> None:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, line, 0)
+    _persist(write_pidfile, "the pidfile")
     return fd
 
 
-def _read_launch(job_dir: str):
+def _read_launch(job_dir: str) -> dict | None:
     path = os.path.join(job_dir, records.LAUNCH)
     spec = records.read_json(path)
     if not isinstance(spec, dict) or not spec.get("argv"):
@@ -125,21 +130,22 @@ class Supervisor:
         self.delivery_limit = float(spec.get("delivery_limit", 600.0))
         self.limit = int(spec.get("max_output_buffer") or (256 << 20))
         self.cgroup = spec.get("cgroup")
-        self.stop_reason = self.stop_note = None
-        self.kill_at = None
-        self.abandon = None            # why delivery is skipped (the shepherd was told to stop)
-        self.pid = None
+        self.stop_reason: str | None = None
+        self.stop_note: str | None = None
+        self.kill_at: float | None = None
+        self.abandon: str | None = None     # why delivery is skipped (the shepherd was told to stop)
+        self.pid: int | None = None
         self.reaped = False
         self.poller = select.poll()
         self.watched: dict = {}
         # Output: buffer until the bound, then relay (as the user) or discard.
         self.mode = "buffer"
         self.buffered = 0
-        self.pipe_r = None
-        self.resume_pipe_at = None
-        self.sink = None
-        self.relay = None              # (pid, pidfd, report_fd) once past the bound
-        self.output_note = None
+        self.pipe_r: int | None = None
+        self.resume_pipe_at: float | None = None
+        self.sink: int | None = None
+        self.relay: tuple[int, int, int] | None = None  # (pid, pidfd, report_fd) once past the bound
+        self.output_note: str | None = None
         self.failure = b""
         ctl_r, self._ctl_keeper = control.create(job_dir)
         self.control = control.Reader(ctl_r)
@@ -229,6 +235,7 @@ class Supervisor:
     def _signal_job(self, sig: int) -> None:
         # The leader is our unreaped child, so its pid and process group are still ours.
         if not self.reaped:
+            assert self.pid is not None  # nothing asks for a stop before the fork
             for send in (os.killpg, os.kill):
                 try:
                     send(self.pid, sig)
@@ -281,7 +288,9 @@ class Supervisor:
             if self.mode == "buffer":
                 dst, want = self.buf, min(output.CHUNK, self.limit - self.buffered)
             else:
+                assert self.sink is not None  # the discard mode's /dev/null
                 dst, want = self.sink, output.CHUNK
+            assert self.pipe_r is not None  # open until the relay takes it over
             try:
                 n = output.move(self.pipe_r, dst, want, nonblock=True)
             except BlockingIOError:
@@ -314,6 +323,7 @@ class Supervisor:
                 finally:
                     os._exit(1)
             os.close(report_w)
+            assert self.pipe_r is not None  # _pump calls this only while the pipe is open
             self._unwatch(self.pipe_r)
             os.close(self.pipe_r)
             self.pipe_r = None
@@ -334,6 +344,7 @@ class Supervisor:
         if stopped and not self.cgroup:
             # Still unreaped, the leader pins its process group: take the stragglers with it.
             self._signal_job(signal.SIGKILL)
+        assert self.pid is not None  # run_job forked it
         _, status = os.waitpid(self.pid, 0)
         self.reaped = True
         self.kill_at = None
@@ -451,7 +462,8 @@ def _open_buffer(path: str, spec: dict) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o640)
     os.ftruncate(fd, 0)
     os.set_blocking(fd, True)
-    acl.share_with(fd, spec["uid"], spec.get("admin_gid") if spec.get("admin_gid") is not None else -1)
+    admin_gid = spec.get("admin_gid")
+    acl.share_with(fd, spec["uid"], admin_gid if admin_gid is not None else -1)
     return fd
 
 

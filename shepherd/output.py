@@ -24,7 +24,7 @@ import stat
 try:
     from shepherd import identity
 except ImportError:  # run as a file: siblings are on sys.path
-    import identity
+    import identity  # type: ignore[no-redef]  # the same module, found as a top-level one
 
 CHUNK = 1 << 20          # bytes moved per splice, and the pipe's size
 _SPLICE_FALLBACK = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
@@ -34,7 +34,7 @@ class Refused(OSError):
     """The log file exists but is not one the user may have written into."""
 
 
-def make_pipe():
+def make_pipe() -> tuple[int, int]:
     """The job's stdout/stderr pipe ``(read, write)``, 1 MiB deep where allowed."""
     r, w = os.pipe2(os.O_CLOEXEC)
     try:
@@ -162,7 +162,7 @@ def deliver_as_user(spec: dict, buf: int, pipe_r, report: int) -> None:
     if pipe_r is not None:
         os.set_blocking(pipe_r, True)  # the shepherd polled it non-blocking; here we wait in splice
         null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-        sink = dst if code == 0 else null
+        sink = dst if code == 0 and dst is not None else null  # code 0: the log file is open
         while True:
             try:
                 state["relaying"] = True
@@ -187,7 +187,7 @@ def deliver_as_user(spec: dict, buf: int, pipe_r, report: int) -> None:
                     break
                 _say(report, describe(dest, exc))
                 code, sink = 1, null   # keep taking the job's output, into nowhere
-    if code == 0:
+    if code == 0 and dst is not None:  # (code 0: the log file is open)
         try:
             os.fsync(dst)
         except OSError as exc:

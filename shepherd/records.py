@@ -48,8 +48,11 @@ class _Decoding:
         raise ValueError(f"{name} is not valid in a record")
 
 
-_scan = _json.make_scanner(_Decoding())
-_encode = _json.make_encoder(None, None, _json.encode_basestring_ascii, None, ": ", ", ",
+# typeshed wants a make_scanner as the context, but the C scanner only reads the
+# attributes _Decoding has (typeshed's own TODO says so); and a None *default*
+# is what the C encoder takes for "no fallback", which typeshed does not allow.
+_scan = _json.make_scanner(_Decoding())  # type: ignore[arg-type]
+_encode = _json.make_encoder(None, None, _json.encode_basestring_ascii, None, ": ", ", ",  # type: ignore[arg-type]
                              True, False, False)
 
 
@@ -142,7 +145,8 @@ def read_json(path: str):
 
 
 def _read_all(fd: int, limit: int = 16 << 20) -> bytes:
-    chunks, total = [], 0
+    chunks: list[bytes] = []
+    total = 0
     while True:
         chunk = os.read(fd, 1 << 16)
         if not chunk:

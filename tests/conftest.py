@@ -232,6 +232,7 @@ def kill_shepherds(base):
     pidfd that proves it is still that job (never a stale pid).
     """
     import glob
+
     from hpc_batch import launcher
     for pid in _shepherds_under(base):
         try:

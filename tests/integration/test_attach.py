@@ -4,8 +4,6 @@ import os
 
 import pytest
 
-from conftest import wait_for
-
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -49,6 +47,7 @@ def test_attach_finished_job_says_where_output_is(daemon, scratch):
 def test_attach_kill_reports_killed(daemon):
     job = daemon.submit("sh", "-c", "echo up; sleep 60")
     import subprocess
+
     from conftest import DISPATCH
     p = subprocess.Popen([DISPATCH, "attach", str(job)], env={"HPC_BATCH_SOCKET": daemon.socket},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

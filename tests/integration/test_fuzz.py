@@ -25,7 +25,6 @@ import sys
 import threading
 
 import pytest
-
 from conftest import DISPATCH, wait_for
 
 N = int(os.environ.get("HPC_BATCH_FUZZ_N", "2000"))

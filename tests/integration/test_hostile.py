@@ -8,7 +8,6 @@ comments refer to the list in the issue.
 """
 
 import base64
-import fcntl
 import json
 import os
 import shutil
@@ -21,7 +20,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import exit_of, wait_for
 
 pytestmark = pytest.mark.timeout(180)

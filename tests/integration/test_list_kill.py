@@ -4,7 +4,6 @@ import re
 import time
 
 import pytest
-
 from conftest import exit_of, wait_for
 
 pytestmark = pytest.mark.timeout(120)

@@ -6,7 +6,6 @@ import stat
 import subprocess
 
 import pytest
-
 from conftest import ADMIN_GROUP, Daemon, exit_of, wait_for
 
 pytestmark = pytest.mark.timeout(120)

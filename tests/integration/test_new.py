@@ -4,8 +4,7 @@ import os
 import re
 
 import pytest
-
-from conftest import exit_of, wait_for
+from conftest import exit_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -140,6 +139,7 @@ def test_version(daemon):
 
 def test_unreachable_daemon_one_line(scratch):
     import subprocess
+
     from conftest import DISPATCH
     sock = os.path.join(scratch, "nothing.sock")
     r = subprocess.run([DISPATCH, "list"], env={"HPC_BATCH_SOCKET": sock, "PATH": "/usr/bin:/bin"},

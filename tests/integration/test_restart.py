@@ -4,10 +4,8 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
-
 from conftest import DISPATCH, exit_of, wait_for
 
 pytestmark = pytest.mark.timeout(120)

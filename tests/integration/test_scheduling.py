@@ -11,7 +11,6 @@ prints the recorded-format listing in tests/fixtures/nvidia-smi/).
 import os
 
 import pytest
-
 from conftest import exit_of, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -104,7 +103,7 @@ def test_easy_backfill_uses_idle_then_holds_freed(daemon_factory, users, scratch
 def test_easy_backfill_budget_survives_restart(daemon_factory, users, scratch):
     d = _policy_daemon(daemon_factory, "easy-backfill")
     flag = os.path.join(scratch, "a")
-    a = d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done", flags=("--cpu", "1"))
+    d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done", flags=("--cpu", "1"))
     b = d.submit("true", flags=("--cpu", "2"))
     c = d.submit("sleep", "30", flags=("--cpu", "1"))
     wait_for(lambda: _state(d, c) == "running", what="c backfilled")
@@ -133,7 +132,7 @@ def test_strict_backfill_only_provably_short_jobs(daemon_factory, users, scratch
 def test_exclusive_waits_for_idle_and_blocks_others(daemon_factory, users, scratch):
     d = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0", "--schedule", "easy-backfill")
     flag = os.path.join(scratch, "a")
-    a = d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done", flags=("--cpu", "1"))
+    d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done", flags=("--cpu", "1"))
     x = d.submit("sh", "-c", "nproc; sleep 1", flags=("--exclusive",))
     y = d.submit("true", flags=("--cpu", "1"))
     wait_for(lambda: d.rows().get(x), what="x listed")

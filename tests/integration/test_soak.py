@@ -11,7 +11,6 @@ import random
 import signal
 
 import pytest
-
 from conftest import exit_of, wait_for
 
 N = int(os.environ.get("HPC_BATCH_SOAK_N", "40"))
@@ -39,7 +38,7 @@ def test_soak_reload_and_crash(daemon_factory, users, scratch):
         if action == "reload":
             seen = d.log().count("ready on")
             d.proc.send_signal(signal.SIGHUP)
-            wait_for(lambda: d.log().count("ready on") > seen, timeout=30, what="reload")
+            wait_for(lambda d=d, seen=seen: d.log().count("ready on") > seen, timeout=30, what="reload")
             actions["reload"] += 1
         elif action == "kill9":
             d.kill9()

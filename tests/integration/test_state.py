@@ -1,13 +1,10 @@
 """Durable state: one daemon per state dir, unreadable state refused, kill -9 loses nothing."""
 
-import json
 import os
-import signal
 import subprocess
 
 import pytest
-
-from conftest import DAEMON, Daemon, exit_of, wait_for
+from conftest import Daemon, exit_of, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,7 +12,7 @@ Session fixtures, in the order they happen:
 ``project_wheel`` the project's wheel, built from the pytest rootdir
 ``guest``         the booted guest (harness.Guest), powered off at the end
 ``installed``     the wheel installed offline into /opt/hpc-batch (the venv
-                  the image carries with psutil and docopt-ng), the entry
+                  the image carries with docopt-ng), the entry
                   points in /opt/bin and the systemd unit installed and
                   started, by ``hpc-batch-install --no-pip`` when that works
                   and by hand, the way an admin would, when it does not
@@ -180,8 +180,7 @@ def _install_by_hand(guest, rootdir, admin_group):
     """Links, PATH snippet and unit, the way an admin would do it."""
     for name in ENTRY_POINTS:
         target = "%s/bin/%s" % (GUEST_PREFIX, name)
-        guest.run("test ! -e {t} || ln -sfn {t} {b}/{n}".format(
-            t=target, b=GUEST_BIN, n=name), timeout=30, check=True)
+        guest.run(f"test ! -e {target} || ln -sfn {target} {GUEST_BIN}/{name}", timeout=30, check=True)
     guest.put_bytes('case ":$PATH:" in *":%s:"*) ;; *) PATH="$PATH:%s" ;; '
                     'esac\n' % (GUEST_BIN, GUEST_BIN),
                     "/etc/profile.d/hpc-batch.sh", mode=0o644)
@@ -259,8 +258,8 @@ def installed(guest, project_wheel, request):
 def guest_users(guest):
     """Real, unprivileged users in the guest, with home directories."""
     for user in TEST_USERS:
-        guest.run("id -u {u} >/dev/null 2>&1 || useradd -m -s /bin/bash {u}"
-                  .format(u=user), timeout=60, check=True)
+        guest.run(f"id -u {user} >/dev/null 2>&1 || useradd -m -s /bin/bash {user}"
+                  , timeout=60, check=True)
     return TEST_USERS
 
 

@@ -9,9 +9,22 @@ reserved memory, a 0.125 GiB floor for assigned budgets and 64 tasks a job.
 import re
 
 import pytest
-
-from guestlib import (dispatch, exit_of, home, job_cgroup, read, rows, set_flags, clear_flags, state,
-                      submit, wait_finished, wait_for, wait_running, daemon_cmdline)
+from guestlib import (
+    clear_flags,
+    daemon_cmdline,
+    dispatch,
+    exit_of,
+    home,
+    job_cgroup,
+    read,
+    rows,
+    set_flags,
+    state,
+    submit,
+    wait_finished,
+    wait_for,
+    wait_running,
+)
 
 pytestmark = pytest.mark.system
 USER = "alice"

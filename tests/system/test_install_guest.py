@@ -32,7 +32,6 @@ import sys
 import time
 
 import pytest
-
 from harness import Guest
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600, func_only=True)]
@@ -46,7 +45,7 @@ PROFILE = "/etc/profile.d/hpc-batch.sh"
 STATE = "/var/lib/hpc-batch"
 ENTRY_POINTS = ("dispatch", "hpc-batchd", "hpc-batch-install", "hpc-batch-shepherd")
 USER = "carol"
-DEPENDENCIES = ("psutil", "docopt-ng")
+DEPENDENCIES = ("docopt-ng",)
 JOB_DEADLINE = 240
 
 _done = set()
@@ -135,11 +134,11 @@ def box(guest_image, project_wheel, next_wheel, tmp_path_factory):
         for tag in _platforms(glibc):
             argv += ["--platform", tag]
         subprocess.run(argv + list(DEPENDENCIES), check=True, timeout=600)
-        for path, dirs, files in os.walk(staged):
+        for path, _dirs, files in os.walk(staged):
             os.chmod(path, 0o755)
             for f in files:
                 os.chmod(os.path.join(path, f), 0o644)
-        g.run("id -u {u} >/dev/null 2>&1 || useradd -m -s /bin/bash {u}".format(u=USER),
+        g.run(f"id -u {USER} >/dev/null 2>&1 || useradd -m -s /bin/bash {USER}",
               timeout=60, check=True)
         g.wheels = {"first": "%s/%s" % (SHARE, os.path.basename(project_wheel)),
                     "next": "%s/%s" % (SHARE, os.path.basename(next_wheel))}

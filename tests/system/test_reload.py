@@ -1,9 +1,7 @@
 """Reload and restart with a job running in its cgroup as a real user."""
 
 import pytest
-
-from guestlib import (apply, dispatch, exit_of, job_cgroup, main_pid, read, submit, wait_finished,
-                      wait_running)
+from guestlib import apply, dispatch, exit_of, job_cgroup, main_pid, read, submit, wait_finished, wait_running
 
 pytestmark = pytest.mark.system
 USER = "bob"

@@ -46,7 +46,7 @@ def test_packaged_unit_keeps_what_the_daemon_relies_on():
                  "RuntimeDirectory=hpc-batch", "StateDirectory=hpc-batch",
                  "ExecStart=@BIN_DIR@/hpc-batchd --admin-group @ADMIN_GROUP@"):
         assert line in text.splitlines(), line
-    reload_line = next(l for l in text.splitlines() if l.startswith("ExecReload="))
+    reload_line = next(line for line in text.splitlines() if line.startswith("ExecReload="))
     assert "-HUP" in reload_line and "$MAINPID" in reload_line
 
 

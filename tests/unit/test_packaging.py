@@ -47,4 +47,4 @@ def test_metadata_license_and_dependencies(wheel):
     assert "License-Expression: AGPL-3.0-or-later" in meta
     requires = sorted(line.split()[1] for line in meta.splitlines()
                       if line.startswith("Requires-Dist:") and "extra ==" not in line)
-    assert requires == ["docopt-ng", "psutil"]
+    assert requires == ["docopt-ng"]

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from hpc_batch.resources import (
-    GiB,
     Allocation,
     Budget,
     Free,
+    GiB,
     Limits,
     Machine,
     Node,

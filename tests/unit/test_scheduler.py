@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from hpc_batch.resources import GiB, Allocation, Budget, Limits, Machine, Node, Request, check_request
+from hpc_batch.resources import Allocation, Budget, GiB, Limits, Machine, Node, Request, check_request
 from hpc_batch.scheduler import POLICIES, QueuedJob, RunningJob, schedule
 
 LIMITS = Limits(reserve_cpu=0, reserve_mem=0, min_job_mem=GiB)

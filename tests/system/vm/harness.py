@@ -299,9 +299,9 @@ class Guest:
                                       self.failure_context()))
 
     def _mount_share(self, deadline):
-        cmd = ("mountpoint -q {m} || mount -t 9p -o trans=virtio,"
-               "version=9p2000.L,msize=524288 {t} {m}"
-               .format(m=SHARE_MOUNT, t=SHARE_TAG))
+        cmd = (f"mountpoint -q {SHARE_MOUNT} || mount -t 9p -o trans=virtio,"
+               f"version=9p2000.L,msize=524288 {SHARE_TAG} {SHARE_MOUNT}"
+               )
         while True:
             r = self.run(cmd, timeout=60)
             if r.ok:

@@ -1,0 +1,319 @@
+"""The engine's decisions, with its store, launcher and server replaced by in-memory ones.
+
+No daemon, no sockets, no processes: a job "runs" when the fake launcher
+says it was spawned, and "ends" when the test writes its exit record and
+tells the engine its shepherd exited, exactly as the server would. What is
+checked is what the engine decides: start or queue, refuse and why, ask a
+shepherd to stop (never signal), what result a record means, and that one
+job's trouble ends that job only.
+"""
+
+import os
+import pwd
+
+import pytest
+
+from hpc_batch import defaults, devdir, jobs, resources
+from hpc_batch import engine as engine_mod
+from hpc_batch.access import Caller
+from hpc_batch.daemon import Config
+from hpc_batch.engine import Engine, Refused
+from hpc_batch.protocol import NewJob
+from shepherd import records
+
+ROOT = Caller(uid=0, gid=0, pid=1, name="root", is_admin=True)
+T0 = 1_800_000_000.0
+
+
+class MemoryStore:
+    """The engine's view of --state-dir, in memory (job dirs are real: shepherd records live there)."""
+
+    def __init__(self, base):
+        self.root = str(base)
+        self.records = {}
+        self.env = {}
+        self.meta = {}
+        self.notes = []
+        self.fail_writes = False
+
+    def load_meta(self):
+        return dict(self.meta)
+
+    def load_jobs(self):
+        return [jobs.Job.from_dict(r) for _, r in sorted(self.records.items())]
+
+    def highest_quarantined_id(self):
+        return 0
+
+    def save_meta(self, meta):
+        self.meta = dict(meta)
+
+    def job_dir(self, job_id):
+        return os.path.join(self.root, str(job_id))
+
+    def create_job_dir(self, job_id, gid):
+        os.mkdir(self.job_dir(job_id))
+
+    def save_job(self, job, env=None, durable=True):
+        if self.fail_writes:
+            raise OSError(28, "No space left on device")
+        self.records[job.id] = job.to_dict()
+        if env is not None:
+            self.env[job.id] = env
+
+    def load_env(self, job_id):
+        return self.env.get(job_id, {})
+
+    def remove_job(self, job_id):
+        self.records.pop(job_id, None)
+
+
+class FakeLauncher:
+    """Records what the engine asks of shepherds; starts nothing."""
+
+    def __init__(self):
+        self.spawned, self.stops, self.orphans_killed = [], [], []
+        self.spawn_error = None
+        self.stop_error = None
+        self.listening = True
+        self._next = 40000
+
+    def write_launch(self, job_dir, launch):
+        self.last_launch = launch
+
+    def spawn(self, job_id, user, job_dir):
+        if self.spawn_error:
+            raise self.spawn_error
+        self.spawned.append(job_id)
+        self._next += 1
+        return self._next
+
+    def open_pidfd(self, pid, start):
+        return os.open(os.devnull, os.O_RDONLY)   # a real descriptor the engine may close
+
+    def reap(self, pid):
+        pass
+
+    def adopt(self, job_dir):
+        return None
+
+    def request_stop(self, job_dir, reason):
+        if self.stop_error:
+            raise self.stop_error
+        self.stops.append((int(os.path.basename(job_dir)), reason))
+        return self.listening
+
+    def kill_orphaned_job(self, job_dir):
+        self.orphans_killed.append(int(os.path.basename(job_dir)))
+        return True
+
+
+class Hooks:
+    """The server's side: pidfds watched and job events."""
+
+    def __init__(self):
+        self.watched, self.events = {}, []
+
+    def watch_pidfd(self, fd, job_id):
+        self.watched[fd] = job_id
+
+    def unwatch_pidfd(self, fd):
+        self.watched.pop(fd, None)
+
+    def job_event(self, job_id, kind):
+        self.events.append((job_id, kind))
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    fake = FakeLauncher()
+    monkeypatch.setattr(engine_mod, "launcher", fake)
+    store = MemoryStore(tmp_path)
+    cfg = Config(socket="/x", state_dir=str(tmp_path), dev_dir=None, max_lifetime=3600, reserve_cpu=0,
+                 reserve_mem=0, min_job_mem=1 << 20, keep_finished=50, list_is_public=False,
+                 admin_group="root", schedule="fifo-strict", cgroups=False, max_queued_per_user=3,
+                 max_job_size=1 << 16, user_name="root", admin_gid=0)
+    machine = resources.Machine(nodes=(resources.Node(0, (0, 1), 8 << 30),))
+    limits = resources.Limits(reserve_cpu=0, reserve_mem=0, min_job_mem=1 << 20, per_node_memory=False)
+    hooks = Hooks()
+    eng = Engine(cfg, store, machine, limits, devdir.DevDir(None, 0), hooks)
+    eng.root_mode = True
+    return eng, store, fake, hooks
+
+
+def submit(eng, now=T0, **kw):
+    args = dict(argv=("true",), cwd="/tmp", no_output=True)
+    args.update(kw)
+    return eng.submit(ROOT, NewJob(**args), now)
+
+
+def start_pending(eng, now=T0):
+    eng.run_pending(now)
+
+
+def end(eng, store, job_id, now=T0 + 1, **rec):
+    rec.setdefault("ended", now)
+    records.write_json(os.path.join(store.job_dir(job_id), records.EXIT), rec)
+    eng.shepherd_exited(job_id)
+    return eng.jobs[job_id]
+
+
+def test_a_job_that_fits_starts_and_one_that_does_not_queues(world):
+    eng, store, fake, hooks = world
+    a = submit(eng, cpus=2)
+    assert a["state"] == "running"
+    start_pending(eng)
+    b = submit(eng, cpus=1)
+    assert b["state"] == "queued" and fake.spawned == [a["id"]]
+    assert (a["id"], "started") in hooks.events
+    # The launch spec carries what the shepherd enforces on its own.
+    assert fake.last_launch["deadline"] == T0 + 3600 and fake.last_launch["kill_grace"] == defaults.KILL_GRACE
+    end(eng, store, a["id"], code=0)
+    eng.tick(T0 + 2)
+    assert fake.spawned == [a["id"], b["id"]]
+
+
+@pytest.mark.parametrize("kw,code,needle", [
+    ({"max_time": 7200}, "refused", "--max-lifetime"),
+    ({"argv": ("x" * (1 << 17),)}, "too_large", "--max-job-size"),
+    ({"cpus": 64}, "refused", "never fit"),
+])
+def test_refusals_name_what_to_change(world, kw, code, needle):
+    eng, store, fake, _ = world
+    with pytest.raises(Refused) as info:
+        submit(eng, **kw)
+    assert info.value.code == code and needle in str(info.value)
+    assert store.records == {} and fake.spawned == []
+
+
+def test_queued_jobs_per_user_are_capped(world):
+    eng, store, _, _ = world
+    submit(eng, cpus=2)
+    start_pending(eng)
+    for _ in range(3):
+        submit(eng)
+    with pytest.raises(Refused) as info:
+        submit(eng)
+    assert info.value.code == "queue_full" and "--max-queued-per-user" in str(info.value)
+    # A queued job removed makes room again.
+    queued = [j for j in eng.queued]
+    eng.kill(ROOT, queued[0], T0)
+    submit(eng)
+
+
+def test_kill_asks_the_shepherd_and_repeats_until_it_ends(world):
+    eng, store, fake, _ = world
+    job = submit(eng)["id"]
+    start_pending(eng)
+    fake.listening = False                      # its FIFO is not there yet
+    eng.kill(ROOT, job, T0 + 1)
+    assert fake.stops == [(job, "killed")]
+    wake = eng.tick(T0 + 1.1)
+    assert wake == pytest.approx(T0 + 1 + engine_mod.STOP_RETRY)
+    fake.listening = True
+    eng.tick(T0 + 2)
+    assert fake.stops == [(job, "killed"), (job, "killed")]
+    assert eng.tick(T0 + 2.1) == pytest.approx(T0 + 2 + defaults.KILL_GRACE)
+    done = end(eng, store, job, stopped="killed", signal=15)
+    assert done.get_result().kind == jobs.KILLED
+
+
+def test_deadline_asks_for_a_timeout(world):
+    eng, store, fake, _ = world
+    job = submit(eng, max_time=10)["id"]
+    start_pending(eng)
+    assert eng.tick(T0 + 5) == T0 + 10
+    eng.tick(T0 + 10)
+    assert fake.stops == [(job, "timeout")]
+    assert end(eng, store, job, stopped="timeout", signal=9).get_result().kind == jobs.TIMEOUT
+
+
+@pytest.mark.parametrize("rec,kind,column", [
+    ({"code": 3}, jobs.EXITED, "3"),
+    ({"signal": 11}, jobs.SIGNALLED, "SIGSEGV"),
+    ({"signal": 9, "oom_kill": 1}, jobs.OOM, "oom"),
+    ({"code": 127, "error": "failed while entering /x: No such file"}, jobs.ERROR, "error"),
+    ({"code": 0, "stopped": "killed"}, jobs.KILLED, "killed"),
+    ({"signal": 15, "stopped": "timeout"}, jobs.TIMEOUT, "timeout"),
+    ({"code": "3", "signal": [1], "stopped": "bogus"}, jobs.EXITED, "None"),   # garbage is not trusted
+])
+def test_exit_records_mean_results(world, rec, kind, column):
+    eng, store, _, _ = world
+    job = submit(eng)["id"]
+    start_pending(eng)
+    done = end(eng, store, job, **rec)
+    assert done.state == jobs.FINISHED and done.get_result().kind == kind
+    assert jobs.exit_column(done.get_result()) == column
+
+
+def test_a_dead_shepherd_ends_its_job_and_keeps_the_output(world):
+    eng, store, fake, _ = world
+    out = "/home/alice/out.log"
+    job = eng.submit(ROOT, NewJob(argv=("true",), cwd="/tmp", output=out, output_is_dir=False), T0)["id"]
+    start_pending(eng)
+    with open(os.path.join(store.job_dir(job), records.OUTPUT), "w") as f:
+        f.write("partial\n")
+    eng.shepherd_exited(job)                     # no exit record
+    done = eng.jobs[job]
+    assert done.get_result().kind == jobs.KILLED and "shepherd" in done.get_result().note
+    assert fake.orphans_killed == [job]          # through the launcher's pidfd check, not a raw pid
+    assert "kept at" in done.output_error
+    assert os.path.exists(os.path.join(store.job_dir(job), records.OUTPUT))
+
+
+def test_a_job_that_cannot_start_fails_alone(world):
+    eng, store, fake, _ = world
+    fake.spawn_error = RuntimeError("boom")
+    bad = submit(eng, cpus=1)["id"]
+    start_pending(eng)
+    assert eng.jobs[bad].get_result().kind == jobs.ERROR
+    fake.spawn_error = None
+    good = submit(eng, cpus=1)["id"]
+    start_pending(eng)
+    assert fake.spawned == [good]
+
+
+def test_an_error_while_checking_a_job_ends_that_job_only(world):
+    eng, store, fake, _ = world
+    a = submit(eng, cpus=1, max_time=5)["id"]
+    start_pending(eng)
+    b = submit(eng, cpus=1)["id"]
+    start_pending(eng)
+    fake.stop_error = RuntimeError("the FIFO exploded")
+    eng.tick(T0 + 6)                             # a's deadline: asking its shepherd raises
+    assert eng.jobs[a].state == jobs.FINISHED and eng.jobs[a].get_result().kind == jobs.ERROR
+    assert "the FIFO exploded" in eng.jobs[a].get_result().note
+    assert eng.jobs[b].state == jobs.RUNNING
+
+
+def test_a_full_disk_at_start_requeues(world):
+    eng, store, fake, _ = world
+    submit(eng, cpus=1)
+    store.fail_writes = True
+    start_pending(eng)
+    assert fake.spawned == [] and list(eng.queued) == [1] and eng.retry_at == T0 + 2.0
+    store.fail_writes = False
+    eng.tick(T0 + 2.5)
+    assert fake.spawned == [1]
+
+
+def test_recovery_survives_a_record_it_cannot_readopt(world):
+    eng, store, fake, hooks = world
+    job = jobs.Job(id=5, uid=0, gid=0, user="root", argv=["true"], cwd="/", submitted=T0, max_time=60,
+                   budget={"mem": 1 << 20}, state=jobs.RUNNING, started=T0,
+                   alloc={"cpus": "not a list", "mem_by_node": [], "gpus": [], "exclusive": False})
+    store.records[5] = job.to_dict()
+    os.mkdir(store.job_dir(5))
+    eng.recover()
+    assert eng.jobs[5].get_result().kind == jobs.ERROR and "re-adopt" in eng.jobs[5].get_result().note
+    assert eng.next_id == 6
+
+
+def test_user_mode_accepts_only_its_own_user(world):
+    eng, _, _, _ = world
+    eng.root_mode = False
+    other = pwd.getpwnam("nobody")
+    with pytest.raises(Refused) as info:
+        eng.submit(Caller(uid=other.pw_uid, gid=other.pw_gid, pid=2, name="nobody", is_admin=False),
+                   NewJob(argv=("true",), cwd="/tmp", no_output=True), T0)
+    assert info.value.code == "forbidden"
