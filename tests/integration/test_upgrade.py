@@ -4,7 +4,6 @@ import os
 import shutil
 
 import pytest
-
 from conftest import exit_of
 
 pytestmark = pytest.mark.timeout(120)
