@@ -457,9 +457,7 @@ class Engine:
         if handle.get("pid"):
             launcher.reap(handle["pid"])
         jdir = self.store.job_dir(job_id)
-        rec = records.read_json(os.path.join(jdir, records.EXIT))
-        if rec is not None and not isinstance(rec, dict):
-            rec = None
+        rec = records.read_record(os.path.join(jdir, records.EXIT), records.ExitRecord)
         cg = handle.get("cgroup")
         now = time.time()
         kept = os.path.join(jdir, records.OUTPUT)
@@ -477,42 +475,38 @@ class Engine:
             return
         if cg and os.path.isdir(cg):
             self._drop_cgroup(cg)
-        for key in ("peak_mem", "cpu_time"):
-            if isinstance(rec.get(key), (int, float)) and not isinstance(rec.get(key), bool):
-                job.stats[key] = rec[key]
-        self._finish(job, self._result(job, rec), _number(rec.get("ended"), now))
+        if rec.peak_mem is not None:
+            job.stats["peak_mem"] = rec.peak_mem
+        if rec.cpu_time is not None:
+            job.stats["cpu_time"] = rec.cpu_time
+        self._finish(job, self._result(job, rec), rec.ended if rec.ended is not None else now)
 
-    def _result(self, job: Job, rec: dict) -> Result:
+    def _result(self, job: Job, rec: records.ExitRecord) -> Result:
         """How the job ended, from its exit record (written by the shepherd)."""
-        code = rec.get("code") if isinstance(rec.get("code"), int) else None
-        sig = rec.get("signal") if isinstance(rec.get("signal"), int) else None
-        stopped = rec.get("stopped") if rec.get("stopped") in (KILLED, TIMEOUT) else None
-        if "stopped" not in rec and job.stop_reason and job.stop_sent:
+        stopped = rec.stopped
+        if rec.old_format and job.stop_reason and job.stop_sent:
             stopped = job.stop_reason   # a shepherd from before exit records said so themselves
-        if rec.get("error"):
-            return Result(ERROR, code=code, note=str(rec["error"]))
-        if rec.get("oom_kill"):
-            return Result(OOM, signal=sig, code=code)
+        if rec.error:
+            return Result(ERROR, code=rec.code, note=rec.error)
+        if rec.oom_kill:
+            return Result(OOM, signal=rec.signal, code=rec.code)
         if stopped:
-            note = rec.get("stop_note") if isinstance(rec.get("stop_note"), str) else None
-            return Result(stopped, code=code, signal=sig, note=note)
-        if sig:
-            return Result(SIGNALLED, signal=sig)
-        return Result(EXITED, code=code)
+            return Result(stopped, code=rec.code, signal=rec.signal, note=rec.stop_note)
+        if rec.signal:
+            return Result(SIGNALLED, signal=rec.signal)
+        return Result(EXITED, code=rec.code)
 
     def _delivery(self, job: Job) -> None:
         """What became of the output, from delivery.json (or its absence)."""
         jdir = self.store.job_dir(job.id)
         kept = os.path.join(jdir, records.OUTPUT)
-        delivery = records.read_json(os.path.join(jdir, records.DELIVERY))
-        if not isinstance(delivery, dict):
-            delivery = None
-        if delivery and isinstance(delivery.get("note"), str):
-            job.output_note = delivery["note"]
+        delivery = records.read_record(os.path.join(jdir, records.DELIVERY), records.DeliveryRecord)
+        if delivery is not None and delivery.note:
+            job.output_note = delivery.note
         if delivery is None and not os.path.exists(kept):
             return  # record lost in a crash; the buffer goes only after a full copy
-        if job.output is not None and not (delivery and delivery.get("ok")):
-            why = (delivery or {}).get("error") or "its delivery was interrupted"
+        if job.output is not None and not (delivery and delivery.ok):
+            why = (delivery.error if delivery else None) or "its delivery was interrupted"
             job.output_error = f"{why}; the output is kept at {kept}"
 
     def _finish(self, job: Job, result: Result, now: float) -> None:
@@ -688,8 +682,3 @@ class Engine:
 
 
 STOP_RETRY = 0.5   # seconds between stop requests while no shepherd reads its FIFO yet
-
-
-def _number(value, default: float) -> float:
-    """*value* if it is a plain number, else *default* (records are not trusted blindly)."""
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default

@@ -604,15 +604,10 @@ def load_record(path: Path) -> dict | None:
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``text`` so no reader sees half a file."""
+    """Replace ``path`` with ``text`` so no reader sees half a file (the project's one atomic write)."""
+    from shepherd.records import write_atomic as replace
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    replace(str(path), text.encode(), mode)
 
 
 def existing_groups() -> list[str]:

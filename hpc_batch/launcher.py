@@ -122,18 +122,18 @@ def kill_orphaned_job(job_dir: str) -> bool:
     on it shows the same process (start time) not yet exited: a live leader
     pins its process group's id, so the group named by it is still the job's.
     """
-    status = records.read_json(os.path.join(job_dir, records.STATUS))
-    if not isinstance(status, dict) or not isinstance(status.get("job_pid"), int) \
-            or not isinstance(status.get("job_start"), int) or status["job_pid"] <= 1:
+    status = records.read_record(os.path.join(job_dir, records.STATUS), records.StatusRecord)
+    if status is None or status.job_pid is None or status.job_start is None or status.job_pid <= 1:
         return False
-    fd = open_pidfd(status["job_pid"], status["job_start"])
+    pid = status.job_pid
+    fd = open_pidfd(pid, status.job_start)
     if fd is None:
         return False
     try:
         if exited(fd):
             return False  # it has exited: the number may no longer be its
         try:
-            os.killpg(status["job_pid"], signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
         signal.pidfd_send_signal(fd, signal.SIGKILL)

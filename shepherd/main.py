@@ -112,7 +112,7 @@ def _read_launch(job_dir: str) -> dict | None:
     path = os.path.join(job_dir, records.LAUNCH)
     spec = records.read_json(path)
     if not isinstance(spec, dict) or not spec.get("argv"):
-        _finish(job_dir, {"error": f"cannot read the launch spec {path}", "ended": time.time()})
+        _finish(job_dir, records.ExitRecord(error=f"cannot read the launch spec {path}", ended=time.time()))
         return None
     os.unlink(path)
     return spec
@@ -176,7 +176,7 @@ class Supervisor:
                 handler(fd)
 
     # -- running the job -------------------------------------------------------------
-    def run_job(self) -> dict:
+    def run_job(self) -> records.ExitRecord:
         """Start the job, supervise it to its end, and return the exit record."""
         spec = self.spec
         self.buf = _open_buffer(os.path.join(self.job_dir, records.OUTPUT), spec)
@@ -192,8 +192,8 @@ class Supervisor:
         os.close(err_w)
         self.pid = pid
         pidfd = os.pidfd_open(pid)
-        status = {"job_pid": pid, "job_start": records.proc_starttime(pid), "started": time.time()}
-        _persist(lambda: records.write_json(os.path.join(self.job_dir, records.STATUS), status, durable=False),
+        status = records.StatusRecord(pid, records.proc_starttime(pid), time.time())
+        _persist(lambda: status.write(os.path.join(self.job_dir, records.STATUS), durable=False),
                  "the status record")
         os.set_blocking(self.pipe_r, False)
         self._watch(self.pipe_r, self._on_output)
@@ -338,7 +338,7 @@ class Supervisor:
                                 if why is None else f"{why}: output past the first {size} was discarded")
 
     # -- the end -------------------------------------------------------------------------
-    def _collect(self, err_r: int) -> dict:
+    def _collect(self, err_r: int) -> records.ExitRecord:
         """The leader has exited: finish off the rest of the job, reap it, build the record."""
         stopped = self.stop_reason
         if stopped and not self.cgroup:
@@ -348,14 +348,14 @@ class Supervisor:
         _, status = os.waitpid(self.pid, 0)
         self.reaped = True
         self.kill_at = None
-        rec = {"status": status, "ended": time.time(), "code": None, "signal": None, "error": None,
-               "stopped": stopped, "stop_note": self.stop_note}
+        rec = records.ExitRecord(status=status, ended=time.time(), stopped=stopped, stop_note=self.stop_note)
         if os.WIFEXITED(status):
-            rec["code"] = os.WEXITSTATUS(status)
+            rec.code = os.WEXITSTATUS(status)
         elif os.WIFSIGNALED(status):
-            rec["signal"] = os.WTERMSIG(status)
+            rec.signal = os.WTERMSIG(status)
         if self.cgroup:
-            rec.update(cgroup.collect_and_remove(self.cgroup))
+            for key, value in cgroup.collect_and_remove(self.cgroup).items():
+                setattr(rec, key, value)
         if self.pipe_r is not None:
             self._unwatch(self.pipe_r)
             # What the job wrote before it ended; a straggler still writing does not keep us here.
@@ -376,23 +376,21 @@ class Supervisor:
             self._unwatch(err_r)
             os.close(err_r)
         if self.failure:
-            rec["error"] = self.failure.decode(errors="replace").strip()
+            rec.error = self.failure.decode(errors="replace").strip()
         return rec
 
     def deliver(self) -> None:
         """Get the output to the user's log file (or drop it), and record the outcome."""
         path = os.path.join(self.job_dir, records.OUTPUT)
         dest = self.spec.get("output")
-        rec = {"ok": True, "path": dest, "error": None, "note": self.output_note}
+        rec = records.DeliveryRecord(True, dest, None, self.output_note)
         if self.relay is not None:
             pid, pidfd, report = self.relay
-            ok, why = self._await_child(pid, pidfd, report)
-            if not ok:
-                rec.update(ok=False, error=why)
+            rec.ok, rec.error = self._await_child(pid, pidfd, report)
         elif dest is None:
             pass
         elif self.abandon:
-            rec.update(ok=False, error=self.abandon)
+            rec.ok, rec.error = False, self.abandon
         else:
             report_r, report_w = os.pipe2(os.O_CLOEXEC)
             pid = _fork()
@@ -403,14 +401,12 @@ class Supervisor:
                 finally:
                     os._exit(1)
             os.close(report_w)
-            ok, why = self._await_child(pid, os.pidfd_open(pid), report_r)
-            if not ok:
-                rec.update(ok=False, error=why)
-        if rec["ok"]:
+            rec.ok, rec.error = self._await_child(pid, os.pidfd_open(pid), report_r)
+        if rec.ok:
             _unlink(path)
         # Not fsync'd: if a crash loses it, the buffer's presence tells the daemon
         # the same thing (it is deleted only after a complete copy).
-        _persist(lambda: records.write_json(os.path.join(self.job_dir, records.DELIVERY), rec, durable=False),
+        _persist(lambda: rec.write(os.path.join(self.job_dir, records.DELIVERY), durable=False),
                  "the delivery record")
 
     def _await_child(self, pid: int, pidfd: int, report: int):
@@ -554,9 +550,9 @@ def _persist(write, what: str) -> None:
             delay = min(delay * 2, 5.0)
 
 
-def _finish(job_dir: str, rec: dict) -> None:
+def _finish(job_dir: str, rec: records.ExitRecord) -> None:
     """Write the exit record (the only copy of the job's outcome)."""
-    _persist(lambda: records.write_json(os.path.join(job_dir, records.EXIT), rec), "the exit record")
+    _persist(lambda: rec.write(os.path.join(job_dir, records.EXIT)), "the exit record")
 
 
 def _unlink(path: str) -> None:

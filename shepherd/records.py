@@ -184,3 +184,104 @@ def read_pidfile(job_dir: str):
         return int(pid), int(start)
     except (OSError, ValueError):
         return None
+
+
+# -- typed records ---------------------------------------------------------------
+# status.json, exit.json and delivery.json as classes both sides share. Reading
+# trusts nothing: a value of the wrong type (a torn edit, an old version, a
+# hand-made file) reads as absent, never as something the daemon acts on.
+# Plain classes with __slots__, not dataclasses: the shepherd pays for every
+# import at each job's start.
+
+def _int(d: dict, key: str) -> int | None:
+    v = d.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _num(d: dict, key: str) -> float | None:
+    v = d.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _text(d: dict, key: str) -> str | None:
+    v = d.get(key)
+    return v if isinstance(v, str) else None
+
+
+class _Record:
+    __slots__: tuple = ()
+    FIELDS: tuple = ()          # what is on disk, in order
+
+    def to_dict(self) -> dict:
+        """The JSON object written to disk."""
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+    def write(self, path: str, durable: bool = True) -> None:
+        """Replace the record at *path* atomically (0600)."""
+        write_json(path, self.to_dict(), durable=durable)
+
+
+class StatusRecord(_Record):
+    """status.json: the job's leader, as the shepherd forked it."""
+
+    FIELDS = __slots__ = ("job_pid", "job_start", "started")
+
+    def __init__(self, job_pid: int | None = None, job_start: int | None = None, started: float | None = None):
+        self.job_pid, self.job_start, self.started = job_pid, job_start, started
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StatusRecord":
+        return cls(_int(d, "job_pid"), _int(d, "job_start"), _num(d, "started"))
+
+
+class ExitRecord(_Record):
+    """exit.json: how the job ended; written once, durably, as the shepherd's last word on the job.
+
+    ``stopped`` is ``"killed"`` or ``"timeout"`` when the shepherd stopped the
+    job (the reason it was given), else None. ``old_format`` is True for a
+    record from a shepherd that predates ``stopped``.
+    """
+
+    FIELDS = ("status", "ended", "code", "signal", "error", "stopped", "stop_note",
+              "oom_kill", "oom_group_kill", "peak_mem", "cpu_time")
+    __slots__ = (*FIELDS, "old_format")    # old_format lives in memory only
+    STOP_REASONS = ("killed", "timeout")
+
+    def __init__(self, status: int | None = None, ended: float | None = None, code: int | None = None,
+                 signal: int | None = None, error: str | None = None, stopped: str | None = None,
+                 stop_note: str | None = None, oom_kill: int = 0, oom_group_kill: int = 0,
+                 peak_mem: int | None = None, cpu_time: float | None = None):
+        self.status, self.ended, self.code, self.signal = status, ended, code, signal
+        self.error, self.stopped, self.stop_note = error, stopped, stop_note
+        self.oom_kill, self.oom_group_kill, self.peak_mem, self.cpu_time = oom_kill, oom_group_kill, peak_mem, cpu_time
+        self.old_format = False
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ExitRecord":
+        stopped = _text(d, "stopped")
+        rec = cls(_int(d, "status"), _num(d, "ended"), _int(d, "code"), _int(d, "signal"), _text(d, "error"),
+                  stopped if stopped in cls.STOP_REASONS else None, _text(d, "stop_note"),
+                  _int(d, "oom_kill") or 0, _int(d, "oom_group_kill") or 0, _int(d, "peak_mem"),
+                  _num(d, "cpu_time"))
+        rec.old_format = "stopped" not in d
+        return rec
+
+
+class DeliveryRecord(_Record):
+    """delivery.json: what became of the output; the buffer is gone only after a complete copy."""
+
+    FIELDS = __slots__ = ("ok", "path", "error", "note")
+
+    def __init__(self, ok: bool = True, path: str | None = None, error: str | None = None,
+                 note: str | None = None):
+        self.ok, self.path, self.error, self.note = ok, path, error, note
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DeliveryRecord":
+        return cls(d.get("ok") is True, _text(d, "path"), _text(d, "error"), _text(d, "note"))
+
+
+def read_record(path: str, kind):
+    """The typed record at *path* (a StatusRecord, ExitRecord or DeliveryRecord class), or None."""
+    d = read_json(path)
+    return kind.from_dict(d) if isinstance(d, dict) else None
