@@ -125,8 +125,15 @@ def check_pids(root: str = defaults.CGROUP_ROOT) -> None:
                           f"a per-job process limit")
 
 
-def create_job(root: str, job_id: int, cpus, mems, mem_bytes: int, max_pids: int = 0) -> str:
-    """Create and limit a job's cgroup; raise CgroupError if the kernel did not apply it."""
+def create_job(root: str, job_id: int, cpus, mems, mem_bytes: int, max_pids: int = 0,
+               gpu_minors: tuple[int, ...] | None = None) -> str:
+    """Create and limit a job's cgroup; raise CgroupError if the kernel did not apply it.
+
+    *gpu_minors*, when given, masks the GPUs: the job may open only
+    /dev/nvidia<minor> for those minors (and nvidiactl only if it has any).
+    The device program stays attached for the cgroup's life, across the
+    daemon's reloads and restarts.
+    """
     path = job_path(root, job_id)
     try:
         if os.path.isdir(path) and not discard(path):
@@ -139,6 +146,9 @@ def create_job(root: str, job_id: int, cpus, mems, mem_bytes: int, max_pids: int
         _write(os.path.join(path, "memory.oom.group"), "1")
         if max_pids:
             _write(os.path.join(path, "pids.max"), str(max_pids))
+        if gpu_minors is not None:
+            from . import devmask
+            devmask.apply(path, gpu_minors, control=bool(gpu_minors))
         eff_cpus = set(parse_cpulist(_read(os.path.join(path, "cpuset.cpus.effective"))))
         eff_mems = set(parse_cpulist(_read(os.path.join(path, "cpuset.mems.effective"))))
     except OSError as exc:

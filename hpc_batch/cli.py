@@ -19,6 +19,7 @@ Usage:
   dispatch list [--all] [--finished]
   dispatch attach <id>
   dispatch kill <id>
+  dispatch job <id> max-time (get | set <duration> | add <duration>)
   dispatch (-h | --help)
   dispatch --version
 
@@ -27,6 +28,7 @@ Commands:
   list     Show queued and running jobs (--finished: recent ones too).
   attach   Follow a running job's output.
   kill     Kill a running job, or remove a queued one.
+  job      Read a job's max time; admins can set it or add to it.
 
 Run 'dispatch <command> --help' for a command's options. The daemon's socket
 is $HPC_BATCH_SOCKET, or /run/hpc-batch/hpc-batch.sock.
@@ -36,24 +38,29 @@ NEW_USAGE = """Queue a job. Everything after "--" is its command line; leading N
 words become its environment, as env(1) reads them.
 
 Usage:
-  dispatch new [--cpu N] [--gpu-cores N] [--max-mem GB] [--max-time D] [--exclusive]
-               [--numa-local] [--env] [--output PATH | --no-output] [--] <command>...
+  dispatch new [--cpu N] [--gpu-cores N] [--gpu-link CLASS] [--max-mem GB] [--max-time D]
+               [--exclusive] [--numa-local] [--numa-local-mem] [--numa-local-gpu] [--env]
+               [--output PATH | --no-output] [--] <command>...
   dispatch new (-h | --help)
 
 Options:
-  --cpu N          Cores, all from one NUMA node (default 1; with --exclusive, all).
-  --gpu-cores N    GPUs; the job sees them in CUDA_VISIBLE_DEVICES [default: 0].
-  --max-mem GB     Hard memory budget in GiB (or 512M, 64G). Default: the share
-                   of a NUMA node its cores represent.
-  --max-time D     Kill the job after this long: 3600, 45m, 2h, 1h30m, 1d.
-                   Default and ceiling: the daemon's --max-lifetime.
-  --exclusive      Run alone on the machine (waits until it is idle).
-  --numa-local     Wait for one NUMA node that fits the whole budget rather
-                   than spreading it over nodes.
-  --env            Forward this environment instead of a clean one.
-  --output PATH    Directory or file for the log [default: ./output.<id>.log].
-  --no-output      Discard the output when the job ends.
-  -h --help        Show this help.
+  --cpu N           Cores, all from one NUMA node (default 1; with --exclusive, all).
+  --gpu-cores N     GPUs; the job sees them in CUDA_VISIBLE_DEVICES [default: 0].
+  --gpu-link CLASS  Wait for GPUs linked at worst by CLASS: NV for any NVLink,
+                    NV4 for 4 NVLinks or more, PIX, PXB, PHB, NODE or SYS.
+  --max-mem GB      Hard memory budget in GiB (or 512M, 64G). Default: the share
+                    of a NUMA node its cores represent.
+  --max-time D      Kill the job after this long: 3600, 45m, 2h, 1h30m, 1d.
+                    Default and ceiling: the daemon's --max-lifetime.
+  --exclusive       Run alone on the machine (waits until it is idle).
+  --numa-local      Both of the next two.
+  --numa-local-mem  Wait for one NUMA node that fits the whole budget rather
+                    than spreading it over nodes.
+  --numa-local-gpu  Take CPUs only on the NUMA node the job's GPUs hang off.
+  --env             Forward this environment instead of a clean one.
+  --output PATH     Directory or file for the log [default: ./output.<id>.log].
+  --no-output       Discard the output when the job ends.
+  -h --help         Show this help.
 """
 
 LIST_USAGE = """List jobs: <username> <id> <command> <start> <uptime> <max-time> <mem> <exclusive>;
@@ -89,7 +96,21 @@ Options:
   -h --help    Show this help.
 """
 
-SUBCOMMANDS = {"new": NEW_USAGE, "list": LIST_USAGE, "attach": ATTACH_USAGE, "kill": KILL_USAGE}
+JOB_USAGE = """Read a job's max time, or (admins only) change it: set a new one, or add to it.
+A running job's deadline moves with it (counted from when it started).
+
+Usage:
+  dispatch job <id> max-time get
+  dispatch job <id> max-time set <duration>
+  dispatch job <id> max-time add <duration>
+  dispatch job (-h | --help)
+
+Options:
+  -h --help    Show this help.
+"""
+
+SUBCOMMANDS = {"new": NEW_USAGE, "list": LIST_USAGE, "attach": ATTACH_USAGE, "kill": KILL_USAGE,
+               "job": JOB_USAGE}
 EX_USAGE = 2
 EX_UNAVAILABLE = 69
 _ENV_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
@@ -149,9 +170,12 @@ def cmd_new(conn, a) -> int:
             "cpus": None if a["--cpu"] is None else _positive("--cpu", a["--cpu"], 1),
             "gpus": _positive("--gpu-cores", a["--gpu-cores"], 0),
             "mem": None if a["--max-mem"] is None else parse_mem(a["--max-mem"]),
-            "exclusive": a["--exclusive"], "numa_local": a["--numa-local"],
+            "exclusive": a["--exclusive"], "numa_local": a["--numa-local"] or a["--numa-local-mem"],
+            "numa_local_gpu": a["--numa-local-gpu"] or (a["--numa-local"] and a["--gpu-cores"] not in ("0", None)),
             "no_output": a["--no-output"],
             "base_env": {k: os.environ[k] for k in ("PATH", "LANG") if k in os.environ}}
+    if a["--gpu-link"] is not None:
+        args["gpu_link"] = a["--gpu-link"]
     if a["--max-time"] is not None:
         try:
             args["max_time"] = parse_duration(a["--max-time"])
@@ -199,6 +223,28 @@ def cmd_kill(conn, a) -> int:
         return _die(reply.get("error", "kill failed"))
     was = reply["result"].get("was")
     print(f"job {job_id} removed from the queue" if was == "queued" else f"job {job_id} is being killed")
+    return 0
+
+
+def cmd_job(conn, a) -> int:
+    from .durations import DurationError, format_duration, parse_duration
+    job_id = _job_id(a["<id>"])
+    action = "set" if a["set"] else "add" if a["add"] else "get"
+    args = {"id": job_id, "setting": "max_time", "action": action}
+    if action != "get":
+        try:
+            args["seconds"] = parse_duration(a["<duration>"])
+        except DurationError as exc:
+            raise UsageError(f"max-time {action}: {exc}") from None
+    reply = conn().call("job", **args)
+    if not reply.get("ok"):
+        return _die(reply.get("error", "the daemon refused"))
+    r = reply["result"]
+    line = f"job {job_id} max-time {format_duration(r['max_time'])}"
+    if r.get("deadline") and r.get("state") == "running":
+        import time
+        line += f" (ends by {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['deadline']))})"
+    print(line)
     return 0
 
 
@@ -261,7 +307,7 @@ def cmd_attach(conn, a) -> int:
         deadline = time.monotonic() + 30
 
 
-COMMANDS = {"new": cmd_new, "list": cmd_list, "attach": cmd_attach, "kill": cmd_kill}
+COMMANDS = {"new": cmd_new, "list": cmd_list, "attach": cmd_attach, "kill": cmd_kill, "job": cmd_job}
 
 
 def main(argv=None) -> int:

@@ -40,6 +40,8 @@ Options:
   --no-cgroups             Development mode: CPU affinity only, no memory limit,
                            no NUMA confinement.
   --no-dev-dir             Skip the per-job entries under --dev-dir.
+  --no-gpu-mask            Do not hide GPUs a job was not given (its cgroup's
+                           device program); CUDA_VISIBLE_DEVICES only.
   --max-queued-per-user N  Queued jobs one user may have [default: {defaults.MAX_QUEUED_PER_USER}]
   --max-job-size SIZE      Largest command plus --env environment of one job
                            [default: {defaults.MAX_JOB_SIZE}]
@@ -88,6 +90,8 @@ class Config:
     max_connections_per_user: int = defaults.MAX_CONNECTIONS_PER_USER
     max_pids: int = defaults.MAX_PIDS
     max_output_buffer: int = 256 << 20
+    gpu_mask: bool = True           # --no-gpu-mask turns it off
+    mask_gpus: bool = False         # in force: asked for, and possible (cgroups, GPUs present)
     cgroup_root: str = defaults.CGROUP_ROOT
     admin_gid: int | None = None
     user_name: str = ""
@@ -148,6 +152,7 @@ def parse_args(argv) -> Config:
         admin_group=a["--admin-group"],
         schedule=a["--schedule"],
         cgroups=not a["--no-cgroups"],
+        gpu_mask=not a["--no-gpu-mask"],
     )
 
 
@@ -214,6 +219,27 @@ def _no_strays(keep: set) -> None:
                 pass
 
 
+def _gpu_masking(cfg: Config, machine) -> bool:
+    """Whether each job's GPUs are enforced; refuses (ConfigError) when asked for and impossible."""
+    if not machine.gpus:
+        return False
+    if not cfg.gpu_mask or not cfg.cgroups:
+        log.info("GPU masking: off (%s): a job is held to its GPUs by CUDA_VISIBLE_DEVICES only",
+                 "--no-gpu-mask" if not cfg.gpu_mask else "--no-cgroups")
+        return False
+    from . import devmask
+    optout = "pass --no-gpu-mask to run with CUDA_VISIBLE_DEVICES as the only fence"
+    unknown = [g for g in machine.gpus if g not in machine.gpu_minors]
+    if unknown:
+        raise ConfigError(f"refusing to start: cannot mask GPUs: the device minor of GPU "
+                          f"{', '.join(map(str, unknown))} is unknown (nvidia-smi -q gave none); {optout}")
+    why = devmask.probe(cfg.cgroup_root)
+    if why:
+        raise ConfigError(f"refusing to start: cannot mask GPUs ({why}); {optout}")
+    log.info("GPU masking: on (a device program in each job's cgroup: a job opens only its own GPUs)")
+    return True
+
+
 def build(cfg: Config, inherited: dict):
     """Set everything up (or raise ConfigError) and return a ready Server."""
     from . import access, cgroups, devdir, discovery, resources
@@ -250,6 +276,7 @@ def build(cfg: Config, inherited: dict):
     machine, lines = discovery.discover(allowed_cpus=os.sched_getaffinity(0))
     for line in lines:
         log.info("%s", line)
+    cfg.mask_gpus = _gpu_masking(cfg, machine)
     limits = resources.Limits(reserve_cpu=cfg.reserve_cpu, reserve_mem=cfg.reserve_mem,
                               min_job_mem=cfg.min_job_mem, per_node_memory=cfg.cgroups)
     listener = _listen(cfg.socket, inherited.get("listen"))

@@ -1,4 +1,9 @@
-"""Discover the machine: NUMA nodes from sysfs, GPUs from ``nvidia-smi -L``.
+"""Discover the machine: NUMA nodes from sysfs, GPUs from ``nvidia-smi``.
+
+GPUs come from ``nvidia-smi -L`` (indices and UUIDs), how they are wired
+from ``nvidia-smi topo -m``, and each card's device minor from ``nvidia-smi
+-q`` (or /proc/driver/nvidia/gpus/*/information): masking opens a device node
+by that minor, never by assuming index N is /dev/nvidiaN.
 
 Parsers are pure; the few functions that touch the filesystem or run a
 program take their roots/PATH as arguments so tests can point them at
@@ -12,6 +17,7 @@ import re
 import shutil
 import subprocess
 
+from . import gputopo
 from .resources import Machine, Node, format_bytes
 
 NVIDIA_SMI_TIMEOUT = 10.0  # seconds; a wedged driver must not stall startup
@@ -132,26 +138,108 @@ def find_gpus(path_env: str | None = None) -> tuple[tuple[int, ...], str]:
     Never raises: a missing, failing or hanging nvidia-smi means no GPUs.
     Returns the indices and one line for the startup log.
     """
+    gpus, line, _ = _find_gpus(path_env)
+    return gpus, line
+
+
+def _find_gpus(path_env: str | None) -> tuple[tuple[int, ...], str, str]:
+    """``find_gpus``, plus the listing itself (for the UUIDs)."""
     exe = shutil.which("nvidia-smi", path=path_env if path_env is not None else os.environ.get("PATH"))
     if exe is None:
-        return (), "GPUs: none (nvidia-smi not found on PATH)"
+        return (), "GPUs: none (nvidia-smi not found on PATH)", ""
     try:
         res = subprocess.run(
             [exe, "-L"], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT,
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
-        return (), f"GPUs: none ({exe} -L timed out after {NVIDIA_SMI_TIMEOUT:g} s)"
+        return (), f"GPUs: none ({exe} -L timed out after {NVIDIA_SMI_TIMEOUT:g} s)", ""
     except OSError as e:
-        return (), f"GPUs: none ({exe} -L could not run: {e.strerror or e})"
+        return (), f"GPUs: none ({exe} -L could not run: {e.strerror or e})", ""
     if res.returncode != 0:
         why = (res.stderr.strip() or res.stdout.strip()).splitlines()
         detail = f": {why[0]}" if why else ""
-        return (), f"GPUs: none ({exe} -L exited {res.returncode}{detail})"
+        return (), f"GPUs: none ({exe} -L exited {res.returncode}{detail})", ""
     gpus = parse_nvidia_smi_list(res.stdout)
     if not gpus:
-        return (), f"GPUs: none ({exe} -L listed no GPUs)"
-    return gpus, f"GPUs: {len(gpus)} from {exe} -L (indices {format_cpulist(gpus)})"
+        return (), f"GPUs: none ({exe} -L listed no GPUs)", ""
+    return gpus, f"GPUs: {len(gpus)} from {exe} -L (indices {format_cpulist(gpus)})", res.stdout
+
+
+def _run(exe: str, *args: str) -> str | None:
+    """stdout of ``exe args`` when it exits 0 within the timeout, else None."""
+    try:
+        res = subprocess.run([exe, *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout if res.returncode == 0 else None
+
+
+def gpu_details(gpus: tuple[int, ...], listing: str, path_env: str | None = None,
+                proc_root: str = "/proc") -> tuple[gputopo.Topology | None, dict[int, str], dict[int, int], list[str]]:
+    """Topology, UUIDs and device minors of the GPUs ``find_gpus`` listed, and log lines.
+
+    Never raises: what cannot be learnt is None or missing, and the log says so.
+    """
+    log: list[str] = []
+    exe = shutil.which("nvidia-smi", path=path_env if path_env is not None else os.environ.get("PATH"))
+    if not gpus or exe is None:
+        return None, {}, {}, log
+    topo = None
+    text = _run(exe, "topo", "-m")
+    try:
+        topo = gputopo.parse_topo(text) if text is not None else None
+    except gputopo.TopoError as exc:
+        log.append(f"GPU topology: unreadable ({exc}); GPUs are placed in index order")
+    else:
+        if topo is None:
+            log.append(f"GPU topology: unknown ({exe} topo -m failed); GPUs are placed in index order")
+        elif set(topo.gpus) != set(gpus):
+            log.append(f"GPU topology: {exe} topo -m names other GPUs than -L; GPUs are placed in index order")
+            topo = None
+        else:
+            log.append("GPU topology: " + ", ".join(
+                f"{a}-{b} {topo.link(a, b)}" for a, b in sorted(topo.links)[:12]) +
+                (" ..." if len(topo.links) > 12 else ""))
+    uuids = gputopo.parse_uuids(listing)
+    by_uuid = gputopo.parse_query_minors(_run(exe, "-q") or "")
+    minors = {i: by_uuid[u] for i, u in uuids.items() if u in by_uuid}
+    if len(minors) < len(gpus):
+        minors.update(_proc_minors(gpus, exe, proc_root, minors))
+    missing = [g for g in gpus if g not in minors]
+    if missing:
+        log.append(f"GPU device minors: unknown for GPU {format_cpulist(missing)} (nvidia-smi -q and "
+                   f"{proc_root}/driver/nvidia/gpus gave none)")
+    else:
+        log.append("GPU device minors: " + ", ".join(f"GPU {g} is /dev/nvidia{minors[g]}" for g in gpus))
+    return topo, uuids, minors, log
+
+
+def _proc_minors(gpus: tuple[int, ...], exe: str, proc_root: str, known: dict[int, int]) -> dict[int, int]:
+    """Minors from the driver's /proc files, matched to indices through the PCI bus id."""
+    out = _run(exe, "--query-gpu=index,pci.bus_id", "--format=csv,noheader") or ""
+    bus_of = {}
+    for line in out.splitlines():
+        index, _, bus = line.partition(",")
+        if index.strip().isdigit():
+            bus_of[bus.strip().lower()[-12:]] = int(index)
+    found: dict[int, int] = {}
+    base = os.path.join(proc_root, "driver", "nvidia", "gpus")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return found
+    for name in names:
+        try:
+            with open(os.path.join(base, name, "information")) as f:
+                where, minor = gputopo.parse_proc_information(f.read())
+        except OSError:
+            continue
+        gpu = bus_of.get((where or name).lower()[-12:])
+        if gpu is not None and minor is not None and gpu not in known:
+            found[gpu] = minor
+    return found
 
 
 def discover(
@@ -167,6 +255,8 @@ def discover(
         f"NUMA node {n.id}: cpus {format_cpulist(n.cpus)} ({len(n.cpus)}), memory {format_bytes(n.mem)}"
         for n in nodes
     ]
-    gpus, line = find_gpus(path_env)
+    gpus, line, listing = _find_gpus(path_env)
     log.append(line)
-    return Machine(nodes, gpus), log
+    topo, uuids, minors, more = gpu_details(gpus, listing, path_env, proc_root)
+    log += more
+    return Machine(nodes, gpus, topo, uuids, minors), log

@@ -23,10 +23,12 @@ from typing import Any
 
 from shepherd import records
 
-from . import cgroups, defaults, devdir, launcher, resources, scheduler
+from . import bounds, cgroups, defaults, devdir, gputopo, launcher, resources, scheduler
+from .access import Caller
+from .durations import format_duration
 from .jobs import ERROR, EXITED, FINISHED, KILLED, OOM, QUEUED, RUNNING, SIGNALLED, TIMEOUT, Job, Result, exit_column
 from .listing import format_mem
-from .protocol import NewJob
+from .protocol import JobSetting, NewJob
 from .store import is_disk_full
 from .userio import log_name
 
@@ -168,6 +170,8 @@ class Engine:
             "mem_assigned": job.budget.get("assigned", False), "spread": spread,
             "exclusive": bool(job.request.get("exclusive")),
             "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"),
+            "gpu_label": (gputopo.label(self.machine.topology, alloc.get("gpus") or ()) if job.alloc is not None
+                          else gputopo.label(None, range(job.request.get("gpus") or 0))),
             "exit": exit_column(res) if job.state == FINISHED else None,
             "result": job.result, "output": job.output, "output_error": job.output_error,
             "output_note": job.output_note,
@@ -191,7 +195,6 @@ class Engine:
                           f"jobs from that user", "forbidden")
         max_time = req.max_time if req.max_time is not None else self.cfg.max_lifetime
         if max_time > self.cfg.max_lifetime:
-            from .durations import format_duration
             raise Refused(f"--max-time {format_duration(max_time)} exceeds the limit of "
                           f"{format_duration(self.cfg.max_lifetime)} set by the admin (--max-lifetime)")
         size = req.size()
@@ -202,8 +205,9 @@ class Engine:
         if self.queued_by_uid.get(caller.uid, 0) >= self.cfg.max_queued_per_user:
             raise Refused(f"you already have {self.cfg.max_queued_per_user} jobs queued, the most one user may "
                           f"(the admin's --max-queued-per-user); wait for some to start", "queue_full")
-        request = resources.Request(cpus=req.cpus, mem=req.mem, gpus=req.gpus,
-                                    exclusive=req.exclusive, numa_local=req.numa_local)
+        wanted = {"cpus": req.cpus, "mem": req.mem, "gpus": req.gpus, "exclusive": req.exclusive,
+                  "numa_local": req.numa_local, "numa_local_gpu": req.numa_local_gpu, "gpu_link": req.gpu_link}
+        request = _request(wanted)
         try:
             budget = resources.check_request(request, self.machine, self.limits)
         except resources.RequestError as exc:
@@ -220,8 +224,7 @@ class Engine:
             output = os.path.join(target, log_name(job_id)) if req.output is None or req.output_is_dir else target
         job = Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name, argv=list(req.argv),
                   cwd=req.cwd, submitted=now, max_time=max_time,
-                  request={"cpus": req.cpus, "mem": req.mem, "gpus": req.gpus,
-                           "exclusive": req.exclusive, "numa_local": req.numa_local},
+                  request=wanted,
                   budget={"mem": budget.mem, "assigned": budget.assigned},
                   output=output, umask=req.umask)
         env = {"forward": req.env, "job_env": req.job_env, "base": req.base_env}
@@ -263,8 +266,7 @@ class Engine:
             self.queued_by_uid[job.uid] = self.queued_by_uid.get(job.uid, 0) + 1
         self.queued[job.id] = scheduler.QueuedJob(
             id=job.id,
-            request=resources.Request(cpus=r.get("cpus"), mem=r.get("mem"), gpus=r.get("gpus", 0),
-                                      exclusive=bool(r.get("exclusive")), numa_local=bool(r.get("numa_local"))),
+            request=_request(r),
             budget=resources.Budget(job.budget["mem"], bool(job.budget.get("assigned"))),
             max_time=job.max_time)
 
@@ -345,11 +347,26 @@ class Engine:
             env = {"PATH": base.get("PATH") or defaults.DEFAULT_PATH, "HOME": home, "USER": job.user,
                    "SHELL": shell, "LANG": base.get("LANG") or "C.UTF-8"}
         env.update(stored.get("job_env") or {})
-        # Set by the daemon and never overridden: the GPU list is how a job is held to its GPUs.
-        alloc = job.alloc or {}
+        # Set by the daemon and never overridden: without masking the GPU list is how a job is held to its GPUs.
         env["HPC_BATCH_JOB_ID"] = str(job.id)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in alloc.get("gpus", []))
+        env["CUDA_VISIBLE_DEVICES"] = self._visible_devices((job.alloc or {}).get("gpus", []))
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"   # CUDA numbers GPUs as nvidia-smi does
         return env
+
+    def _visible_devices(self, gpus: list[int]) -> str:
+        """CUDA_VISIBLE_DEVICES for a job given *gpus* (nvidia-smi indices).
+
+        Masked, CUDA enumerates only the devices the job can open, so plain
+        indices would point at the wrong (or no) GPU: name them by UUID, or
+        failing that renumber them 0..n-1 in index order. Unmasked, the
+        indices as nvidia-smi gives them (with CUDA_DEVICE_ORDER=PCI_BUS_ID).
+        """
+        if not self.cfg.mask_gpus:
+            return ",".join(str(g) for g in gpus)
+        uuids = [self.machine.gpu_uuids.get(g) for g in gpus]
+        if all(uuids):
+            return ",".join(u for u in uuids if u)
+        return ",".join(str(i) for i in range(len(gpus)))
 
     def _start(self, job: Job, alloc, now: float) -> None:
         # Order matters for crash safety: the launch spec (with the environment)
@@ -363,8 +380,10 @@ class Engine:
         cg = None
         try:
             if self.cfg.cgroups:
+                minors = (tuple(self.machine.gpu_minors[g] for g in alloc.gpus)
+                          if self.cfg.mask_gpus else None)
                 cg = cgroups.create_job(self.cfg.cgroup_root, job.id, alloc.cpus, alloc.mems, alloc.mem,
-                                        self.cfg.max_pids)
+                                        self.cfg.max_pids, minors)
                 self.running[job.id]["cgroup"] = cg
             launcher.write_launch(jdir, self._launch_spec(job, alloc, cg))
         except OSError as exc:
@@ -601,6 +620,44 @@ class Engine:
         except OSError:
             pass
 
+    # -- changing a job ----------------------------------------------------------
+    def job_setting(self, caller: Caller, req: JobSetting, now: float) -> dict[str, Any]:
+        """``dispatch job ID max-time ...``: the owner reads, only admins change (the terms it was admitted under)."""
+        job = self.lookup(caller, req.id)
+        if req.action != "get":
+            if not caller.is_admin:
+                raise Refused(f"only members of the admin group may change job {job.id}'s max time "
+                              f"(it was admitted with {format_duration(job.max_time)})", "forbidden")
+            if job.state == FINISHED:
+                raise Refused(f"job {job.id} has already finished", "finished")
+            assert req.seconds is not None  # the protocol pairs set and add with seconds
+            new = req.seconds if req.action == "set" else job.max_time + req.seconds
+            if new > bounds.MAX_SECONDS:
+                raise Refused(f"a max time of {format_duration(new)} is past the largest this daemon keeps")
+            old, job.max_time = job.max_time, new
+            try:
+                self.store.save_job(job)
+            except OSError as exc:
+                job.max_time = old
+                raise Refused(f"cannot store the change ({exc.strerror}); nothing changed, try again later",
+                              "unavailable") from None
+            if job.state == QUEUED:
+                self._enqueue(job)
+            elif job.id in self.running:
+                self._send_deadline(job, now)
+            if self.cfg.schedule == "strict-backfill":
+                self.policy_state = {}   # the head's reserved start rests on every running job's deadline
+            self.resched = True
+            log.info("job %d: max time %s -> %s by %s", job.id, format_duration(old), format_duration(new),
+                     caller.name)
+        return {"id": job.id, "max_time": job.max_time, "deadline": job.deadline, "state": job.state}
+
+    def _send_deadline(self, job: Job, now: float) -> None:
+        """Tell the job's shepherd its new deadline; retried from the tick until it is heard."""
+        handle = self.running[job.id]
+        sent = job.deadline is not None and launcher.send_deadline(self.store.job_dir(job.id), job.deadline)
+        handle["deadline_at"] = None if sent else now + STOP_RETRY
+
     # -- kill and timeouts ------------------------------------------------------
     def kill(self, caller, job_id: int, now: float) -> dict:
         """Remove a queued job, or stop a running one (state ``killed``)."""
@@ -658,15 +715,23 @@ class Engine:
             wake = now + 2 if wake is None else min(wake, now + 2)
         return wake
 
-    def _tick_job(self, job_id: int, now: float):
+    def _tick_job(self, job_id: int, now: float) -> float | None:
         """Deadline and stop bookkeeping for one running job; returns its next due time."""
-        job = self.jobs[job_id]
         handle = self.running[job_id]
         if "recheck" in handle:
             if now >= handle["recheck"]:
                 self._recheck(job_id)
                 return None
-            return handle["recheck"]
+            return float(handle["recheck"])
+        if handle.get("deadline_at") is not None and now >= handle["deadline_at"]:
+            self._send_deadline(self.jobs[job_id], now)
+        due = self._stop_due(job_id, now)
+        retry = handle.get("deadline_at")
+        return retry if due is None or (retry is not None and retry < due) else due
+
+    def _stop_due(self, job_id: int, now: float) -> float | None:
+        job = self.jobs[job_id]
+        handle = self.running[job_id]
         if job.stop_sent is not None:
             # Repeat the request: the shepherd may not have made its FIFO yet.
             due = handle.get("ask_at") or now
@@ -682,3 +747,10 @@ class Engine:
 
 
 STOP_RETRY = 0.5   # seconds between stop requests while no shepherd reads its FIFO yet
+
+
+def _request(r: dict[str, Any]) -> resources.Request:
+    """A job record's ``request`` as the resource model's Request (one place, for submit and queue)."""
+    return resources.Request(cpus=r.get("cpus"), mem=r.get("mem"), gpus=r.get("gpus", 0),
+                             exclusive=bool(r.get("exclusive")), numa_local=bool(r.get("numa_local")),
+                             numa_local_gpu=bool(r.get("numa_local_gpu")), gpu_link=r.get("gpu_link"))

@@ -11,7 +11,7 @@ from typing import Any
 from . import __version__, protocol
 from .access import Caller
 from .engine import Engine, Refused
-from .protocol import JobRef, ListJobs, NewJob, Ping
+from .protocol import JobRef, JobSetting, ListJobs, NewJob, Ping
 
 # (engine, caller, validated payload of the handler's own verb, now) -> reply message
 Handler = Callable[[Engine, Caller, Any, float], dict[str, Any]]
@@ -36,9 +36,14 @@ def kill(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, A
     return protocol.ok(**engine.kill(caller, req.id, now))
 
 
+def job(engine: Engine, caller: Caller, req: JobSetting, now: float) -> dict[str, Any]:
+    """``dispatch job ID max-time get|set D|add D``."""
+    return protocol.ok(**engine.job_setting(caller, req, now))
+
+
 def ping(engine: Engine, caller: Caller, req: Ping, now: float) -> dict[str, Any]:
     """Liveness and version."""
     return protocol.ok(version=__version__, protocol=protocol.VERSION)
 
 
-HANDLERS: dict[str, Handler] = {"new": new, "list": list_jobs, "kill": kill, "ping": ping}
+HANDLERS: dict[str, Handler] = {"new": new, "list": list_jobs, "kill": kill, "job": job, "ping": ping}

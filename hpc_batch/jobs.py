@@ -113,6 +113,8 @@ class Job:
             if self.request.get(name) is not None:
                 bounds.check_int(self.request[name], 1, high, f"request.{name}")
         bounds.check_int(self.request.get("gpus", 0), 0, bounds.MAX_GPUS, "request.gpus")
+        if self.request.get("gpu_link") is not None and not isinstance(self.request["gpu_link"], str):
+            raise ValueError("request.gpu_link must be text")
         if self.state == RUNNING and (self.started is None or not isinstance(self.alloc, dict)):
             raise ValueError("a running job needs its start time and allocation")
         if self.result is not None and not (isinstance(self.result, dict) and isinstance(self.result.get("kind"), str)):

@@ -115,6 +115,11 @@ def request_stop(job_dir: str, reason: str) -> bool:
     return control.send(job_dir, f"stop {reason}")
 
 
+def send_deadline(job_dir: str, deadline: float) -> bool:
+    """Give the job's shepherd a new --max-time deadline (epoch seconds); False if none is listening."""
+    return control.send(job_dir, f"deadline {deadline:.3f}")
+
+
 def kill_orphaned_job(job_dir: str) -> bool:
     """SIGKILL a job whose shepherd died (no cgroups): only a leader proven alive, by pidfd.
 

@@ -1,10 +1,12 @@
 """Formatting for ``dispatch list`` (pure: the caller passes the clock).
 
 Columns: ``<username> <id> <command> <start> <uptime> <max-time> <mem>
-<exclusive>``, then ``<state> <exit>`` with ``--finished``. Start is the
-local time the job began: ``HH:MM:SS`` today, ``YYYY-MM-DD HH:MM`` earlier.
-Queued jobs show ``-`` and ``queued``. ``+`` after the memory marks a budget
-spread over more than one NUMA node.
+<exclusive> <gpus>``, then ``<state> <exit>`` with ``--finished``. Start is
+the local time the job began: ``HH:MM:SS`` today, ``YYYY-MM-DD HH:MM``
+earlier. Queued jobs show ``-`` and ``queued``. ``+`` after the memory marks
+a budget spread over more than one NUMA node. ``<gpus>`` is ``-``, the count,
+or count and worst link (``2:NV12``) with ``!`` when the set crosses a host
+bridge or the socket interconnect (``4:SYS!``).
 """
 
 import time
@@ -65,7 +67,8 @@ def format_row(job: dict[str, Any], now: float, finished: bool) -> str:
         uptime = format_clock((job.get("ended") or now) - job["started"])
     mem = format_mem(job.get("mem")) + ("+" if job.get("spread") else "")
     cols = [one_line(job["user"]), str(job["id"]), one_line(job["command"]), start, uptime,
-            format_duration(job["max_time"]), mem, "yes" if job.get("exclusive") else "no"]
+            format_duration(job["max_time"]), mem, "yes" if job.get("exclusive") else "no",
+            one_line(str(job.get("gpu_label") or "-"))]
     line = " ".join(cols)
     if finished:
         line += f" {job['state']} {job.get('exit') or '-'}" + _note(job)

@@ -62,6 +62,13 @@ def _path(args: Args, name: str, default: Any = ..., allow_none: bool = False) -
     return value
 
 
+def _word(args: Args, name: str) -> str | None:
+    value: str | None = _get(args, name, (str,), default=None, allow_none=True)
+    if value is not None and not (value.isascii() and value.isalnum() and len(value) <= 16):
+        raise ProtocolError(f"field {name!r} must be a short word, e.g. NV4")
+    return value
+
+
 def _str_list(args: Args, name: str) -> tuple[str, ...]:
     value = _get(args, name, (list,))
     if not all(isinstance(v, str) and "\0" not in v for v in value):
@@ -91,6 +98,8 @@ class NewJob:
     max_time: int | None = None     # seconds, None = --max-lifetime
     exclusive: bool = False
     numa_local: bool = False
+    numa_local_gpu: bool = False
+    gpu_link: str | None = None     # as typed; checked against the machine's GPUs at submit
     output: str | None = None       # absolute path as typed (dir or file); None = cwd
     no_output: bool = False
     env: dict[str, str] | None = None  # the forwarded environment (--env), or None
@@ -112,6 +121,8 @@ class NewJob:
             max_time=_int(args, "max_time", 1, bounds.MAX_SECONDS, default=None, allow_none=True),
             exclusive=_get(args, "exclusive", (bool,), default=False),
             numa_local=_get(args, "numa_local", (bool,), default=False),
+            numa_local_gpu=_get(args, "numa_local_gpu", (bool,), default=False),
+            gpu_link=_word(args, "gpu_link"),
             output=_path(args, "output", default=None, allow_none=True),
             output_is_dir=_get(args, "output_is_dir", (bool,), default=True),
             no_output=_get(args, "no_output", (bool,), default=False),
@@ -181,10 +192,38 @@ class Ping:
 
 
 # A validated request, whichever verb it is.
-Payload = NewJob | ListJobs | Attach | JobRef | Ping
+@dataclass(frozen=True)
+class JobSetting:
+    """``dispatch job ID max-time get|set D|add D``: read or change one of a job's settings."""
+
+    id: int
+    setting: str                    # "max_time"
+    action: str                     # "get", "set" or "add"
+    seconds: int | None = None      # for set and add
+
+    SETTINGS = ("max_time",)
+    ACTIONS = ("get", "set", "add")
+
+    @classmethod
+    def from_args(cls, args: Args) -> "JobSetting":
+        ref = JobRef.from_args(args)
+        setting = _get(args, "setting", (str,))
+        action = _get(args, "action", (str,))
+        if setting not in cls.SETTINGS:
+            raise ProtocolError(f"field 'setting' must be one of {', '.join(cls.SETTINGS)}")
+        if action not in cls.ACTIONS:
+            raise ProtocolError(f"field 'action' must be one of {', '.join(cls.ACTIONS)}")
+        seconds = _int(args, "seconds", 1, bounds.MAX_SECONDS, default=None, allow_none=True)
+        if (seconds is None) != (action == "get"):
+            raise ProtocolError("field 'seconds' goes with set and add, and only with them")
+        return cls(id=ref.id, setting=setting, action=action, seconds=seconds)
+
+
+Payload = NewJob | ListJobs | Attach | JobRef | Ping | JobSetting
 
 # One line a verb: the daemon's dispatch table is keyed on the same names.
-REQUESTS: dict[str, type[Payload]] = {"new": NewJob, "list": ListJobs, "attach": Attach, "kill": JobRef, "ping": Ping}
+REQUESTS: dict[str, type[Payload]] = {"new": NewJob, "list": ListJobs, "attach": Attach, "kill": JobRef,
+                                      "job": JobSetting, "ping": Ping}
 
 
 def _short(value: object) -> str:

@@ -16,13 +16,19 @@ Placement rules (from the spec):
   a job's memory to a node, so memory is one machine-wide pool.
 * An exclusive job waits for an idle machine; while it runs nothing else
   fits.
+* GPUs: the closest-wired free set of the size asked for (judged by its
+  worst link; ``gputopo``), never one worse than ``--gpu-link``. The job's
+  CPUs come from the NUMA node its GPUs hang off when they fit there, and
+  must with ``--numa-local-gpu``. Without a topology, the lowest indices.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from . import gputopo
 
 GiB = 1 << 30
 
@@ -41,10 +47,13 @@ class Node:
 
 @dataclass(frozen=True)
 class Machine:
-    """The machine as discovered: NUMA nodes and GPU indices."""
+    """The machine as discovered: NUMA nodes, GPU indices and (when known) how the GPUs are wired."""
 
     nodes: tuple[Node, ...]
     gpus: tuple[int, ...] = ()
+    topology: gputopo.Topology | None = field(default=None, hash=False)
+    gpu_uuids: dict[int, str] = field(default_factory=dict, hash=False)    # index -> UUID (nvidia-smi -L)
+    gpu_minors: dict[int, int] = field(default_factory=dict, hash=False)   # index -> /dev/nvidia<minor>
 
 
 @dataclass(frozen=True)
@@ -69,7 +78,14 @@ class Request:
     mem: int | None = None
     gpus: int = 0
     exclusive: bool = False
-    numa_local: bool = False
+    numa_local: bool = False          # memory on the job's own node only (--numa-local-mem)
+    numa_local_gpu: bool = False      # CPUs on the node its GPUs hang off (--numa-local-gpu)
+    gpu_link: str | None = None       # worst link class the GPU set may have (--gpu-link)
+
+    @property
+    def max_link(self) -> gputopo.Link | None:
+        """``gpu_link`` as a Link (it was checked at submit)."""
+        return gputopo.parse_link_class(self.gpu_link) if self.gpu_link else None
 
 
 @dataclass(frozen=True)
@@ -146,6 +162,7 @@ class Capacity:
     reserved_cpus: tuple[int, ...]
     reserved_mem: int
     pool: bool
+    topology: gputopo.Topology | None = None
 
     @property
     def total_cpus(self) -> int:
@@ -194,6 +211,7 @@ def capacity(machine: Machine, limits: Limits) -> Capacity:
         reserved_cpus=reserved,
         reserved_mem=reserved_mem,
         pool=not limits.per_node_memory,
+        topology=machine.topology,
     )
 
 
@@ -250,6 +268,8 @@ def check_request(req: Request, machine: Machine, limits: Limits) -> Budget:
         raise RequestError(f"--gpu-cores {req.gpus} can never fit: this machine has {have}")
     cap = capacity(machine, limits)
     n = _job_cpus(req, cap)
+    if req.gpu_link is not None or req.numa_local_gpu:
+        _check_gpu_placement(req, n, cap)
     if cap.total_cpus == 0:
         raise RequestError("no job can fit: this machine offers no cores to jobs")
     if req.cpus is not None and n > cap.max_node_cpus:
@@ -279,6 +299,31 @@ def check_request(req: Request, machine: Machine, limits: Limits) -> Budget:
     share = max(default_share(n, machine), limits.min_job_mem)
     # A floor the machine cannot honour would refuse a job that asked for nothing.
     return Budget(min(share, ceiling), assigned=True)
+
+
+def _check_gpu_placement(req: Request, n: int, cap: Capacity) -> None:
+    """Refuse a --gpu-link or --numa-local-gpu that no set of this machine's GPUs could ever meet."""
+    flags = " and ".join(f for f, on in (("--gpu-link", req.gpu_link), ("--numa-local-gpu", req.numa_local_gpu)) if on)
+    if req.gpus == 0:
+        raise RequestError(f"{flags} asks where GPUs are, but the job asks for none: add --gpu-cores N")
+    topo = cap.topology
+    if topo is None:
+        raise RequestError(f"{flags} can never be met here: how the GPUs are wired is unknown "
+                           f"(nvidia-smi topo -m gave nothing when the daemon started)")
+    try:
+        link = req.max_link
+    except gputopo.TopoError as exc:
+        raise RequestError(f"--gpu-link: {exc}") from None
+    if link is not None and gputopo.choose_gpus(topo, cap.gpus, req.gpus, link) is None:
+        best = gputopo.worst_link(topo, gputopo.choose_gpus(topo, cap.gpus, req.gpus) or ())
+        raise RequestError(f"--gpu-link {req.gpu_link} can never be met: the closest {req.gpus} GPUs here "
+                           f"are linked by {best} at worst")
+    if req.numa_local_gpu and not any(
+            len(node.cpus) >= n and gputopo.choose_gpus(topo, cap.gpus, req.gpus, link, node.id) is not None
+            for node in cap.nodes):
+        raise RequestError(f"--numa-local-gpu can never be met: no NUMA node has {req.gpus} GPUs"
+                           f"{' linked by ' + str(req.gpu_link) + ' or better' if link else ''} and {n} cores "
+                           f"for jobs")
 
 
 def why_never_fits(req: Request, budget: Budget, machine: Machine, limits: Limits) -> str | None:
@@ -440,21 +485,55 @@ class Free:
         # Cheap rejections first: backfill scans run this on every queued job.
         if n > self.max_cpus() or mem > self.mem_max(local_only):
             return None
+        if req.numa_local_gpu:
+            return self._fit_near_gpus(req, n, mem, local_only)
+        gpus = self._gpus_for(req)
+        if gpus is None:
+            return None
         # Free space only shrinks until release(), so a shape that failed
         # once keeps failing: remember it instead of placing it again.
         key = (n, mem, local_only)
         if key in self._failed:
             return None
-        charges = self._place(n, mem, local_only)
+        prefer = gputopo.gpu_node(self.cap.topology, gpus) if gpus and self.cap.topology else None
+        charges = self._place(n, mem, local_only, prefer)
         if charges is None:
             self._failed.add(key)
             return None
         home = next(iter(charges))
-        return self._alloc(sorted(self.cpus[home])[:n], charges, req.gpus, False)
+        return self._alloc(sorted(self.cpus[home])[:n], charges, gpus, False)
 
-    def _place(self, n: int, mem: int, local_only: bool) -> dict[int, int] | None:
-        """Memory charges for ``n`` cores and ``mem`` bytes, home node first."""
+    def _gpus_for(self, req: Request, node: int | None = None) -> tuple[int, ...] | None:
+        """The GPUs the job would get (closest-wired free set), or None if none will do now."""
+        if req.gpus == 0:
+            return ()
+        return gputopo.choose_gpus(self.cap.topology, self.gpus, req.gpus, req.max_link, node)
+
+    def _fit_near_gpus(self, req: Request, n: int, mem: int, local_only: bool) -> Allocation | None:
+        """--numa-local-gpu: the job's CPUs (and memory first) on the node its GPUs hang off."""
+        for node in sorted((k for k, s in self.cpus.items() if len(s) >= n), key=lambda k: (len(self.cpus[k]), k)):
+            gpus = self._gpus_for(req, node)
+            if gpus is None:
+                continue
+            charges = self._charge(node, mem, local_only)
+            if charges is not None:
+                return self._alloc(sorted(self.cpus[node])[:n], charges, gpus, False)
+        return None
+
+    def _charge(self, home: int, mem: int, local_only: bool) -> dict[int, int] | None:
+        """Memory charges with ``home`` as the job's node, or None if they do not fit."""
+        if self.cap.pool:
+            return {home: mem} if self.mem[POOL] >= mem else None
+        if self.mem[home] >= mem:
+            return {home: mem}
+        return None if local_only else self._spread(home, mem)
+
+    def _place(self, n: int, mem: int, local_only: bool, prefer: int | None = None) -> dict[int, int] | None:
+        """Memory charges for ``n`` cores and ``mem`` bytes, home node first (*prefer* if it fits there)."""
         cands = [k for k, s in self.cpus.items() if len(s) >= n]
+        if prefer in cands and (self.cap.pool and self.mem[POOL] >= mem or
+                                not self.cap.pool and self.mem[prefer] >= mem):
+            return {prefer: mem}   # next to the job's GPUs
         if self.cap.pool:
             if self.mem[POOL] < mem:
                 return None
@@ -498,6 +577,9 @@ class Free:
             cpus = sorted(self.cpus[home])[: req.cpus]
         if home is None:
             return None
+        gpus = self._gpus_for(req)
+        if gpus is None:
+            return None
         if self.cap.pool:
             if self.mem[POOL] < mem:
                 return None
@@ -514,13 +596,13 @@ class Free:
                     rest -= take
             if rest > 0:
                 return None
-        return self._alloc(cpus, charges, req.gpus, True)
+        return self._alloc(cpus, charges, gpus, True)
 
-    def _alloc(self, cpus: list[int], charges: dict[int, int], ngpus: int, exclusive: bool) -> Allocation:
+    def _alloc(self, cpus: list[int], charges: dict[int, int], gpus: tuple[int, ...], exclusive: bool) -> Allocation:
         return Allocation(
             cpus=tuple(cpus),
             mem_by_node=tuple(sorted(charges.items())),
-            gpus=tuple(sorted(self.gpus)[:ngpus]),
+            gpus=tuple(sorted(gpus)),
             exclusive=exclusive,
         )
 
@@ -537,7 +619,9 @@ def allocate(
 
     CPUs come from one node (best fit), memory is charged to that node and
     spread over the roomiest other nodes only when no single node can hold
-    it (never with ``--numa-local`` or ``numa_only``). GPUs are the lowest
-    free indices. Exclusive jobs need an idle machine and block everything.
+    it (never with ``--numa-local`` or ``numa_only``). GPUs are the
+    closest-wired free set (``gputopo.choose_gpus``), and the job's node is
+    the one they hang off when it fits there. Exclusive jobs need an idle
+    machine and block everything.
     """
     return Free.of(capacity(machine, limits), running).fit(req, budget, numa_only)

@@ -7,6 +7,7 @@ read end, carries it out:
 
     stop killed     dispatch kill (or an admin): SIGTERM, then SIGKILL
     stop timeout    --max-time ran out (the shepherd also keeps the deadline)
+    deadline T      an admin changed the job's max time: stop it at T (epoch s)
 
 A write shorter than PIPE_BUF is atomic, so commands never interleave. The
 shepherd holds a write end of its own, so the FIFO never reports EOF

@@ -246,7 +246,14 @@ class Supervisor:
 
     def _on_control(self, fd: int) -> None:
         for words in self.control.commands():
-            if words[0] == "stop":
+            if words[0] == "deadline" and len(words) == 2:
+                try:
+                    when = float(words[1])
+                except ValueError:
+                    continue
+                if when == when and abs(when) < 1e12:   # finite, and a time
+                    self.deadline = when
+            elif words[0] == "stop":
                 reason = words[1] if len(words) > 1 and words[1] in STOP_REASONS else "killed"
                 self.stop(reason)
                 if self.reaped:

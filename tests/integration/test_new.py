@@ -82,7 +82,8 @@ def test_clean_environment_by_default(daemon, scratch):
     daemon.wait_finished(job)
     with open(os.path.join(scratch, f"output.{job}.log")) as f:
         env = dict(line.split("=", 1) for line in f.read().splitlines())
-    assert set(env) == {"PATH", "HOME", "USER", "SHELL", "LANG", "HPC_BATCH_JOB_ID", "CUDA_VISIBLE_DEVICES"}
+    assert set(env) == {"PATH", "HOME", "USER", "SHELL", "LANG", "HPC_BATCH_JOB_ID", "CUDA_VISIBLE_DEVICES",
+                        "CUDA_DEVICE_ORDER"}
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["HPC_BATCH_JOB_ID"] == str(job)
 
 

@@ -170,10 +170,12 @@ def smi_dir(tmp_path):
     return d
 
 
-def test_fake_nvidia_smi_refuses_anything_but_dash_l(smi_dir):
+def test_fake_nvidia_smi_refuses_what_it_was_not_given(smi_dir, monkeypatch):
+    monkeypatch.delenv("FAKE_NVIDIA_SMI_QUERY", raising=False)
     r = subprocess.run([str(smi_dir / "nvidia-smi"), "-q"], capture_output=True, text=True)
-    assert r.returncode == 1
-    assert "only -L is supported" in r.stderr
+    assert r.returncode == 1 and "no -q output" in r.stderr
+    r = subprocess.run([str(smi_dir / "nvidia-smi"), "--bogus"], capture_output=True, text=True)
+    assert r.returncode == 1 and "unsupported" in r.stderr
 
 
 @pytest.mark.parametrize(
@@ -221,7 +223,8 @@ def test_discover_intel_with_gpus(monkeypatch, smi_dir):
     assert machine.gpus == (0, 1, 2, 3)
     assert log[0] == "NUMA: 2 nodes with usable CPUs"
     assert log[1] == "NUMA node 0: cpus 0-19,40-59 (40), memory 187.3 GiB"
-    assert log[-1].startswith("GPUs: 4 from")
+    assert any(line.startswith("GPUs: 4 from") for line in log)
+    assert any(line.startswith("GPU topology: unknown") for line in log)   # this fake has no topo -m
     # Reserve comes off node 0, so node 1 is the widest: 40 cores.
     assert check_request(Request(cpus=40), machine, Limits()).mem > 0
     with pytest.raises(RequestError, match="--cpu 41 can never fit: the largest NUMA node offers 40 cores"):

@@ -23,21 +23,33 @@ def test_format_mem(n, text):
 
 
 def test_running_row():
-    assert format_row(job(), NOW, False) == "alice 7 sleep 30 14:58:55 0:01:05 1h30m 32G no"
+    assert format_row(job(), NOW, False) == "alice 7 sleep 30 14:58:55 0:01:05 1h30m 32G no -"
 
 
 def test_queued_row_and_spread_and_exclusive():
     row = format_row(job(state="queued", started=None, spread=True, exclusive=True), NOW, False)
-    assert row == "alice 7 sleep 30 - queued 1h30m 32G+ yes"
+    assert row == "alice 7 sleep 30 - queued 1h30m 32G+ yes -"
 
 
 def test_finished_rows():
     done = job(state="finished", ended=NOW - 5, exit="3", result={"kind": "exited", "code": 3})
-    assert format_row(done, NOW, True).endswith(" 0:01:00 1h30m 32G no finished 3")
+    assert format_row(done, NOW, True).endswith(" 0:01:00 1h30m 32G no - finished 3")
     oom = job(state="finished", ended=NOW, exit="oom", result={"kind": "oom"}, mem_assigned=False)
     assert "finished oom (budget requested with --max-mem was 32G)" in format_row(oom, NOW, True)
     oom["mem_assigned"] = True
     assert "assigned by default" in format_row(oom, NOW, True)
+
+
+@pytest.mark.parametrize("label,column", [(None, "-"), ("2", "2"), ("2:NV12", "2:NV12"), ("4:SYS!", "4:SYS!")])
+def test_gpu_column(label, column):
+    assert format_row(job(gpu_label=label), NOW, False).split()[-1] == column
+
+
+@pytest.mark.parametrize("text", ["line\nhpc-batchd: forged", "\x1b[2Jclear", "rtl\u202eevil", "bad\udcffbyte",
+                                  "bell\a"])
+def test_control_and_format_characters_are_escaped(text):
+    out = one_line(text)
+    assert out.isprintable() and "\\" in out
 
 
 def test_old_start_shows_date():
