@@ -50,7 +50,10 @@ class Connection:
 
     def call(self, op: str, **args) -> dict:
         """Send a request and return its single reply (raises Unreachable on EOF)."""
-        self.send(op, **args)
+        try:
+            self.send(op, **args)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon answered and hung up first (it is refusing us): read why below
         msg = self.receive()
         if msg is None:
             raise Unreachable(f"hpc-batchd at {self.path} closed the connection without answering "
