@@ -108,6 +108,8 @@ class Engine:
             pid, fd = found
             self.running[job.id] = {"pid": pid, "pidfd": fd, "alloc": alloc, "cgroup": cg}
             self.hooks.watch_pidfd(fd, job.id)
+            # A change of max time the last daemon could not pass on before it died.
+            self._send_deadline(job, time.time())
             return f"job {job.id}: re-adopted shepherd pid {pid}"
         if os.path.exists(os.path.join(jdir, records.EXIT)):
             self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": cg}

@@ -82,7 +82,7 @@ def test_a_pair_gets_linked_gpus_and_a_single_one_keeps_pairs_whole(gpu_daemon, 
     b = d.submit("sh", "-c", HOLD.format(flag), flags=("--gpu-cores", "2", "--max-mem", "256M"))
     wait_for(lambda: " queued " not in d.rows().get(b, " queued "), what="b running")
     rows = d.rows()
-    assert " 1 " in rows[a] and " 2:NV2 " in rows[b], rows      # the GPU column: count and link
+    assert (rows[a].split()[-1], rows[b].split()[-1]) == ("1", "2:NV2"), rows   # the GPU column: count and link
     open(flag, "w").close()
     for j in (a, b):
         d.wait_finished(j)
@@ -111,9 +111,8 @@ def test_a_single_gpu_carves_from_a_broken_pair(gpu_daemon, scratch):
 def test_gpu_link_met_at_once_or_refused(gpu_daemon, scratch):
     d = gpu_daemon
     flag = os.path.join(scratch, "go")
-    held = [d.submit("sh", "-c", HOLD.format(flag), flags=("--gpu-cores", "1", "--max-mem", "256M"))
-            for _ in range(2)]                                           # GPUs 0 and 1
-    wait_for(lambda: " queued " not in d.rows().get(held[1], " queued "), what="both running")
+    held = d.submit("sh", "-c", HOLD.format(flag), flags=("--gpu-cores", "2", "--max-mem", "256M"))   # 0,1
+    wait_for(lambda: " queued " not in d.rows().get(held, " queued "), what="held running")
     nv = d.submit("sh", "-c", SHOW, flags=("--gpu-cores", "2", "--gpu-link", "NV", "--max-mem", "256M"))
     assert exit_of(d.wait_finished(nv)) == "0" and _gpus_of(scratch, nv) == "2,3 PCI_BUS_ID"
     r = d.dispatch("new", "--gpu-cores", "2", "--gpu-link", "NV4", "--", "true")
@@ -121,8 +120,7 @@ def test_gpu_link_met_at_once_or_refused(gpu_daemon, scratch):
     r = d.dispatch("new", "--gpu-cores", "2", "--gpu-link", "QPI", "--", "true")
     assert r.returncode == 1 and "--gpu-link" in r.stderr
     open(flag, "w").close()
-    for j in held:
-        d.wait_finished(j)
+    d.wait_finished(held)
 
 
 def test_gpu_link_job_waits_then_starts(gpu_daemon, scratch):
@@ -163,7 +161,8 @@ def test_max_time_get_set_add(daemon_factory, users, scratch):
     assert r.returncode == 1 and "admin" in r.stderr
     assert d.ok("job", str(job), "max-time", "add", "30m", user=admin).startswith(f"job {job} max-time 1h30m")
     assert " 1h30m " in d.rows(user=alice)[job]
-    wait_for(lambda: " queued " not in d.rows(user=alice).get(job, " queued "), what="running")
+    status = os.path.join(d.state_dir, "jobs", str(job), "status.json")
+    wait_for(lambda: os.path.exists(status), what="its shepherd running the job")
     # Cut it short, then take the daemon away: the shepherd has the new deadline and keeps it.
     d.ok("job", str(job), "max-time", "set", "2s", user=admin)
     d.kill9()

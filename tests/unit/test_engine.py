@@ -72,7 +72,7 @@ class FakeLauncher:
     """Records what the engine asks of shepherds; starts nothing."""
 
     def __init__(self):
-        self.spawned, self.stops, self.orphans_killed = [], [], []
+        self.spawned, self.stops, self.orphans_killed, self.deadlines = [], [], [], []
         self.spawn_error = None
         self.stop_error = None
         self.listening = True
@@ -96,6 +96,10 @@ class FakeLauncher:
 
     def adopt(self, job_dir):
         return None
+
+    def send_deadline(self, job_dir, deadline):
+        self.deadlines.append((int(os.path.basename(job_dir)), deadline))
+        return self.listening
 
     def request_stop(self, job_dir, reason):
         if self.stop_error:
@@ -317,3 +321,60 @@ def test_user_mode_accepts_only_its_own_user(world):
         eng.submit(Caller(uid=other.pw_uid, gid=other.pw_gid, pid=2, name="nobody", is_admin=False),
                    NewJob(argv=("true",), cwd="/tmp", no_output=True), T0)
     assert info.value.code == "forbidden"
+
+
+ALICE = Caller(uid=4242, gid=4242, pid=3, name="alice", is_admin=False)
+
+
+def test_max_time_read_by_owner_changed_by_admins(world):
+    eng, store, fake, _ = world
+    job = submit(eng, max_time=600)["id"]
+    start_pending(eng)
+    eng.jobs[job].uid = ALICE.uid                          # alice's job
+    req = NewJobSetting(job, "get")
+    assert eng.job_setting(ALICE, req, T0)["max_time"] == 600
+    with pytest.raises(Refused) as info:
+        eng.job_setting(ALICE, NewJobSetting(job, "add", 60), T0)
+    assert info.value.code == "forbidden" and "10m" in str(info.value)
+    got = eng.job_setting(ROOT, NewJobSetting(job, "add", 60), T0 + 1)
+    assert got["max_time"] == 660 and got["deadline"] == T0 + 660
+    assert store.records[job]["max_time"] == 660            # persisted
+    assert fake.deadlines == [(job, T0 + 660)]             # and the shepherd told
+    eng.job_setting(ROOT, NewJobSetting(job, "set", 30), T0 + 2)
+    assert eng.tick(T0 + 31) is not None and fake.stops == [(job, "timeout")]
+
+
+def test_max_time_of_a_queued_job_moves_its_place_in_the_plan(world):
+    eng, store, fake, _ = world
+    submit(eng, cpus=2)
+    start_pending(eng)
+    queued = submit(eng, max_time=600)["id"]
+    eng.job_setting(ROOT, NewJobSetting(queued, "set", 1200), T0)
+    assert eng.queued[queued].max_time == 1200 and eng.queued_by_uid[0] == 1
+
+
+def test_an_unheard_deadline_is_sent_again(world):
+    eng, store, fake, _ = world
+    job = submit(eng, max_time=600)["id"]
+    start_pending(eng)
+    fake.listening = False
+    eng.job_setting(ROOT, NewJobSetting(job, "set", 900), T0)
+    assert eng.tick(T0 + 0.1) == pytest.approx(T0 + engine_mod.STOP_RETRY)
+    fake.listening = True
+    eng.tick(T0 + 1)
+    assert len(fake.deadlines) == 2 and eng.running[job]["deadline_at"] is None
+
+
+def test_strict_backfill_reservation_is_worked_out_afresh(world):
+    eng, store, fake, _ = world
+    eng.cfg.schedule = "strict-backfill"
+    job = submit(eng, max_time=600)["id"]
+    start_pending(eng)
+    eng.policy_state = {"policy": "strict-backfill", "head": 9, "start": T0 + 600}
+    eng.job_setting(ROOT, NewJobSetting(job, "add", 600), T0)
+    assert eng.policy_state == {} and eng.resched
+
+
+def NewJobSetting(job_id, action, seconds=None):
+    from hpc_batch.protocol import JobSetting
+    return JobSetting(id=job_id, setting="max_time", action=action, seconds=seconds)

@@ -381,3 +381,68 @@ def test_free_take_and_release_are_inverse():
     free.release(a)
     assert free.to_dict() == before
     assert Free.from_dict(free.cap, json.loads(json.dumps(before))).to_dict() == before
+
+
+# -- GPUs placed by topology (a recorded topo -m: two NV3 pairs on NUMA nodes 0 and 8) ----------
+
+def _gpu_machine():
+    from pathlib import Path
+
+    from hpc_batch import gputopo
+    text = (Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "traverse-v100-4-topo.txt").read_text()
+    topo = gputopo.parse_topo(text)
+    nodes = (Node(0, tuple(range(0, 4)), 64 << 30), Node(8, tuple(range(4, 8)), 64 << 30))
+    return Machine(nodes, (0, 1, 2, 3), topo)
+
+
+GPU_LIMITS = Limits(reserve_cpu=0, reserve_mem=0, min_job_mem=1 << 30)
+
+
+def _fit(req, running=()):
+    machine = _gpu_machine()
+    budget = check_request(req, machine, GPU_LIMITS)
+    return allocate(req, budget, machine, GPU_LIMITS, running)
+
+
+def test_a_gpu_pair_is_a_linked_pair_and_its_cpus_sit_next_to_it():
+    one = _fit(Request(gpus=1))
+    assert one.gpus == (0,) and set(one.cpus) <= set(range(4))
+    pair = _fit(Request(gpus=2), [one])
+    assert pair.gpus == (2, 3)                     # not 1,2 across the socket
+    assert set(pair.cpus) <= set(range(4, 8))      # on node 8, where the pair hangs off
+    assert pair.mems == (8,)
+
+
+def test_gpu_link_waits_and_numa_local_gpu_insists():
+    busy = _fit(Request(gpus=1, cpus=1))           # GPU 0, node 0
+    other = _fit(Request(gpus=1, cpus=1), [busy])  # GPU 1: the {0,1} pair was already broken
+    assert other.gpus == (1,)
+    assert _fit(Request(gpus=2, gpu_link="NV"), [busy, other]).gpus == (2, 3)
+    third = _fit(Request(gpus=1), [busy, other])   # GPU 2
+    assert third.gpus == (2,)
+    assert _fit(Request(gpus=2, gpu_link="NV"), [busy, third]) is None      # only 1 and 3 left: SYS
+    assert _fit(Request(gpus=2), [busy, third]).gpus == (1, 3)              # without the flag, it runs
+    local = _fit(Request(gpus=1, numa_local_gpu=True, cpus=3), [busy])     # node 0 has 3 cores left
+    assert local.gpus == (1,) and set(local.cpus) == {1, 2, 3}
+    wide = _fit(Request(gpus=1, numa_local_gpu=True, cpus=4), [busy])      # only node 8 has 4 free
+    assert wide.gpus == (2,) and set(wide.cpus) == set(range(4, 8))
+
+
+@pytest.mark.parametrize("req,needle", [
+    (Request(gpus=2, gpu_link="NV4"), "can never be met: the closest 2 GPUs here are linked by NV3"),
+    (Request(gpus=3, gpu_link="NV"), "can never be met"),
+    (Request(gpus=3, numa_local_gpu=True), "--numa-local-gpu can never be met"),
+    (Request(gpus=0, gpu_link="NV"), "--gpu-cores"),
+    (Request(gpus=2, gpu_link="QPI"), "--gpu-link"),
+])
+def test_gpu_placement_that_can_never_be_met_is_refused(req, needle):
+    with pytest.raises(RequestError, match=needle.replace("(", r"\(")):
+        check_request(req, _gpu_machine(), GPU_LIMITS)
+
+
+def test_without_topology_gpu_placement_flags_are_refused_and_gpus_go_in_index_order():
+    machine = Machine((Node(0, (0, 1), 8 << 30),), (0, 1, 2))
+    with pytest.raises(RequestError, match="wired is unknown"):
+        check_request(Request(gpus=1, gpu_link="NV"), machine, GPU_LIMITS)
+    budget = check_request(Request(gpus=2), machine, GPU_LIMITS)
+    assert allocate(Request(gpus=2), budget, machine, GPU_LIMITS, []).gpus == (0, 1)
