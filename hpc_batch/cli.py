@@ -11,106 +11,8 @@ import re
 import sys
 
 from . import __version__
+from .cli_usage import SUBCOMMANDS, USAGE
 
-USAGE = """dispatch: submit and manage hpc-batch jobs.
-
-Usage:
-  dispatch new [options] [--] <command>...
-  dispatch list [--all] [--finished]
-  dispatch attach <id>
-  dispatch kill <id>
-  dispatch job <id> max-time (get | set <duration> | add <duration>)
-  dispatch (-h | --help)
-  dispatch --version
-
-Commands:
-  new      Queue a job; everything after "--" is its command line.
-  list     Show queued and running jobs (--finished: recent ones too).
-  attach   Follow a running job's output.
-  kill     Kill a running job, or remove a queued one.
-  job      Read a job's max time; admins can set it or add to it.
-
-Run 'dispatch <command> --help' for a command's options. The daemon's socket
-is $HPC_BATCH_SOCKET, or /run/hpc-batch/hpc-batch.sock.
-"""
-
-NEW_USAGE = """Queue a job. Everything after "--" is its command line; leading NAME=VALUE
-words become its environment, as env(1) reads them.
-
-Usage:
-  dispatch new [--cpu N] [--gpu-cores N] [--gpu-link CLASS] [--max-mem GB] [--max-time D]
-               [--exclusive] [--numa-local] [--numa-local-mem] [--numa-local-gpu] [--env]
-               [--output PATH | --no-output] [--] <command>...
-  dispatch new (-h | --help)
-
-Options:
-  --cpu N           Cores, all from one NUMA node (default 1; with --exclusive, all).
-  --gpu-cores N     GPUs; the job sees them in CUDA_VISIBLE_DEVICES [default: 0].
-  --gpu-link CLASS  Wait for GPUs linked at worst by CLASS: NV for any NVLink,
-                    NV4 for 4 NVLinks or more, PIX, PXB, PHB, NODE or SYS.
-  --max-mem GB      Hard memory budget in GiB (or 512M, 64G). Default: the share
-                    of a NUMA node its cores represent.
-  --max-time D      Kill the job after this long: 3600, 45m, 2h, 1h30m, 1d.
-                    Default and ceiling: the daemon's --max-lifetime.
-  --exclusive       Run alone on the machine (waits until it is idle).
-  --numa-local      Both of the next two.
-  --numa-local-mem  Wait for one NUMA node that fits the whole budget rather
-                    than spreading it over nodes.
-  --numa-local-gpu  Take CPUs only on the NUMA node the job's GPUs hang off.
-  --env             Forward this environment instead of a clean one.
-  --output PATH     Directory or file for the log [default: ./output.<id>.log].
-  --no-output       Discard the output when the job ends.
-  -h --help         Show this help.
-"""
-
-LIST_USAGE = """List jobs: <username> <id> <command> <start> <uptime> <max-time> <mem> <exclusive>;
-with --finished also <state> <exit>.
-
-Usage:
-  dispatch list [--all] [--finished]
-  dispatch list (-h | --help)
-
-Options:
-  --all        Every user's jobs (admins, or everyone with --list-is-public).
-  --finished   Include recently finished jobs and their exit status.
-  -h --help    Show this help.
-"""
-
-ATTACH_USAGE = """Follow a job's output until it ends, then print its final state.
-
-Usage:
-  dispatch attach <id>
-  dispatch attach (-h | --help)
-
-Options:
-  -h --help    Show this help.
-"""
-
-KILL_USAGE = """Kill a running job (state killed) or remove a queued one.
-
-Usage:
-  dispatch kill <id>
-  dispatch kill (-h | --help)
-
-Options:
-  -h --help    Show this help.
-"""
-
-JOB_USAGE = """Read a job's max time, or (admins only) change it: set a new one, or add to it.
-A running job's deadline moves with it (counted from when it started).
-
-Usage:
-  dispatch job <id> max-time get
-  dispatch job <id> max-time set <duration>
-  dispatch job <id> max-time add <duration>
-  dispatch job (-h | --help)
-
-Options:
-  -h --help    Show this help.
-"""
-
-SUBCOMMANDS = {"new": NEW_USAGE, "list": LIST_USAGE, "attach": ATTACH_USAGE, "kill": KILL_USAGE,
-               "job": JOB_USAGE}
 EX_USAGE = 2
 EX_UNAVAILABLE = 69
 _ENV_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
@@ -120,9 +22,33 @@ class UsageError(Exception):
     """A bad flag value: printed with a hint, exit 2."""
 
 
+class Out:
+    """Where a verb's result and refusals go: lines for people, or one JSON document (--json)."""
+
+    def __init__(self, json_doc: bool):
+        self.json = json_doc
+
+    def doc(self, obj) -> None:
+        import json
+        print(json.dumps(obj, indent=1, sort_keys=True))
+
+    def fail(self, msg: str, status: int, code: str | None = None) -> int:
+        """A refusal or failure: one line on stderr, or a JSON error document; returns the exit status."""
+        if self.json:
+            self.doc({"ok": False, "error": msg, "code": code, "exit": status})
+        else:
+            print(f"dispatch: {msg}", file=sys.stderr)
+        return status
+
+    def refused(self, reply: dict, what: str) -> int:
+        """The daemon's error reply, with the exit status its code stands for."""
+        from .messages import REFUSALS
+        code = str(reply.get("code"))
+        return self.fail(reply.get("error") or what, REFUSALS.get(code, 1), code)
+
+
 def _die(msg: str, status: int = 1) -> int:
-    print(f"dispatch: {msg}", file=sys.stderr)
-    return status
+    return Out(False).fail(msg, status)
 
 
 def parse_mem(text: str) -> int:
@@ -151,14 +77,20 @@ def split_env(words):
     return env, list(words[i:])
 
 
-def _job_id(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or int(text) == 0:
-        raise UsageError(f"job id {text!r}: expected a positive number, as shown by dispatch list")
-    return int(text)
+def job_ref(text: str):
+    """A <job> as typed: an id (digits) or a job's --name."""
+    if text.isascii() and text.isdigit():
+        if int(text) == 0:
+            raise UsageError(f"job id {text!r}: expected a positive number, as shown by dispatch list")
+        return int(text)
+    if not text or len(text) > 64 or not all(c.isascii() and (c.isalnum() or c in "._-") for c in text):
+        raise UsageError(f"{text!r} is neither a job id nor a job name (letters, digits, '.', '_', '-')")
+    return text
 
 
 def cmd_new(conn, a) -> int:
     from .durations import DurationError, parse_duration
+    out = Out(a["--json"])
     job_env, argv = split_env(a["<command>"])
     if not argv:
         raise UsageError("no command given: put it after '--', e.g. dispatch new -- echo hello")
@@ -176,6 +108,18 @@ def cmd_new(conn, a) -> int:
             "base_env": {k: os.environ[k] for k in ("PATH", "LANG") if k in os.environ}}
     if a["--gpu-link"] is not None:
         args["gpu_link"] = a["--gpu-link"]
+    if a["--name"] is not None:
+        if a["--name"].isdigit():
+            raise UsageError(f"--name {a['--name']!r}: a name cannot be only digits (those are job ids)")
+        args["name"] = job_ref(a["--name"])
+    if a["--after"] is not None and a["--after-ok"] is not None:
+        raise UsageError("give --after or --after-ok, not both")
+    deps = a["--after"] if a["--after"] is not None else a["--after-ok"]
+    if deps is not None:
+        args["after"] = [job_ref(word.strip()) for word in deps.split(",") if word.strip()]
+        args["after_ok"] = a["--after-ok"] is not None
+        if not args["after"]:
+            raise UsageError("--after and --after-ok take job ids or names, comma-separated")
     if a["--max-time"] is not None:
         try:
             args["max_time"] = parse_duration(a["--max-time"])
@@ -188,7 +132,7 @@ def cmd_new(conn, a) -> int:
         try:
             _, args["output_is_dir"] = check_destination(cwd, args.get("output"))
         except OutputError as exc:
-            return _die(str(exc))
+            return out.fail(str(exc), 1, "refused")
     mask = os.umask(0o077)
     os.umask(mask)
     args["umask"] = mask
@@ -196,20 +140,29 @@ def cmd_new(conn, a) -> int:
         args["env"] = dict(os.environ)
     reply = conn().call("new", **args)
     if not reply.get("ok"):
-        return _die(reply.get("error", "the daemon refused the job"))
+        return out.refused(reply, "the daemon refused the job")
     r = reply["result"]
-    from .listing import format_mem
-    how = "assigned by default" if r.get("mem_assigned") else "requested"
-    where = f"output to {r['output']}" if r.get("output") else "output discarded"
-    print(f"job {r['id']} {r['state']}; memory budget {format_mem(r['mem'])} ({how}); {where}")
-    return 0
+    if not out.json:
+        from .listing import format_mem
+        how = "assigned by default" if r.get("mem_assigned") else "requested"
+        where = f"output to {r['output']}" if r.get("output") else "output discarded"
+        print(f"job {r['id']} {r['state']}; memory budget {format_mem(r['mem'])} ({how}); {where}", flush=True)
+    if not a["--wait"]:
+        if out.json:
+            out.doc(r)
+        return 0
+    return _wait(conn, [r["id"]], out, submitted=r)
 
 
 def cmd_list(conn, a) -> int:
     from .listing import format_rows
+    out = Out(a["--json"])
     reply = conn().call("list", all=a["--all"], finished=a["--finished"])
     if not reply.get("ok"):
-        return _die(reply.get("error", "list failed"))
+        return out.refused(reply, "list failed")
+    if out.json:
+        out.doc({"jobs": reply["result"]["jobs"]})
+        return 0
     import time
     for line in format_rows(reply["result"]["jobs"], time.time(), a["--finished"]):
         print(line)
@@ -217,20 +170,93 @@ def cmd_list(conn, a) -> int:
 
 
 def cmd_kill(conn, a) -> int:
-    job_id = _job_id(a["<id>"])
-    reply = conn().call("kill", id=job_id)
+    ref = job_ref(a["<job>"])
+    reply = conn().call("kill", id=ref)
     if not reply.get("ok"):
-        return _die(reply.get("error", "kill failed"))
-    was = reply["result"].get("was")
-    print(f"job {job_id} removed from the queue" if was == "queued" else f"job {job_id} is being killed")
+        return Out(False).refused(reply, "kill failed")
+    r = reply["result"]
+    print(f"job {r['id']} is being killed" if r.get("was") == "running"
+          else f"job {r['id']} cancelled (removed from the queue before it started)")
     return 0
+
+
+def cmd_show(conn, a) -> int:
+    out = Out(a["--json"])
+    reply = conn().call("show", id=job_ref(a["<job>"]))
+    if not reply.get("ok"):
+        return out.refused(reply, "show failed")
+    if out.json:
+        out.doc(reply["result"]["job"])
+    else:
+        from .listing import format_show
+        for line in format_show(reply["result"]["job"], reply["result"]["now"]):
+            print(line)
+    return 0
+
+
+def cmd_status(conn, a) -> int:
+    out = Out(a["--json"])
+    reply = conn().call("status")
+    if not reply.get("ok"):
+        return out.refused(reply, "status failed")
+    if out.json:
+        out.doc(reply["result"])
+    else:
+        from .report import format_status
+        for line in format_status(reply["result"]):
+            print(line)
+    return 0
+
+
+def cmd_wait(conn, a) -> int:
+    return _wait(conn, [job_ref(j) for j in a["<job>"]], Out(a["--json"]))
+
+
+def _wait(conn, refs: list, out: Out, submitted: dict | None = None) -> int:
+    """Block until the jobs end (woken by the daemon, not a poll); reconnect across a reload or restart."""
+    import time
+
+    from .client import Unreachable
+    deadline = None
+    while True:
+        try:
+            c = conn()
+        except Unreachable as exc:
+            if deadline is None or time.monotonic() > deadline:
+                return out.fail(str(exc) if deadline is None else
+                                "hpc-batchd restarted and is not back; the jobs may still be running: "
+                                "run dispatch wait again later", EX_UNAVAILABLE)
+            time.sleep(0.2)
+            continue
+        try:
+            c.send("wait", ids=refs)
+            msg = c.receive()
+        except OSError:
+            msg = None
+        c.close()
+        if msg is None:   # the daemon went away (reload or restart): ask again
+            if not out.json:
+                print("dispatch: hpc-batchd restarted; waiting again", file=sys.stderr)
+            deadline = time.monotonic() + 30
+            continue
+        if not msg.get("ok"):
+            return out.refused(msg, "wait failed")
+        jobs = msg["result"]["jobs"]
+        status = next((j["wait_status"] for j in jobs if j["wait_status"] != 0), 0)
+        if out.json:
+            out.doc({"jobs": jobs, "exit": status} if submitted is None
+                    else dict(submitted, wait={"jobs": jobs, "exit": status}))
+        else:
+            for j in jobs:
+                print(_end_line(j))
+        return status
 
 
 def cmd_job(conn, a) -> int:
     from .durations import DurationError, format_duration, parse_duration
-    job_id = _job_id(a["<id>"])
+    ref = job_ref(a["<job>"])
     action = "set" if a["set"] else "add" if a["add"] else "get"
-    args = {"id": job_id, "setting": "max_time", "action": action}
+    args = {"id": ref, "setting": "max_time", "action": action}
     if action != "get":
         try:
             args["seconds"] = parse_duration(a["<duration>"])
@@ -238,9 +264,9 @@ def cmd_job(conn, a) -> int:
             raise UsageError(f"max-time {action}: {exc}") from None
     reply = conn().call("job", **args)
     if not reply.get("ok"):
-        return _die(reply.get("error", "the daemon refused"))
+        return Out(False).refused(reply, "the daemon refused")
     r = reply["result"]
-    line = f"job {job_id} max-time {format_duration(r['max_time'])}"
+    line = f"job {r['id']} max-time {format_duration(r['max_time'])}"
     if r.get("deadline") and r.get("state") == "running":
         import time
         line += f" (ends by {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['deadline']))})"
@@ -249,10 +275,7 @@ def cmd_job(conn, a) -> int:
 
 
 def _end_line(ev: dict) -> str:
-    jid = ev.get("id")
-    if ev.get("state") == "removed":
-        return f"job {jid} was removed from the queue before it started"
-    line = f"job {jid} {ev.get('state')}: exit {ev.get('exit')}"
+    line = f"job {ev.get('id')} {ev.get('state')}: exit {ev.get('exit')}"
     if ev.get("note"):
         line += f" ({ev['note']})"
     return line
@@ -262,7 +285,7 @@ def cmd_attach(conn, a) -> int:
     import time
 
     from .client import Unreachable
-    job_id = _job_id(a["<id>"])
+    job_id = job_ref(a["<job>"])
     offset, out = 0, sys.stdout.buffer
     deadline = None
     while True:
@@ -281,15 +304,15 @@ def cmd_attach(conn, a) -> int:
             if msg is None:
                 break
             if not msg.get("ok"):
-                return _die(msg.get("error", "attach failed"))
+                return Out(False).refused(msg, "attach failed")
             ev = msg.get("event")
             if ev == "output":
                 data = msg["data"].encode("utf-8", "surrogateescape")
                 out.write(data)
                 out.flush()
                 offset = msg.get("offset", offset + len(data))
-            elif ev == "attached" and msg.get("state") == "queued" and offset == 0:
-                print(f"job {job_id} is queued; waiting for it to start", file=sys.stderr)
+            elif ev == "attached" and msg.get("state") in ("queued", "waiting") and offset == 0:
+                print(f"job {job_id} is {msg['state']}; waiting for it to start", file=sys.stderr)
             elif ev == "end":
                 out.flush()
                 if offset == 0 and deadline is None and msg.get("state") == "finished":
@@ -307,7 +330,8 @@ def cmd_attach(conn, a) -> int:
         deadline = time.monotonic() + 30
 
 
-COMMANDS = {"new": cmd_new, "list": cmd_list, "attach": cmd_attach, "kill": cmd_kill, "job": cmd_job}
+COMMANDS = {"new": cmd_new, "list": cmd_list, "attach": cmd_attach, "kill": cmd_kill, "wait": cmd_wait,
+            "show": cmd_show, "status": cmd_status, "job": cmd_job}
 
 
 def main(argv=None) -> int:
@@ -333,13 +357,13 @@ def main(argv=None) -> int:
         return EX_USAGE
 
     from .client import Connection, Unreachable
+    out = Out(bool(sub.get("--json")))
     try:
         return COMMANDS[verb](Connection, sub)
     except UsageError as exc:
-        print(f"dispatch: {exc}", file=sys.stderr)
-        return EX_USAGE
+        return out.fail(str(exc), EX_USAGE, "usage")
     except Unreachable as exc:
-        return _die(str(exc), EX_UNAVAILABLE)
+        return out.fail(str(exc), EX_UNAVAILABLE, "unreachable")
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

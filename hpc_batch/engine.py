@@ -23,10 +23,29 @@ from typing import Any
 
 from shepherd import records
 
-from . import bounds, cgroups, defaults, devdir, gputopo, launcher, resources, scheduler
+from . import bounds, cgroups, defaults, dependencies, devdir, gputopo, launcher, report, resources, scheduler
 from .access import Caller
 from .durations import format_duration
-from .jobs import ERROR, EXITED, FINISHED, KILLED, OOM, QUEUED, RUNNING, SIGNALLED, TIMEOUT, Job, Result, exit_column
+from .history import History
+from .jobs import (
+    CANCELLED,
+    DEPENDENCY_FAILED,
+    ERROR,
+    EXITED,
+    FINISHED,
+    KILLED,
+    LOST,
+    OOM,
+    QUEUED,
+    RUNNING,
+    SIGNALLED,
+    TIMEOUT,
+    WAITING,
+    Job,
+    Result,
+    exit_column,
+    move,
+)
 from .listing import format_mem
 from .protocol import JobSetting, NewJob
 from .store import is_disk_full
@@ -58,6 +77,8 @@ class Engine:
         self.running: dict[int, dict[str, Any]] = {}  # id -> {"pid", "pidfd", "alloc", "cgroup"}
         self.queued_by_uid: dict[int, int] = {}   # per-user count, for --max-queued-per-user
         self.stale_cgroups: set[str] = set()  # job cgroups still busy when their job ended
+        self.waiting: set[int] = set()      # jobs held by --after / --after-ok
+        self.history = History(os.path.join(store.root, "history.jsonl"))
         self.next_id = 1
         self.policy_state: dict[str, Any] = {}
         self.meta_dirty = False
@@ -82,6 +103,9 @@ class Engine:
             self.jobs[job.id] = job
             if job.state == QUEUED:
                 self._enqueue(job)
+            elif job.state == WAITING:
+                self.waiting.add(job.id)
+            if job.state in (QUEUED, WAITING):
                 self.dev.add(job.id, job.uid, self.store.job_dir(job.id))
         for job in jobs:
             if job.state == RUNNING:
@@ -91,7 +115,8 @@ class Engine:
                     log.exception("job %d: cannot re-adopt it", job.id)
                     self.running.pop(job.id, None)
                     self._finish(job, Result(ERROR, note=f"the daemon could not re-adopt it: {exc}"), time.time())
-        self.dev.prune(set(self.queued) | set(self.running))
+        self._release_waiting(time.time())   # jobs they waited for may have ended meanwhile
+        self.dev.prune(set(self.queued) | set(self.running) | self.waiting)
         if self.cfg.cgroups:
             gone = cgroups.prune(self.cfg.cgroup_root, set(self.running))
             if gone:
@@ -145,7 +170,7 @@ class Engine:
             self._lost(job, "its shepherd was killed or vanished while the daemon was down")
 
     def _lost(self, job: Job, why: str) -> str:
-        self._collect(job.id, shepherd_gone=why)
+        self._collect(job.id, shepherd_gone=why, kind=LOST)
         return f"job {job.id}: {why}"
 
     # -- queries --------------------------------------------------------------
@@ -176,17 +201,69 @@ class Engine:
                           else gputopo.label(None, range(job.request.get("gpus") or 0))),
             "exit": exit_column(res) if job.state == FINISHED else None,
             "result": job.result, "output": job.output, "output_error": job.output_error,
-            "output_note": job.output_note,
+            "output_note": job.output_note, "name": job.name,
             "stats": job.stats,
         }
 
-    def lookup(self, caller, job_id: int) -> Job:
-        """The job *caller* names, or Refused (no such job / belongs to another user)."""
-        job = self.jobs.get(job_id)
+    def why(self, job: Job) -> tuple[int | None, str | None]:
+        """A job's place in the queue (1 = the head) and why it is not running, for show and status."""
+        if job.state == WAITING:
+            return None, dependencies.evaluate(job, self.jobs.get)[1]
+        if job.state != QUEUED:
+            return None, None
+        order = list(self.queued)
+        position = order.index(job.id) + 1
+        free = resources.Free.of(resources.capacity(self.machine, self.limits),
+                                 [r["alloc"] for r in self.running.values()])
+        q = self.queued[job.id]
+        return position, report.why_waiting(q.request, q.budget, position, order[0], free, self.cfg.schedule,
+                                            self.policy_state)
+
+    def show(self, caller: Caller, ref: int | str, now: float) -> dict[str, Any]:
+        """``dispatch show``: everything about one job (never its environment)."""
+        job = self.lookup(caller, ref)
+        out = self.summary(job)
+        position, why = self.why(job)
+        alloc = job.alloc or {}
+        res = job.get_result()
+        handle = self.running.get(job.id, {})
+        out.update({
+            "name": job.name, "argv": job.argv, "cwd": job.cwd, "position": position, "why": why,
+            "request": job.request, "numa_nodes": sorted({n for n, _ in alloc.get("mem_by_node", [])}),
+            "deadline": job.deadline if job.state == RUNNING else None,
+            "cgroup": handle.get("cgroup"),
+            "wall": (job.ended or now) - job.started if job.started is not None else None,
+            "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
+            "after": job.after, "after_ok": job.after_ok,
+            "note": res.note if res else None, "code": res.code if res else None,
+            "signal": res.signal if res else None,
+        })
+        return out
+
+    def status(self, now: float) -> dict[str, Any]:
+        """``dispatch status``: the machine at a glance."""
+        head = None
+        if self.queued:
+            job = self.jobs[next(iter(self.queued))]
+            head = {"id": job.id, "user": job.user, "name": job.name, "why": self.why(job)[1]}
+        return report.status(self.machine, self.limits, [r["alloc"] for r in self.running.values()],
+                             self.cfg.schedule, len(self.queued), len(self.waiting), head)
+
+    def lookup(self, caller: Caller, ref: int | str) -> Job:
+        """The job *caller* names by id or --name, or Refused (no such job / belongs to another user).
+
+        A name means the caller's newest job of that name (an admin's: anyone's).
+        """
+        if isinstance(ref, str):
+            named = [j for j in self.jobs.values() if j.name == ref and (j.uid == caller.uid or caller.is_admin)]
+            if not named:
+                raise Refused(f"no job named {ref!r}", "not_found")
+            return max(named, key=lambda j: j.id)
+        job = self.jobs.get(ref)
         if job is None:
-            raise Refused(f"no such job: {job_id}", "not_found")
+            raise Refused(f"no such job: {ref}", "not_found")
         if job.uid != caller.uid and not caller.is_admin:
-            raise Refused(f"job {job_id} belongs to another user", "forbidden")
+            raise Refused(f"job {ref} belongs to another user", "forbidden")
         return job
 
     # -- submit ---------------------------------------------------------------
@@ -213,11 +290,12 @@ class Engine:
         try:
             budget = resources.check_request(request, self.machine, self.limits)
         except resources.RequestError as exc:
-            raise Refused(str(exc)) from None
+            raise Refused(str(exc), "never_fits") from None
         try:
             pw = pwd.getpwuid(caller.uid)
         except KeyError:
             raise Refused(f"uid {caller.uid} has no passwd entry; jobs run as a named user") from None
+        after = [self.lookup(caller, ref).id for ref in req.after]   # unknown or another user's: refused
         job_id = self.next_id
         output = None
         if not req.no_output:
@@ -228,7 +306,8 @@ class Engine:
                   cwd=req.cwd, submitted=now, max_time=max_time,
                   request=wanted,
                   budget={"mem": budget.mem, "assigned": budget.assigned},
-                  output=output, umask=req.umask)
+                  output=output, umask=req.umask, name=req.name, after=sorted(set(after)),
+                  after_ok=req.after_ok, state=WAITING if after else QUEUED)
         env = {"forward": req.env, "job_env": req.job_env, "base": req.base_env}
         jdir = self.store.job_dir(job_id)
         try:
@@ -239,7 +318,7 @@ class Engine:
             why = "the state directory's disk is full" if is_disk_full(exc) else exc.strerror
             log.error("job %d refused: cannot persist it: %s", job_id, exc)
             raise Refused(f"cannot store the job ({why}); nothing was queued, try again later",
-                          "unavailable") from None
+                          "busy") from None
         self.next_id += 1
         self.jobs[job_id] = job
         try:
@@ -248,13 +327,19 @@ class Engine:
         except OSError:
             pass
         self.dev.add(job_id, job.uid, jdir)
-        self._enqueue(job)
-        log.info("job %d queued for %s: %s", job_id, job.user, job.command)
+        if job.state == WAITING:
+            self.waiting.add(job_id)
+            self._release_waiting(now)     # its jobs may have ended already
+        else:
+            self._enqueue(job)
+        log.info("job %d %s for %s: %s", job_id, job.state, job.user, job.command)
         # Decide now, act after the reply is sent: the client does not wait for the spawn.
         self.pending = self.plan(now)
         starting = self.pending is not None and any(j == job_id for j, _ in self.pending.starts)
-        return {"id": job_id, "state": RUNNING if starting else QUEUED, "mem": budget.mem,
-                "mem_assigned": budget.assigned, "output": output}
+        return {"id": job_id, "state": RUNNING if starting else job.state, "mem": budget.mem,
+                "mem_assigned": budget.assigned, "output": output, "name": job.name,
+                "after": job.after, "after_ok": job.after_ok,
+                "note": result.note if job.state == FINISHED and (result := job.get_result()) else None}
 
     def run_pending(self, now: float) -> None:
         """Carry out a decision made while answering a request."""
@@ -308,9 +393,7 @@ class Engine:
             self.policy_state = decision.state
             self.save_meta()
         for job_id, reason in decision.failures:
-            job = self.jobs[job_id]
-            self._dequeue(job)
-            self._finish(job, Result(ERROR, note=f"can never start here: {reason}"), now)
+            self._finish(self.jobs[job_id], Result(ERROR, note=f"can never start here: {reason}"), now)
         for job_id, alloc in decision.starts:
             job = self.jobs[job_id]
             try:
@@ -378,7 +461,7 @@ class Engine:
         self._dequeue(job)
         jdir = self.store.job_dir(job.id)
         self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": None}
-        job.state, job.started, job.alloc = RUNNING, now, alloc.to_dict()
+        move(job, RUNNING, now, alloc=alloc.to_dict())
         cg = None
         try:
             if self.cfg.cgroups:
@@ -438,7 +521,7 @@ class Engine:
             return
         log.error("job %d: cannot start it yet (%s); it stays queued and is retried", job.id, exc)
         del self.running[job.id]
-        job.state, job.started, job.alloc = QUEUED, None, None
+        move(job, QUEUED, now)
         self._enqueue(job)
         self.queued = dict(sorted(self.queued.items()))
         self.retry_at = now + 2.0
@@ -466,7 +549,7 @@ class Engine:
             log.exception("job %d: cannot collect it", job_id)
             self._fail(self.jobs[job_id], f"the daemon could not collect its end: {exc}", time.time())
 
-    def _collect(self, job_id: int, shepherd_gone: str | None = None) -> None:
+    def _collect(self, job_id: int, shepherd_gone: str | None = None, kind: str = KILLED) -> None:
         handle = self.running.get(job_id)
         job = self.jobs[job_id]
         if handle is None:
@@ -492,7 +575,7 @@ class Engine:
             if job.output is not None and os.path.exists(kept):
                 job.output_error = f"its shepherd died before delivering it; the output is kept at {kept}"
             note = shepherd_gone or "its shepherd was killed before the job ended"
-            self._finish(job, Result(OOM if oom else KILLED, note=note), now)
+            self._finish(job, Result(OOM if oom else kind, note=note), now)
             return
         if cg and os.path.isdir(cg):
             self._drop_cgroup(cg)
@@ -533,7 +616,10 @@ class Engine:
     def _finish(self, job: Job, result: Result, now: float) -> None:
         if job.state == RUNNING and os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT)):
             self._delivery(job)
-        job.state, job.ended, job.result = FINISHED, now, result.__dict__.copy()
+        if job.id in self.queued:
+            self._dequeue(job)
+        self.waiting.discard(job.id)
+        move(job, FINISHED, now, result)
         handle = self.running.pop(job.id, None)
         try:
             # Durable only when no exit record stands behind it (errors decided here).
@@ -556,17 +642,39 @@ class Engine:
         self.dev.remove(job.id)
         log.info("job %d finished: %s%s", job.id, exit_column(result),
                  f" ({result.note})" if result.note else "")
+        self.history.record(job)
         self.hooks.job_event(job.id, "finished")
+        self._release_waiting(now)
         self._evict(job.uid)
         if handle is not None:
             self.resched = True  # freed resources: the next tick schedules (never re-entrantly)
+
+    def _release_waiting(self, now: float) -> None:
+        """Queue the waiting jobs whose --after jobs have all ended; fail those whose --after-ok cannot hold."""
+        for job_id in sorted(self.waiting):
+            job = self.jobs.get(job_id)
+            if job is None or job.state != WAITING:
+                self.waiting.discard(job_id)
+                continue
+            verdict, why = dependencies.evaluate(job, self.jobs.get)
+            if verdict == dependencies.FAILED:
+                self._finish(job, Result(DEPENDENCY_FAILED, note=why), now)   # releases its own waiters
+            elif verdict == dependencies.READY:
+                self.waiting.discard(job_id)
+                move(job, QUEUED, now)
+                try:
+                    self.store.save_job(job)
+                except OSError as exc:
+                    log.error("job %d: cannot record that it is queued (%s); will retry", job.id, exc)
+                    self.unsaved.add(job.id)
+                self._enqueue(job)
+                self.queued = dict(sorted(self.queued.items()))   # its place is its submission order
+                self.resched = True
 
     def _fail(self, job: Job, why: str, now: float) -> None:
         """End one job as ``error`` after something went wrong acting on it."""
         if job.state == FINISHED:
             return
-        if job.id in self.queued:
-            self._dequeue(job)
         handle = self.running.get(job.id) or {}
         if handle.get("pidfd") is not None:
             self.hooks.unwatch_pidfd(handle["pidfd"])
@@ -642,7 +750,7 @@ class Engine:
             except OSError as exc:
                 job.max_time = old
                 raise Refused(f"cannot store the change ({exc.strerror}); nothing changed, try again later",
-                              "unavailable") from None
+                              "busy") from None
             if job.state == QUEUED:
                 self._enqueue(job)
             elif job.id in self.running:
@@ -661,22 +769,18 @@ class Engine:
         handle["deadline_at"] = None if sent else now + STOP_RETRY
 
     # -- kill and timeouts ------------------------------------------------------
-    def kill(self, caller, job_id: int, now: float) -> dict:
-        """Remove a queued job, or stop a running one (state ``killed``)."""
-        job = self.lookup(caller, job_id)
-        if job.state == QUEUED:
-            self._dequeue(job)
-            self.store.remove_job(job_id)
-            self.dev.remove(job_id)
-            del self.jobs[job_id]
-            self.hooks.job_event(job_id, "removed")
-            log.info("job %d removed from the queue by %s", job_id, caller.name)
+    def kill(self, caller: Caller, ref: int | str, now: float) -> dict[str, Any]:
+        """Cancel a queued or waiting job (it never runs: ``cancelled``), or stop a running one (``killed``)."""
+        job = self.lookup(caller, ref)
+        if job.state in (QUEUED, WAITING):
+            was = job.state
+            self._finish(job, Result(CANCELLED, note=f"cancelled by {caller.name} before it started"), now)
             self.resched = True
-            return {"id": job_id, "was": QUEUED}
+            return {"id": job.id, "was": was}
         if job.state == FINISHED:
-            raise Refused(f"job {job_id} has already finished", "finished")
+            raise Refused(f"job {job.id} has already finished", "finished")
         self._stop(job, KILLED, now)
-        return {"id": job_id, "was": RUNNING}
+        return {"id": job.id, "was": RUNNING}
 
     def _stop(self, job: Job, reason: str, now: float) -> None:
         """Ask the job's shepherd to stop it; the shepherd does the signalling and the grace."""

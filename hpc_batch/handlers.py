@@ -1,8 +1,9 @@
 """One handler per verb: the daemon's side of each ``dispatch`` command.
 
 Each takes the engine, the caller (from SO_PEERCRED) and the validated
-payload, and returns a reply message. ``attach`` is not here: it streams, so
-the server owns it.
+payload, and returns a reply message. ``attach`` and ``wait`` are not here:
+they hold their connection until the daemon has something to say, so the
+server owns them.
 """
 
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from typing import Any
 from . import __version__, protocol
 from .access import Caller
 from .engine import Engine, Refused
-from .protocol import JobRef, JobSetting, ListJobs, NewJob, Ping
+from .protocol import JobRef, JobSetting, ListJobs, NewJob, Ping, Status
 
 # (engine, caller, validated payload of the handler's own verb, now) -> reply message
 Handler = Callable[[Engine, Caller, Any, float], dict[str, Any]]
@@ -41,9 +42,20 @@ def job(engine: Engine, caller: Caller, req: JobSetting, now: float) -> dict[str
     return protocol.ok(**engine.job_setting(caller, req, now))
 
 
+def show(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, Any]:
+    """``dispatch show JOB``."""
+    return protocol.ok(job=engine.show(caller, req.id, now), now=now)
+
+
+def status(engine: Engine, caller: Caller, req: Status, now: float) -> dict[str, Any]:
+    """``dispatch status``."""
+    return protocol.ok(**engine.status(now))
+
+
 def ping(engine: Engine, caller: Caller, req: Ping, now: float) -> dict[str, Any]:
     """Liveness and version."""
     return protocol.ok(version=__version__, protocol=protocol.VERSION)
 
 
-HANDLERS: dict[str, Handler] = {"new": new, "list": list_jobs, "kill": kill, "job": job, "ping": ping}
+HANDLERS: dict[str, Handler] = {"new": new, "list": list_jobs, "kill": kill, "show": show, "status": status,
+                                 "job": job, "ping": ping}

@@ -1,11 +1,22 @@
-"""The job record: what the daemon persists about a job, and its states.
+"""The job record: what the daemon persists about a job, and its life cycle.
 
-A job moves queued -> running -> finished (or is removed while queued). A
-finished job carries a Result that says *how* it ended, separately from the
-exit code, so ``dispatch list --finished`` can show ``3`` apart from
-``timeout`` apart from ``oom``. Records are plain dicts on disk; unknown keys
-are ignored and missing ones take defaults, so older and newer state files
-keep loading.
+The life cycle is one table (``TRANSITIONS``), and the engine moves a job
+only through :func:`move`, which refuses anything the table does not list::
+
+    waiting  -- its --after jobs ended ------------------> queued
+    waiting  -- cancelled / dependency-failed / error ---> finished
+    queued   -- started ---------------------------------> running
+    queued   -- cancelled / error (can never start) -----> finished
+    running  -- its start could not be written ----------> queued
+    running  -- exited / signalled / timeout / killed /
+                oom / error / lost ----------------------> finished
+
+Each state carries its own data, checked by :meth:`Job.check`: a waiting
+job its dependencies, a running one its allocation, start and deadline, a
+finished one its Result, which says *how* it ended apart from the exit code,
+so ``3`` stands apart from ``timeout`` apart from ``oom``. Records are plain
+dicts on disk; unknown keys are ignored and missing ones take defaults, so
+older and newer state files keep loading.
 """
 
 from dataclasses import asdict, dataclass, field, fields
@@ -13,18 +24,42 @@ from typing import Any
 
 from . import bounds
 
+WAITING = "waiting"     # on its --after / --after-ok jobs
 QUEUED = "queued"
 RUNNING = "running"
 FINISHED = "finished"
-STATES = (QUEUED, RUNNING, FINISHED)
+STATES = (WAITING, QUEUED, RUNNING, FINISHED)
 
 # How a job ended. EXITED carries an exit code, SIGNALLED a signal number.
 EXITED = "exited"
 SIGNALLED = "signalled"
 TIMEOUT = "timeout"     # --max-time ran out and the daemon stopped it
 KILLED = "killed"       # dispatch kill, or its shepherd was killed
-ERROR = "error"         # it never ran: exec failed, privileges, confinement
+ERROR = "error"         # it never ran: exec failed, privileges, confinement, can never fit
 OOM = "oom"             # exceeded its memory budget
+CANCELLED = "cancelled"                 # dispatch kill before it started
+DEPENDENCY_FAILED = "dependency-failed"  # an --after-ok job did not exit 0
+LOST = "lost"           # its shepherd vanished while no daemon watched; how it ended is unknown
+RESULTS = (EXITED, SIGNALLED, TIMEOUT, KILLED, ERROR, OOM, CANCELLED, DEPENDENCY_FAILED, LOST)
+
+# (from, to) -> the results a move into FINISHED may carry (empty: none is given).
+TRANSITIONS: dict[tuple[str, str], frozenset[str]] = {
+    (WAITING, QUEUED): frozenset(),
+    (WAITING, FINISHED): frozenset({CANCELLED, DEPENDENCY_FAILED, ERROR}),
+    (QUEUED, RUNNING): frozenset(),
+    (QUEUED, FINISHED): frozenset({CANCELLED, ERROR}),
+    (RUNNING, QUEUED): frozenset(),
+    (RUNNING, FINISHED): frozenset({EXITED, SIGNALLED, TIMEOUT, KILLED, OOM, ERROR, LOST}),
+}
+
+# dispatch wait's exit status for a job that did not exit on its own: a block of
+# its own, documented, so a script can tell them from each other (and from 128+N).
+WAIT_STATUS = {KILLED: 240, TIMEOUT: 241, OOM: 242, ERROR: 243, CANCELLED: 244, DEPENDENCY_FAILED: 245,
+               LOST: 246}
+
+
+class BadMove(ValueError):
+    """A state change the life-cycle table does not allow (a bug, never user input)."""
 
 
 @dataclass
@@ -67,6 +102,9 @@ class Job:
     output_note: str | None = None                         # what happened past --max-output-buffer
     stats: dict[str, Any] = field(default_factory=dict)    # accounting: peak_mem, cpu_time
     umask: int = 0o077                                     # the submitter's, for the job and its log
+    name: str | None = None                                # --name
+    after: list[int] = field(default_factory=list)         # --after / --after-ok: jobs it starts after
+    after_ok: bool = False                                 # ... and only if they exited 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form for the state file."""
@@ -115,10 +153,18 @@ class Job:
         bounds.check_int(self.request.get("gpus", 0), 0, bounds.MAX_GPUS, "request.gpus")
         if self.request.get("gpu_link") is not None and not isinstance(self.request["gpu_link"], str):
             raise ValueError("request.gpu_link must be text")
+        if self.name is not None and not valid_name(self.name):
+            raise ValueError("name is not a valid job name")
+        if not isinstance(self.after, list) or len(self.after) > MAX_AFTER:
+            raise ValueError(f"after must be a list of at most {MAX_AFTER} job ids")
+        for dep in self.after:
+            bounds.check_int(dep, 1, bounds.MAX_ID, "after")
         if self.state == RUNNING and (self.started is None or not isinstance(self.alloc, dict)):
             raise ValueError("a running job needs its start time and allocation")
-        if self.result is not None and not (isinstance(self.result, dict) and isinstance(self.result.get("kind"), str)):
-            raise ValueError("result must be an object with a kind")
+        if self.state == FINISHED and self.result is None:
+            raise ValueError("a finished job needs its result")
+        if self.result is not None and not (isinstance(self.result, dict) and self.result.get("kind") in RESULTS):
+            raise ValueError("result must be an object with a known kind")
 
     @property
     def command(self) -> str:
@@ -133,6 +179,51 @@ class Job:
 
     def get_result(self) -> Result | None:
         return None if self.result is None else Result.from_dict(self.result)
+
+
+MAX_AFTER = 64          # dependencies of one job
+MAX_NAME = 64
+
+
+def valid_name(name: object) -> bool:
+    """A --name: 1-64 letters, digits, '.', '_' or '-', not all digits (those are ids)."""
+    return (isinstance(name, str) and 0 < len(name) <= MAX_NAME and name.isascii() and not name.isdigit()
+            and all(c.isalnum() or c in "._-" for c in name))
+
+
+def move(job: Job, to: str, now: float, result: Result | None = None,
+         alloc: dict[str, Any] | None = None) -> None:
+    """Move *job* to state *to* as the life-cycle table allows, setting that state's data.
+
+    Raises BadMove for a move the table does not list (or a result it does
+    not allow): the engine never changes a state any other way.
+    """
+    allowed = TRANSITIONS.get((job.state, to))
+    if allowed is None:
+        raise BadMove(f"job {job.id} cannot go from {job.state} to {to}")
+    if to == FINISHED:
+        if result is None or result.kind not in allowed:
+            raise BadMove(f"job {job.id} cannot finish from {job.state} as {result.kind if result else None}")
+        job.state, job.ended, job.result = FINISHED, now, result.__dict__.copy()
+    elif result is not None:
+        raise BadMove(f"job {job.id}: only finishing carries a result")
+    elif to == RUNNING:
+        if alloc is None:
+            raise BadMove(f"job {job.id} cannot run without an allocation")
+        job.state, job.started, job.alloc = RUNNING, now, alloc
+    else:   # to QUEUED: from waiting (its dependencies ended) or back from a start that failed
+        job.state, job.started, job.alloc = QUEUED, None, None
+
+
+def wait_status(result: Result | None) -> int:
+    """dispatch wait's exit status for a finished job: its code, 128+signal, or WAIT_STATUS."""
+    if result is None:
+        return WAIT_STATUS[LOST]
+    if result.kind == EXITED:
+        return result.code if isinstance(result.code, int) else 0
+    if result.kind == SIGNALLED:
+        return 128 + (result.signal or 0)
+    return WAIT_STATUS.get(result.kind, WAIT_STATUS[ERROR])
 
 
 def exit_column(result: Result | None) -> str:

@@ -60,19 +60,75 @@ def _note(job: dict[str, Any]) -> str:
 
 def format_row(job: dict[str, Any], now: float, finished: bool) -> str:
     """One line of ``dispatch list``."""
-    if job["state"] == "queued" or job.get("started") is None:
-        start, uptime = "-", "queued"
+    if job.get("started") is None:
+        start, uptime = "-", job["state"] if job["state"] in ("queued", "waiting") else "-"
     else:
         start = format_start(job["started"], now)
         uptime = format_clock((job.get("ended") or now) - job["started"])
     mem = format_mem(job.get("mem")) + ("+" if job.get("spread") else "")
-    cols = [one_line(job["user"]), str(job["id"]), one_line(job["command"]), start, uptime,
+    command = f"[{job['name']}]{job['command']}" if job.get("name") else job["command"]
+    cols = [one_line(job["user"]), str(job["id"]), one_line(command), start, uptime,
             format_duration(job["max_time"]), mem, "yes" if job.get("exclusive") else "no",
             one_line(str(job.get("gpu_label") or "-"))]
     line = " ".join(cols)
     if finished:
-        line += f" {job['state']} {job.get('exit') or '-'}" + _note(job)
+        line += f" {job['state']} {job.get('exit') or '-'}" + _usage(job) + _note(job)
     return line
+
+
+def _usage(job: dict[str, Any]) -> str:
+    """`` cpu 12.3s peak 210M`` for a finished job that ran (what accounting measured)."""
+    stats = job.get("stats") or {}
+    if job["state"] != "finished" or job.get("started") is None:
+        return ""
+    cpu = stats.get("cpu_time")
+    peak = stats.get("peak_mem")
+    if cpu is None and peak is None:
+        return ""
+    return (f" cpu {cpu:.1f}s" if isinstance(cpu, (int, float)) else " cpu -") + \
+        (f" peak {format_mem(peak)}" if isinstance(peak, int) else " peak -")
+
+
+SHOW_FIELDS = (
+    ("id", "id"), ("name", "name"), ("user", "user"), ("command", "command"), ("cwd", "directory"),
+    ("state", "state"), ("position", "place in queue"), ("why", "waiting because"),
+    ("after", "after"), ("cpus", "cpus"), ("numa_nodes", "numa nodes"), ("gpus", "gpus"),
+    ("gpu_label", "gpu set"), ("mem", "memory budget"), ("max_time", "max time"), ("deadline", "deadline"),
+    ("cgroup", "cgroup"), ("output", "output"), ("submitted", "submitted"), ("started", "started"),
+    ("ended", "ended"), ("wall", "wall time"), ("exit", "result"), ("cpu_time", "cpu time"),
+    ("peak_mem", "peak memory"),
+)
+
+
+def format_show(job: dict[str, Any], now: float) -> list[str]:
+    """``dispatch show`` for people: one ``field: value`` line each, those that apply."""
+    lines = []
+    for key, label in SHOW_FIELDS:
+        value = job.get(key)
+        if value is None or value == [] or value == "":
+            continue
+        if key in ("submitted", "started", "ended", "deadline"):
+            text = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+        elif key in ("max_time", "wall"):
+            text = format_duration(value) if value >= 1 else f"{value:.2f}s"
+        elif key == "cpu_time":
+            text = f"{value:.2f}s"
+        elif key in ("mem", "peak_mem"):
+            text = format_mem(value)
+            if key == "mem":
+                text += (" (assigned by default)" if job.get("mem_assigned") else " (requested)") + \
+                    (", spread over NUMA nodes" if job.get("spread") else "")
+        elif key == "after":
+            text = ", ".join(map(str, value)) + (" (only if they exit 0)" if job.get("after_ok") else "")
+        elif key in ("cpus", "gpus", "numa_nodes"):
+            text = ",".join(map(str, value))
+        elif key == "exit":
+            text = f"{job['exit']}" + _note(job) if job["state"] == "finished" else ""
+        else:
+            text = str(value)
+        if text:
+            lines.append(f"{label}: {one_line(text)}")
+    return lines
 
 
 def format_rows(jobs: list[dict[str, Any]], now: float, finished: bool) -> list[str]:

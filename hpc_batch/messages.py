@@ -8,6 +8,21 @@ from typing import Any
 
 VERSION = 1
 
+# Why a request was refused: the fixed set of codes an error reply carries,
+# each with the exit status dispatch gives it, so a script can branch on why.
+REFUSALS = {
+    "refused": 1,       # anything else the daemon will not do (the message says what)
+    "not_found": 3,     # no such job (id or name)
+    "forbidden": 4,     # not yours, or admins only
+    "bad_request": 5,   # invalid request: a field out of bounds, a corrupt frame
+    "never_fits": 6,    # the request can never fit on this machine
+    "queue_full": 7,    # --max-queued-per-user
+    "too_large": 8,     # --max-job-size
+    "busy": 9,          # the daemon cannot take it now (connections, full disk): try again
+    "finished": 10,     # the job has already ended
+    "internal": 70,     # a bug in hpc-batchd (EX_SOFTWARE)
+}
+
 
 def request(op: str, **args: Any) -> dict[str, Any]:
     """Build a request message."""
@@ -19,8 +34,8 @@ def ok(**result: Any) -> dict[str, Any]:
     return {"v": VERSION, "ok": True, "result": result}
 
 
-def error(message: str, code: str = "error") -> dict[str, Any]:
-    """Build an error reply; *message* is shown to the user as is."""
+def error(message: str, code: str = "refused") -> dict[str, Any]:
+    """Build an error reply; *message* is shown to the user as is, *code* is one of REFUSALS."""
     return {"v": VERSION, "ok": False, "error": message, "code": code}
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from . import bounds
 
 # Re-exported (``protocol.ok(...)`` and the rest): the redundant aliases mark them public.
+from .jobs import MAX_AFTER, valid_name
 from .messages import VERSION as VERSION
 from .messages import error as error
 from .messages import event as event
@@ -62,11 +63,41 @@ def _path(args: Args, name: str, default: Any = ..., allow_none: bool = False) -
     return value
 
 
+MAX_REFS = 1000     # jobs one wait may name
+
+
+def _ref(value: object, field: str) -> int | str:
+    """A job reference: an id in range, or a valid --name."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ProtocolError(f"field {field!r} has the wrong type")
+    if isinstance(value, int):
+        if not 0 < value <= bounds.MAX_ID:
+            raise ProtocolError(f"job ids are whole numbers from 1 to {bounds.MAX_ID}")
+        return value
+    if not valid_name(value):
+        raise ProtocolError(f"{_short(value)} is neither a job id nor a job name")
+    return value
+
+
 def _word(args: Args, name: str) -> str | None:
     value: str | None = _get(args, name, (str,), default=None, allow_none=True)
     if value is not None and not (value.isascii() and value.isalnum() and len(value) <= 16):
         raise ProtocolError(f"field {name!r} must be a short word, e.g. NV4")
     return value
+
+
+def _name(args: Args) -> str | None:
+    value: str | None = _get(args, "name", (str,), default=None, allow_none=True)
+    if value is not None and not valid_name(value):
+        raise ProtocolError("field 'name' must be 1-64 letters, digits, '.', '_' or '-', and not only digits")
+    return value
+
+
+def _after(args: Args) -> tuple[int | str, ...]:
+    refs = _get(args, "after", (list,), default=[])
+    if len(refs) > MAX_AFTER:
+        raise ProtocolError(f"field 'after' may name at most {MAX_AFTER} jobs")
+    return tuple(_ref(r, "after") for r in refs)
 
 
 def _str_list(args: Args, name: str) -> tuple[str, ...]:
@@ -106,6 +137,9 @@ class NewJob:
     job_env: dict[str, str] = field(default_factory=dict)  # leading NAME=VALUE words
     base_env: dict[str, str] = field(default_factory=dict)  # the submitter's PATH and LANG for a clean env
     output_is_dir: bool = True      # *output* names a directory (the log is output.<id>.log in it)
+    name: str | None = None         # --name
+    after: tuple[int | str, ...] = ()   # --after / --after-ok: jobs (ids or names) it starts after
+    after_ok: bool = False          # ... only if they all exited 0
     umask: int = 0o077              # the submitter's; the job and its log get it
 
     @classmethod
@@ -130,6 +164,9 @@ class NewJob:
             job_env=_str_map(args, "job_env") or {},
             base_env={k: v for k, v in (_str_map(args, "base_env") or {}).items() if k in ("PATH", "LANG")},
             umask=_int(args, "umask", 0, bounds.MAX_UMASK, default=0o077),
+            name=_name(args),
+            after=_after(args),
+            after_ok=_get(args, "after_ok", (bool,), default=False),
         )
 
     def size(self) -> int:
@@ -157,29 +194,49 @@ class ListJobs:
 
 @dataclass(frozen=True)
 class JobRef:
-    """``dispatch attach ID`` / ``dispatch kill ID``."""
+    """``dispatch kill JOB`` / ``show JOB``: a job by id, or by its --name (the caller's newest of that name)."""
 
-    id: int
+    id: int | str
 
     @classmethod
     def from_args(cls, args: Args) -> "JobRef":
-        job_id = _get(args, "id", (int,))
-        if not 0 < job_id <= bounds.MAX_ID:
-            raise ProtocolError(f"job ids are whole numbers from 1 to {bounds.MAX_ID}")
-        return cls(id=job_id)
+        return cls(id=_ref(_get(args, "id", (int, str)), "id"))
 
 
 @dataclass(frozen=True)
 class Attach:
-    """``dispatch attach ID``; *offset* resumes a stream cut by a daemon reload."""
+    """``dispatch attach JOB``; *offset* resumes a stream cut by a daemon reload."""
 
-    id: int
+    id: int | str
     offset: int = 0
 
     @classmethod
     def from_args(cls, args: Args) -> "Attach":
         ref = JobRef.from_args(args)
         return cls(id=ref.id, offset=_int(args, "offset", 0, bounds.MAX_OFFSET, default=0))
+
+
+@dataclass(frozen=True)
+class WaitJobs:
+    """``dispatch wait JOB...``: answered once every one of them has ended."""
+
+    ids: tuple[int | str, ...]
+
+    @classmethod
+    def from_args(cls, args: Args) -> "WaitJobs":
+        refs = _get(args, "ids", (list,))
+        if not refs or len(refs) > MAX_REFS:
+            raise ProtocolError(f"field 'ids' must name 1 to {MAX_REFS} jobs")
+        return cls(ids=tuple(_ref(r, "ids") for r in refs))
+
+
+@dataclass(frozen=True)
+class Status:
+    """``dispatch status``: the machine at a glance."""
+
+    @classmethod
+    def from_args(cls, args: Args) -> "Status":
+        return cls()
 
 
 @dataclass(frozen=True)
@@ -196,7 +253,7 @@ class Ping:
 class JobSetting:
     """``dispatch job ID max-time get|set D|add D``: read or change one of a job's settings."""
 
-    id: int
+    id: int | str
     setting: str                    # "max_time"
     action: str                     # "get", "set" or "add"
     seconds: int | None = None      # for set and add
@@ -219,10 +276,11 @@ class JobSetting:
         return cls(id=ref.id, setting=setting, action=action, seconds=seconds)
 
 
-Payload = NewJob | ListJobs | Attach | JobRef | Ping | JobSetting
+Payload = NewJob | ListJobs | Attach | JobRef | Ping | JobSetting | WaitJobs | Status
 
 # One line a verb: the daemon's dispatch table is keyed on the same names.
 REQUESTS: dict[str, type[Payload]] = {"new": NewJob, "list": ListJobs, "attach": Attach, "kill": JobRef,
+                                      "wait": WaitJobs, "show": JobRef, "status": Status,
                                       "job": JobSetting, "ping": Ping}
 
 

@@ -30,7 +30,7 @@ from shepherd import records
 from . import access, framing, protocol
 from .engine import Engine, Refused
 from .handlers import HANDLERS
-from .jobs import FINISHED, QUEUED, Job, exit_column
+from .jobs import FINISHED, QUEUED, WAITING, Job, exit_column, wait_status
 from .ratelog import RateLimited
 
 log = logging.getLogger("hpc-batchd")
@@ -78,6 +78,12 @@ class Conn:
         self.last = time.monotonic()          # last request bytes, or last reply bytes taken
         self.partial_since: float | None = None   # when the unfinished frame in decoder began
         self.attach: AttachState | None = None    # dict(job, fd, offset, ending, done) while streaming
+        self.waiting: list[int] | None = None     # the jobs a dispatch wait names, while it waits
+
+    @property
+    def held(self) -> bool:
+        """An attach or a wait: a connection that stays open for the daemon to speak next."""
+        return self.attach is not None or self.waiting is not None
 
     def open(self) -> bool:
         """False once the connection has been closed."""
@@ -95,6 +101,7 @@ class Server:
         self.conns: dict[int, Conn] = {}
         self.pidfds: dict[int, int] = {}      # pidfd -> job id
         self.attached: dict[int, set[Conn]] = {}  # job id -> conns streaming it
+        self.waiters: dict[int, set[Conn]] = {}   # job id -> conns waiting for it to end
         self.wds: dict[int, int] = {}         # inotify wd -> job id
         self.job_wd: dict[int, int] = {}      # job id -> inotify wd
         self.signals: list[int] = []
@@ -118,6 +125,9 @@ class Server:
             self.sel.unregister(fd)
 
     def job_event(self, job_id: int, kind: str) -> None:
+        if kind == "finished":
+            for conn in list(self.waiters.pop(job_id, ())):
+                self._answer_wait(conn)
         for conn in list(self.attached.get(job_id, ())):
             if kind == "started":
                 self._open_stream(conn)
@@ -210,7 +220,7 @@ class Server:
                 rlog.warning(f"slow-{conn.caller.uid}", "uid %d took over %ds to send one request; dropped",
                              conn.caller.uid, FRAME_DEADLINE)
                 self._close(conn)
-            elif conn.attach is None and now - conn.last > IDLE_TIMEOUT:
+            elif not conn.held and now - conn.last > IDLE_TIMEOUT:
                 self._close(conn)
             elif conn.attach is not None and conn.out and now - conn.last > IDLE_TIMEOUT:
                 self._close(conn)   # an attach that stopped reading its output
@@ -279,7 +289,7 @@ class Server:
                 return
             if data:
                 conn.last = time.monotonic()
-                if conn.attach is None and not conn.closing:
+                if not conn.held and not conn.closing:
                     conn.decoder.feed(data)
                     if conn.decoder.pending and conn.partial_since is None:
                         conn.partial_since = conn.last
@@ -307,11 +317,11 @@ class Server:
 
     def _requests(self, conn: Conn) -> None:
         assert self.engine is not None  # start() first
-        while not conn.closing and conn.attach is None and not conn.out:
+        while not conn.closing and not conn.held and not conn.out:
             try:
                 msg = conn.decoder.next()
             except framing.FrameError as exc:
-                self._reply(conn, protocol.error(str(exc), "bad_frame"), close=True)
+                self._reply(conn, protocol.error(str(exc), "bad_request"), close=True)
                 return
             conn.partial_since = time.monotonic() if conn.decoder.pending else None
             if msg is None:
@@ -326,6 +336,10 @@ class Server:
                 if op == "attach":
                     assert isinstance(payload, protocol.Attach)  # what parse_request makes of "attach"
                     self._attach(conn, payload, now)
+                    continue
+                if op == "wait":
+                    assert isinstance(payload, protocol.WaitJobs)
+                    self._wait(conn, payload)
                     continue
                 reply = HANDLERS[op](self.engine, conn.caller, payload, now)
             except Refused as exc:
@@ -383,7 +397,41 @@ class Server:
                 pass
         if conn.attach is not None:
             self._detach(conn)
+        for job_id in conn.waiting or ():
+            waiters = self.waiters.get(job_id)
+            if waiters is not None:
+                waiters.discard(conn)
+                if not waiters:
+                    del self.waiters[job_id]
         conn.sock.close()
+
+    # -- wait ---------------------------------------------------------------------
+    def _wait(self, conn: Conn, req: protocol.WaitJobs) -> None:
+        """dispatch wait: answer once every named job has ended; woken by their ends, never by polling."""
+        assert self.engine is not None
+        conn.waiting = list(dict.fromkeys(self.engine.lookup(conn.caller, ref).id for ref in req.ids))
+        for job_id in conn.waiting:
+            if self.engine.jobs[job_id].state != FINISHED:
+                self.waiters.setdefault(job_id, set()).add(conn)
+        self._answer_wait(conn)
+
+    def _answer_wait(self, conn: Conn) -> None:
+        """Reply to a wait if none of its jobs is still to end."""
+        assert self.engine is not None and conn.waiting is not None
+        jobs = [self.engine.jobs.get(j) for j in conn.waiting]
+        if any(j is not None and j.state != FINISHED for j in jobs):
+            return
+        done = []
+        for job_id, job in zip(conn.waiting, jobs):
+            if job is None:   # forgotten (--keep-finished) while we waited: say so rather than guess
+                done.append({"id": job_id, "state": "unknown", "exit": None, "wait_status": 246, "note": None})
+            else:
+                res = job.get_result()
+                done.append({"id": job.id, "name": job.name, "state": job.state, "result": res.kind if res else None,
+                             "exit": exit_column(res), "wait_status": wait_status(res),
+                             "note": res.note if res else None, "output": job.output,
+                             "output_error": job.output_error})
+        self._reply(conn, protocol.ok(jobs=done), close=True)
 
     # -- attach -----------------------------------------------------------------
     def _attach(self, conn: Conn, req: protocol.Attach, now: float) -> None:
@@ -395,7 +443,7 @@ class Server:
         conn.attach = {"job": job.id, "fd": None, "offset": req.offset, "ending": False, "done": False}
         self.attached.setdefault(job.id, set()).add(conn)
         self._reply(conn, protocol.event("attached", id=job.id, state=job.state))
-        if job.state != QUEUED:
+        if job.state not in (QUEUED, WAITING):
             self._open_stream(conn)
             self._pump(conn)
 

@@ -352,17 +352,22 @@ class Supervisor:
             # Still unreaped, the leader pins its process group: take the stragglers with it.
             self._signal_job(signal.SIGKILL)
         assert self.pid is not None  # run_job forked it
-        _, status = os.waitpid(self.pid, 0)
+        _, status, usage = os.wait4(self.pid, 0)
         self.reaped = True
         self.kill_at = None
         rec = records.ExitRecord(status=status, ended=time.time(), stopped=stopped, stop_note=self.stop_note)
+        # Without a cgroup, the job's own account: its CPU time and those of the children it waited
+        # for, and the largest resident set among them (what rusage can tell).
+        rec.cpu_time = usage.ru_utime + usage.ru_stime
+        rec.peak_mem = usage.ru_maxrss * 1024
         if os.WIFEXITED(status):
             rec.code = os.WEXITSTATUS(status)
         elif os.WIFSIGNALED(status):
             rec.signal = os.WTERMSIG(status)
         if self.cgroup:
             for key, value in cgroup.collect_and_remove(self.cgroup).items():
-                setattr(rec, key, value)
+                if value is not None:   # the cgroup saw the whole job: prefer it to rusage
+                    setattr(rec, key, value)
         if self.pipe_r is not None:
             self._unwatch(self.pipe_r)
             # What the job wrote before it ended; a straggler still writing does not keep us here.

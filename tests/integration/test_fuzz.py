@@ -83,10 +83,14 @@ def record_seeds(scratch, user, home):
         ("new", "--", "true"),
         ("new", "--cpu", "1", "--max-mem", "512M", "--max-time", "10s", "--no-output", "--", "true"),
         ("new", "--env", "--output", home, "--numa-local", "--", "FOO=bar", "echo", "hi"),
+        ("new", "--name", "prep", "--after-ok", "1", "--json", "--", "true"),
         ("new", "--exclusive", "--gpu-cores", "0", "--", "true"),
         ("list", "--all", "--finished"),
         ("kill", "1"),
         ("attach", "1"),
+        ("show", "prep"),
+        ("status",),
+        ("job", "1", "max-time", "add", "1h"),
     ]
     for cmd in commands:
         subprocess.run(["runuser", "-u", user, "--", "env", f"HPC_BATCH_SOCKET={path}", DISPATCH, *cmd],

@@ -116,9 +116,9 @@ def test_gpu_link_met_at_once_or_refused(gpu_daemon, scratch):
     nv = d.submit("sh", "-c", SHOW, flags=("--gpu-cores", "2", "--gpu-link", "NV", "--max-mem", "256M"))
     assert exit_of(d.wait_finished(nv)) == "0" and _gpus_of(scratch, nv) == "2,3 PCI_BUS_ID"
     r = d.dispatch("new", "--gpu-cores", "2", "--gpu-link", "NV4", "--", "true")
-    assert r.returncode == 1 and "can never be met" in r.stderr and "NV2" in r.stderr
+    assert r.returncode == 6 and "can never be met" in r.stderr and "NV2" in r.stderr
     r = d.dispatch("new", "--gpu-cores", "2", "--gpu-link", "QPI", "--", "true")
-    assert r.returncode == 1 and "--gpu-link" in r.stderr
+    assert r.returncode == 6 and "--gpu-link" in r.stderr
     open(flag, "w").close()
     d.wait_finished(held)
 
@@ -143,12 +143,12 @@ def test_numa_local_gpu_refused_when_no_node_can_hold_it(daemon_factory, users, 
     # The fake says GPUs 2 and 3 hang off node 1, which this host does not have.
     d = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0", env=_fake(scratch, numa=(0, 1)))
     r = d.dispatch("new", "--gpu-cores", "3", "--numa-local-gpu", "--", "true")
-    assert r.returncode == 1 and "--numa-local-gpu can never be met" in r.stderr
+    assert r.returncode == 6 and "--numa-local-gpu can never be met" in r.stderr
     ok = d.submit("sh", "-c", SHOW, flags=("--gpu-cores", "2", "--numa-local", "--max-mem", "256M"))
     d.wait_finished(ok)
     assert _gpus_of(scratch, ok) == "0,1 PCI_BUS_ID"              # the pair on the job's node
     r = d.dispatch("new", "--gpu-link", "NV", "--", "true")
-    assert r.returncode == 1 and "--gpu-cores" in r.stderr
+    assert r.returncode == 6 and "--gpu-cores" in r.stderr
 
 
 def test_max_time_get_set_add(daemon_factory, users, scratch):
@@ -158,7 +158,7 @@ def test_max_time_get_set_add(daemon_factory, users, scratch):
     job = d.submit("sleep", "600", flags=("--max-time", "1h", "--no-output"), user=alice, cwd=home)
     assert d.ok("job", str(job), "max-time", "get", user=alice).startswith(f"job {job} max-time 1h")
     r = d.dispatch("job", str(job), "max-time", "add", "1h", user=alice)
-    assert r.returncode == 1 and "admin" in r.stderr
+    assert r.returncode == 4 and "admin" in r.stderr
     assert d.ok("job", str(job), "max-time", "add", "30m", user=admin).startswith(f"job {job} max-time 1h30m")
     assert " 1h30m " in d.rows(user=alice)[job]
     status = os.path.join(d.state_dir, "jobs", str(job), "status.json")
@@ -171,6 +171,6 @@ def test_max_time_get_set_add(daemon_factory, users, scratch):
     d2 = daemon_factory()
     assert exit_of(d2.wait_finished(job, user=alice)) == "timeout"
     r = d2.dispatch("job", str(job), "max-time", "set", "1h", user=admin)
-    assert r.returncode == 1 and "already finished" in r.stderr
+    assert r.returncode == 10 and "already finished" in r.stderr
     r = d2.dispatch("job", str(job), "max-time", "set", "soon", user=admin)
     assert r.returncode == 2

@@ -348,7 +348,7 @@ def test_connections_per_user_are_capped(daemon_factory, users, scratch):
     assert int(p.stdout.readline()) == 8
     try:
         r = d.dispatch("list", user=alice, timeout=ALIVE)
-        assert r.returncode == 1 and "--max-connections-per-user" in r.stderr, r.stderr
+        assert r.returncode == 9 and "--max-connections-per-user" in r.stderr, r.stderr
         alive(d, bob)                          # bob is not affected by alice's hoard
     finally:
         p.communicate("\n", timeout=30)
@@ -538,7 +538,7 @@ def test_queued_jobs_per_user_are_capped(daemon_factory, users):
     for _ in range(3):
         d.submit("true", user=alice, cwd=home)
     r = d.dispatch("new", "--", "true", user=alice, cwd=home)
-    assert r.returncode == 1 and "--max-queued-per-user" in r.stderr and r.stderr.count("\n") == 1
+    assert r.returncode == 7 and "--max-queued-per-user" in r.stderr and r.stderr.count("\n") == 1
     d.submit("true", user=bob, cwd="/tmp", flags=("--no-output",))    # bob has his own allowance
     d.ok("kill", str(blocker))
 
@@ -548,9 +548,9 @@ def test_job_size_is_capped(daemon_factory, users):
     alice = users["alice"].pw_name
     r = d.dispatch("new", "--env", "--", "true", user=alice, cwd=users["alice"].pw_dir,
                    env={"BIG": "x" * (100 << 10)})
-    assert r.returncode == 1 and "--max-job-size" in r.stderr and r.stderr.count("\n") == 1
+    assert r.returncode == 8 and "--max-job-size" in r.stderr and r.stderr.count("\n") == 1
     r = d.dispatch("new", "--", "echo", "y" * (100 << 10), user=alice, cwd=users["alice"].pw_dir)
-    assert r.returncode == 1 and "--max-job-size" in r.stderr
+    assert r.returncode == 8 and "--max-job-size" in r.stderr
     assert d.rows("--all", "--finished") == {}
 
 

@@ -41,8 +41,9 @@ def test_kill_running_and_queued(daemon_factory, users):
     b = d.submit("sleep", "60")
     assert "queued" in d.rows()[b]
     out = d.ok("kill", str(b))
-    assert "removed" in out
-    assert b not in d.rows("--finished")
+    assert "cancelled" in out and "removed from the queue" in out
+    assert b not in d.rows()                                     # out of the queue
+    assert exit_of(d.rows("--finished")[b]) == "cancelled"       # and in the history as never run
     d.ok("kill", str(a))
     row = d.wait_finished(a)
     assert exit_of(row) == "killed"
@@ -59,12 +60,14 @@ def test_kill_job_that_ignores_sigterm(daemon):
 
 def test_kill_unknown_and_finished(daemon):
     r = daemon.dispatch("kill", "9999")
-    assert r.returncode == 1 and "no such job" in r.stderr
+    assert r.returncode == 3 and "no such job" in r.stderr
     job = daemon.submit("true")
     daemon.wait_finished(job)
     r = daemon.dispatch("kill", str(job))
-    assert r.returncode == 1 and "already finished" in r.stderr
-    r = daemon.dispatch("kill", "abc")
+    assert r.returncode == 10 and "already finished" in r.stderr
+    r = daemon.dispatch("kill", "abc")              # a name no job has
+    assert r.returncode == 3 and "no job named 'abc'" in r.stderr
+    r = daemon.dispatch("kill", "a b")              # neither an id nor a name
     assert r.returncode == 2
 
 

@@ -37,10 +37,10 @@ def test_other_users_cannot_see_or_touch(daemon, users):
     job = daemon.submit("sleep", "60", user=alice, cwd=users["alice"].pw_dir)
     assert job not in daemon.rows(user=bob)
     r = daemon.dispatch("list", "--all", user=bob)
-    assert r.returncode == 1 and "admin" in r.stderr
+    assert r.returncode == 4 and "admin" in r.stderr
     for verb in ("attach", "kill"):
         r = daemon.dispatch(verb, str(job), user=bob)
-        assert r.returncode == 1 and "belongs to another user" in r.stderr, r
+        assert r.returncode == 4 and "belongs to another user" in r.stderr, r
     assert "queued" not in daemon.rows(user=alice)[job] and job in daemon.rows(user=alice)
     # The admin can list, attach to and kill it.
     assert job in daemon.rows("--all", user=admin)
@@ -59,7 +59,7 @@ def test_list_is_public(daemon_factory, users):
     job = d.submit("sleep", "30", user=alice.pw_name, cwd=alice.pw_dir)
     assert job in d.rows("--all", user=bob.pw_name)
     r = d.dispatch("kill", str(job), user=bob.pw_name)
-    assert r.returncode == 1 and "belongs to another user" in r.stderr
+    assert r.returncode == 4 and "belongs to another user" in r.stderr
     d.ok("kill", str(job), user=alice.pw_name)
 
 

@@ -123,7 +123,7 @@ def test_max_time_above_lifetime_refused(daemon_factory, users):
 
 def test_never_fitting_request_refused(daemon):
     r = daemon.dispatch("new", "--cpu", "4096", "--", "true")
-    assert r.returncode == 1 and "never fit" in r.stderr
+    assert r.returncode == 6 and "never fit" in r.stderr
 
 
 @pytest.mark.parametrize("args", [("--help",), ("new", "--help"), ("list", "--help"),

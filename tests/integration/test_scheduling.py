@@ -47,13 +47,13 @@ def test_gpus_allocated_and_visible(daemon_factory, users, gpu_path, scratch):
     assert _log_of(scratch, b) == "[3]\n"
     assert _log_of(scratch, c) == "[]\n"
     r = d.dispatch("new", "--gpu-cores", "5", "--", "true")
-    assert r.returncode == 1 and "4 GPUs" in r.stderr
+    assert r.returncode == 6 and "4 GPUs" in r.stderr
 
 
 def test_no_gpus_without_nvidia_smi(daemon):
     assert "GPUs: none" in daemon.log()
     r = daemon.dispatch("new", "--gpu-cores", "1", "--", "true")
-    assert r.returncode == 1 and "no GPUs" in r.stderr
+    assert r.returncode == 6 and "no GPUs" in r.stderr
 
 
 def test_budget_printed_and_pinned(daemon_factory, users, scratch):

@@ -100,4 +100,4 @@ def test_user_mode_accepts_only_own_uid(daemon_factory, users, scratch):
     with open(os.path.join(scratch, f"output.{job}.log")) as f:
         assert f.read().strip() == str(alice.pw_uid)
     r = d.dispatch("new", "--", "true", user=bob.pw_name, cwd="/tmp")
-    assert r.returncode == 1 and "only accepts" in r.stderr
+    assert r.returncode == 4 and "only accepts" in r.stderr

@@ -177,6 +177,11 @@ def test_peak_memory_and_cpu_time_recorded(guest):
     rec = json.loads(read(guest, f"/var/lib/hpc-batch/jobs/{job}/job.json"))
     assert rec["stats"]["peak_mem"] >= 200 << 20, rec["stats"]
     assert rec["stats"]["cpu_time"] > 0.1, rec["stats"]
+    # What the user sees of it: show --json and the list's accounting columns.
+    shown = json.loads(dispatch(guest, USER, "show", "--json", str(job)).out)
+    assert shown["peak_mem"] >= 200 << 20 and shown["cpu_time"] > 0.1 and shown["wall"] > 0, shown
+    row = rows(guest, USER, "--finished")[job].split()
+    assert int(row[row.index("peak") + 1].rstrip("M")) >= 200, row
 
 
 def test_shepherd_outside_the_job_cgroup(guest):

@@ -180,7 +180,7 @@ def test_a_job_that_fits_starts_and_one_that_does_not_queues(world):
 @pytest.mark.parametrize("kw,code,needle", [
     ({"max_time": 7200}, "refused", "--max-lifetime"),
     ({"argv": ("x" * (1 << 17),)}, "too_large", "--max-job-size"),
-    ({"cpus": 64}, "refused", "never fit"),
+    ({"cpus": 64}, "never_fits", "never fit"),
 ])
 def test_refusals_name_what_to_change(world, kw, code, needle):
     eng, store, fake, _ = world

@@ -34,6 +34,8 @@ def test_queued_row_and_spread_and_exclusive():
 def test_finished_rows():
     done = job(state="finished", ended=NOW - 5, exit="3", result={"kind": "exited", "code": 3})
     assert format_row(done, NOW, True).endswith(" 0:01:00 1h30m 32G no - finished 3")
+    done["stats"] = {"cpu_time": 12.34, "peak_mem": 210 << 20}
+    assert format_row(done, NOW, True).endswith(" finished 3 cpu 12.3s peak 210M")
     oom = job(state="finished", ended=NOW, exit="oom", result={"kind": "oom"}, mem_assigned=False)
     assert "finished oom (budget requested with --max-mem was 32G)" in format_row(oom, NOW, True)
     oom["mem_assigned"] = True
@@ -60,3 +62,20 @@ def test_multiline_command_stays_on_one_row():
     row = format_row(job(command="python3 -c 'a = 1\nb\t= 2'"), NOW, False)
     assert "\n" not in row and "\\n" in row and "\\t" in row
     assert one_line("plain") == "plain"
+
+
+def test_waiting_and_named_rows():
+    row = format_row(job(state="waiting", started=None, name="prep"), NOW, False)
+    assert row == "alice 7 [prep]sleep 30 - waiting 1h30m 32G no -"
+    gone = job(state="finished", started=None, exit="cancelled", result={"kind": "cancelled", "note": "by alice"})
+    assert format_row(gone, NOW, True).endswith(" - - 1h30m 32G no - finished cancelled (by alice)")
+
+
+def test_show_lines():
+    from hpc_batch.listing import format_show
+    shown = job(state="queued", started=None, position=2, why="behind job 6", cwd="/home/alice", cpus=None,
+                after=[3], after_ok=True)
+    lines = format_show(shown, NOW)
+    assert "state: queued" in lines and "place in queue: 2" in lines and "waiting because: behind job 6" in lines
+    assert "after: 3 (only if they exit 0)" in lines and "memory budget: 32G (assigned by default)" in lines
+    assert not any(line.startswith("started:") for line in lines)

@@ -99,7 +99,10 @@ def test_new_size_counts_command_and_environment():
 
 @pytest.mark.parametrize("op,args,needle", [
     ("kill", {"id": 0}, "job ids"), ("kill", {"id": -1}, "job ids"), ("kill", {"id": bounds.MAX_ID + 1}, "job ids"),
-    ("kill", {"id": True}, "wrong type"), ("kill", {"id": "3"}, "wrong type"), ("kill", {}, "lacks field 'id'"),
+    ("kill", {"id": True}, "wrong type"), ("kill", {"id": "3"}, "neither a job id nor a job name"),
+    ("kill", {"id": "bad name!"}, "neither"), ("kill", {"id": 1.0}, "wrong type"), ("kill", {}, "lacks field 'id'"),
+    ("wait", {"ids": []}, "1 to"), ("wait", {"ids": [1, "x" * 65]}, "neither"), ("wait", {"ids": "1"}, "wrong type"),
+    ("show", {"id": [1]}, "wrong type"),
     ("attach", {"id": 1, "offset": -1}, "offset"), ("attach", {"id": 1, "offset": 2 ** 63}, "offset"),
     ("attach", {"id": 1, "offset": 1.0}, "wrong type"), ("attach", {"id": 2 ** 70}, "job ids"),
     ("list", {"all": 1}, "wrong type"), ("list", {"finished": "yes"}, "wrong type"),
@@ -107,6 +110,16 @@ def test_new_size_counts_command_and_environment():
 def test_other_verbs_refuse(op, args, needle):
     with pytest.raises(protocol.ProtocolError, match=needle):
         protocol.parse_request(req(op, **args))
+
+
+def test_job_refs_by_id_or_name():
+    assert parse("kill", id="prep.v2")[1].id == "prep.v2"
+    assert parse("wait", ids=[3, "prep"])[1].ids == (3, "prep")
+    job = parse("new", **NEW, name="run-1", after=[2, "prep"], after_ok=True)[1]
+    assert (job.name, job.after, job.after_ok) == ("run-1", (2, "prep"), True)
+    for bad in ({"name": "123"}, {"name": "a b"}, {"after": [0]}, {"after": list(range(1, 70))}):
+        with pytest.raises(protocol.ProtocolError):
+            parse("new", **dict(NEW, **bad))
 
 
 def test_attach_offset_bounds():
@@ -137,6 +150,6 @@ def test_unknown_fields_are_ignored_not_identity():
 def test_verbs_agree_between_cli_protocol_and_daemon():
     # Every request has a handler (attach streams, so the server owns it) and
     # every CLI command sends one; ping is the protocol's own liveness probe.
-    assert set(protocol.REQUESTS) == set(HANDLERS) | {"attach"}
+    assert set(protocol.REQUESTS) == set(HANDLERS) | {"attach", "wait"}
     assert set(cli.COMMANDS) == set(protocol.REQUESTS) - {"ping"}
     assert set(cli.SUBCOMMANDS) == set(cli.COMMANDS)

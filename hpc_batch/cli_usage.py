@@ -1,0 +1,165 @@
+"""The text of every ``dispatch`` usage (docopt reads the Usage and Options sections)."""
+
+USAGE = """dispatch: submit and manage hpc-batch jobs.
+
+Usage:
+  dispatch new [options] [--] <command>...
+  dispatch list [--all] [--finished] [--json]
+  dispatch attach <job>
+  dispatch kill <job>
+  dispatch wait [--json] <job>...
+  dispatch show [--json] <job>
+  dispatch status [--json]
+  dispatch job <job> max-time (get | set <duration> | add <duration>)
+  dispatch (-h | --help)
+  dispatch --version
+
+Commands:
+  new      Queue a job; everything after "--" is its command line.
+  list     Show queued and running jobs (--finished: recent ones too).
+  attach   Follow a running job's output.
+  kill     Kill a running job, or cancel a queued one.
+  wait     Wait for jobs to end; exit with how they ended.
+  show     Everything about one job.
+  status   The machine at a glance: CPUs, memory and GPUs per NUMA node, the queue.
+  job      Read a job's max time; admins can set it or add to it.
+
+A <job> is its id, or the --name it was given (your newest job of that name).
+Run 'dispatch <command> --help' for a command's options. The daemon's socket
+is $HPC_BATCH_SOCKET, or /run/hpc-batch/hpc-batch.sock.
+
+Exit status: 0 success; 1 refused (the message says why); 2 usage; 3 no such
+job; 4 not yours (or admins only); 5 invalid request; 6 can never fit here;
+7 too many queued jobs; 8 job too large; 9 the daemon is busy, try again; 10
+the job has already ended; 69 the daemon is unreachable; 70 a bug in the
+daemon. dispatch wait (and new --wait) exit with the job's own exit code,
+128+N for a job killed by signal N, or 240 killed, 241 timeout, 242 oom,
+243 error, 244 cancelled, 245 dependency-failed, 246 lost.
+"""
+
+NEW_USAGE = """Queue a job. Everything after "--" is its command line; leading NAME=VALUE
+words become its environment, as env(1) reads them.
+
+Usage:
+  dispatch new [--cpu N] [--gpu-cores N] [--gpu-link CLASS] [--max-mem GB] [--max-time D]
+               [--exclusive] [--numa-local] [--numa-local-mem] [--numa-local-gpu] [--env]
+               [--output PATH | --no-output] [--name NAME] [--after JOBS] [--after-ok JOBS]
+               [--wait] [--json] [--] <command>...
+  dispatch new (-h | --help)
+
+Options:
+  --cpu N           Cores, all from one NUMA node (default 1; with --exclusive, all).
+  --gpu-cores N     GPUs; the job sees them in CUDA_VISIBLE_DEVICES [default: 0].
+  --gpu-link CLASS  Wait for GPUs linked at worst by CLASS: NV for any NVLink,
+                    NV4 for 4 NVLinks or more, PIX, PXB, PHB, NODE or SYS.
+  --max-mem GB      Hard memory budget in GiB (or 512M, 64G). Default: the share
+                    of a NUMA node its cores represent.
+  --max-time D      Kill the job after this long: 3600, 45m, 2h, 1h30m, 1d.
+                    Default and ceiling: the daemon's --max-lifetime.
+  --exclusive       Run alone on the machine (waits until it is idle).
+  --numa-local      Both of the next two.
+  --numa-local-mem  Wait for one NUMA node that fits the whole budget rather
+                    than spreading it over nodes.
+  --numa-local-gpu  Take CPUs only on the NUMA node the job's GPUs hang off.
+  --env             Forward this environment instead of a clean one.
+  --output PATH     Directory or file for the log [default: ./output.<id>.log].
+  --no-output       Discard the output when the job ends.
+  --name NAME       A name to list it by and to use in kill, wait and show.
+  --after JOBS      Start only once these jobs (ids or names, comma-separated)
+                    have ended, however they ended.
+  --after-ok JOBS   Start only if these jobs all exit 0; otherwise end as
+                    dependency-failed, saying which did not.
+  --wait            Wait for the job to end, and exit as dispatch wait does.
+  --json            Print one JSON document instead of the summary line.
+  -h --help         Show this help.
+"""
+
+LIST_USAGE = """List jobs: <username> <id> <command> <start> <uptime> <max-time> <mem> <exclusive> <gpus>;
+with --finished also <state> <exit> and, for finished jobs, CPU time and peak memory.
+
+Usage:
+  dispatch list [--all] [--finished] [--json]
+  dispatch list (-h | --help)
+
+Options:
+  --all        Every user's jobs (admins, or everyone with --list-is-public).
+  --finished   Include recently finished jobs and their exit status.
+  --json       One JSON document: {"jobs": [...]} (field names in the README).
+  -h --help    Show this help.
+"""
+
+ATTACH_USAGE = """Follow a job's output until it ends, then print its final state.
+
+Usage:
+  dispatch attach <job>
+  dispatch attach (-h | --help)
+
+Options:
+  -h --help    Show this help.
+"""
+
+KILL_USAGE = """Kill a running job (state killed) or cancel a queued or waiting one (cancelled).
+
+Usage:
+  dispatch kill <job>
+  dispatch kill (-h | --help)
+
+Options:
+  -h --help    Show this help.
+"""
+
+WAIT_USAGE = """Wait until the jobs have ended. Exits with the job's exit code (for several
+jobs, the first in the order given that did not exit 0), 128+N for a signal,
+or 240 killed, 241 timeout, 242 oom, 243 error, 244 cancelled, 245
+dependency-failed, 246 lost. Survives a daemon reload or restart.
+
+Usage:
+  dispatch wait [--json] <job>...
+  dispatch wait (-h | --help)
+
+Options:
+  --json       One JSON document: {"jobs": [...], "exit": N}.
+  -h --help    Show this help.
+"""
+
+SHOW_USAGE = """Everything about one job: command, user, name, state, why it waits and its
+place in the queue, CPUs, NUMA nodes, GPUs, memory budget, max time and
+deadline, cgroup, output, start and end, result, CPU time and peak memory.
+
+Usage:
+  dispatch show [--json] <job>
+  dispatch show (-h | --help)
+
+Options:
+  --json       One JSON document (field names in the README).
+  -h --help    Show this help.
+"""
+
+STATUS_USAGE = """The machine at a glance: per NUMA node the CPUs, memory and GPUs total /
+reserved / in use / free; the policy; how many jobs run, queue and wait; the
+head of the queue and why it waits.
+
+Usage:
+  dispatch status [--json]
+  dispatch status (-h | --help)
+
+Options:
+  --json       One JSON document (field names in the README).
+  -h --help    Show this help.
+"""
+
+JOB_USAGE = """Read a job's max time, or (admins only) change it: set a new one, or add to it.
+A running job's deadline moves with it (counted from when it started).
+
+Usage:
+  dispatch job <job> max-time get
+  dispatch job <job> max-time set <duration>
+  dispatch job <job> max-time add <duration>
+  dispatch job (-h | --help)
+
+Options:
+  -h --help    Show this help.
+"""
+
+SUBCOMMANDS = {"new": NEW_USAGE, "list": LIST_USAGE, "attach": ATTACH_USAGE, "kill": KILL_USAGE,
+               "wait": WAIT_USAGE, "show": SHOW_USAGE, "status": STATUS_USAGE, "job": JOB_USAGE}

@@ -1,0 +1,133 @@
+"""What ``dispatch status`` and ``dispatch show`` say (pure: the engine passes everything in).
+
+``status`` is the machine at a glance: per NUMA node the CPUs, memory and
+GPUs total / reserved / in use / free, the policy, how many jobs wait, run
+and are held by dependencies, and the head of the queue with why it waits.
+``why_waiting`` is the one place that explains a queued job's wait, in the
+terms the scheduler uses: what it needs that is not free, or which policy
+holds it behind the head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from . import gputopo
+from .resources import Allocation, Budget, Free, Limits, Machine, Request, capacity, format_bytes
+
+
+def why_waiting(req: Request, budget: Budget, position: int, head: int | None, free: Free, policy: str,
+                policy_state: dict[str, Any]) -> str:
+    """One line: why a queued job at 1-based *position* (behind *head*, if it is not the head) waits."""
+    n = req.cpus or 1
+    local = req.numa_local and not free.cap.pool
+    lacks = []
+    if req.exclusive and free.running:
+        lacks.append(f"it runs alone, and {free.running} job{'s are' if free.running > 1 else ' is'} running")
+    elif free.exclusive:
+        lacks.append("an exclusive job holds the machine")
+    if not req.exclusive and n > free.max_cpus():
+        lacks.append(f"it needs {n} cores on one NUMA node; the most free on one is {free.max_cpus()}")
+    if budget.mem > free.mem_max(local):
+        where = " on one NUMA node" if local else ""
+        lacks.append(f"it needs {format_bytes(budget.mem)} of memory{where}; "
+                     f"{format_bytes(max(0, free.mem_max(local)))} is free")
+    if req.gpus > len(free.gpus):
+        lacks.append(f"it needs {req.gpus} GPUs; {len(free.gpus)} are free")
+    elif req.gpus and (req.gpu_link or req.numa_local_gpu):
+        if gputopo.choose_gpus(free.cap.topology, free.gpus, req.gpus, req.max_link) is None:
+            lacks.append(f"no {req.gpus} free GPUs are linked by {req.gpu_link} or better")
+        elif req.numa_local_gpu:
+            lacks.append(f"no NUMA node has {req.gpus} free GPUs and {n} free cores beside them")
+    if lacks and position == 1:
+        return "; ".join(lacks)
+    if position > 1 and head is not None:
+        if policy == "fifo-strict":
+            return f"behind job {head}, the head of the queue (fifo-strict: nothing overtakes it)"
+        if lacks:
+            return f"behind job {head}; and " + "; ".join(lacks)
+        if policy == "easy-backfill":
+            return f"it does not fit what is left of the backfill budget held for job {head} (easy-backfill)"
+        start = policy_state.get("start")
+        if isinstance(start, (int, float)):
+            return (f"it would still be running when job {head} is due to start (strict-backfill); "
+                    f"it fits once --max-time is short enough")
+        return f"behind job {head} (strict-backfill: no start time can be promised to the head yet)"
+    return "; ".join(lacks) or "it is about to start"
+
+
+def _node_of(free: Free) -> dict[int, int]:
+    return {c: n.id for n in free.cap.nodes for c in n.cpus}
+
+
+def status(machine: Machine, limits: Limits, running: Sequence[Allocation], policy: str, queued: int,
+           waiting: int, head: dict[str, Any] | None) -> dict[str, Any]:
+    """The machine at a glance, as a JSON-safe dict (``dispatch status --json``)."""
+    cap = capacity(machine, limits)
+    topo = machine.topology
+    gpu_node = {g: (topo.numa.get(g) if topo else None) for g in machine.gpus}
+    nodes = []
+    cpu_in_use: dict[int, int] = {}
+    mem_in_use: dict[int, int] = {}
+    gpu_in_use: set[int] = set()
+    home = {c: n.id for n in machine.nodes for c in n.cpus}
+    for a in running:
+        for c in a.cpus:
+            if c in home:
+                cpu_in_use[home[c]] = cpu_in_use.get(home[c], 0) + 1
+        for node, b in a.mem_by_node:
+            mem_in_use[node] = mem_in_use.get(node, 0) + b
+        gpu_in_use.update(a.gpus)
+    offered = {n.id: n for n in cap.nodes}
+    for n in sorted(machine.nodes, key=lambda n: n.id):
+        job_node = offered.get(n.id)
+        reserved_cpus = len(n.cpus) - (len(job_node.cpus) if job_node else 0)
+        reserved_mem = n.mem - (job_node.mem if job_node else 0)
+        gpus = [g for g in machine.gpus if gpu_node[g] == n.id]
+        nodes.append({
+            "id": n.id,
+            "cpus": _quad(len(n.cpus), reserved_cpus, cpu_in_use.get(n.id, 0)),
+            "mem": _quad(n.mem, reserved_mem, mem_in_use.get(n.id, 0)),
+            "gpus": _quad(len(gpus), 0, sum(1 for g in gpus if g in gpu_in_use)),
+        })
+    node_ids = {n.id for n in machine.nodes}
+    unplaced = [g for g in machine.gpus if gpu_node[g] not in node_ids]
+    return {
+        "policy": policy,
+        "memory": "per NUMA node" if not cap.pool else "one machine-wide pool (--no-cgroups)",
+        "nodes": nodes,
+        "gpus_without_node": _quad(len(unplaced), 0, sum(1 for g in unplaced if g in gpu_in_use)),
+        "jobs": {"running": len(running), "queued": queued, "waiting": waiting},
+        "head": head,
+    }
+
+
+def _quad(total: int, reserved: int, in_use: int) -> dict[str, int]:
+    return {"total": total, "reserved": reserved, "in_use": in_use, "free": max(0, total - reserved - in_use)}
+
+
+def format_status(st: dict[str, Any]) -> list[str]:
+    """``dispatch status`` for people."""
+    lines = [f"policy {st['policy']}; memory budgeted {st['memory']}",
+             f"jobs: {st['jobs']['running']} running, {st['jobs']['queued']} queued, "
+             f"{st['jobs']['waiting']} waiting on other jobs"]
+    lines.append("node  cpus total/reserved/in use/free   memory total/reserved/in use/free   "
+                 "gpus total/in use/free")
+    for n in st["nodes"]:
+        c, m, g = n["cpus"], n["mem"], n["gpus"]
+        mem = "/".join(_mem(m[k]) for k in ("total", "reserved", "in_use", "free"))
+        lines.append(f"{n['id']:>4}  {c['total']}/{c['reserved']}/{c['in_use']}/{c['free']}".ljust(36)
+                     + f"  {mem}".ljust(38) + f"  {g['total']}/{g['in_use']}/{g['free']}")
+    extra = st["gpus_without_node"]
+    if extra["total"]:
+        lines.append(f"GPUs with no NUMA node: {extra['total']} total, {extra['in_use']} in use")
+    head = st.get("head")
+    lines.append(f"head: job {head['id']} ({head['user']}): {head['why']}" if head
+                 else "head: none (the queue is empty)")
+    return lines
+
+
+def _mem(n: int) -> str:
+    from .listing import format_mem
+    return format_mem(n) if n else "0"
