@@ -194,6 +194,12 @@ main() {
         *) rm -f "$socket" ;;
     esac
 
+    # Shell completion, only where the file is ours (it carries the installer's marker).
+    for file in /usr/share/bash-completion/completions/dispatch /usr/share/zsh/vendor-completions/_dispatch; do
+        if [ -f "$file" ] && [ ! -L "$file" ] && head -n 3 "$file" | grep -q 'installed by hpc-batch-install'; then
+            rm -f "$file" && say "removed $file"
+        fi
+    done
     for file in "$unit" /etc/profile.d/hpc-batch.sh "$record"; do
         if [ -e "$file" ]; then rm -f "$file" && say "removed $file"; fi
     done

@@ -14,8 +14,8 @@ hpc-batch-install``, linked as ``/opt/bin/hpc-batch-install``). One run:
    ``hpc-batch-install --no-pip`` so the rest is done by the new version's
    own code, with the new version's unit file;
 3. links the entry points into the bin dir, writes
-   ``/etc/profile.d/hpc-batch.sh`` and ``/etc/systemd/system/hpc-batch.service``
-   and the record;
+   ``/etc/profile.d/hpc-batch.sh``, ``/etc/systemd/system/hpc-batch.service``,
+   the bash and zsh completion of ``dispatch`` and the record;
 4. ``systemctl daemon-reload``, then ``reload`` when the daemon is active
    (it re-execs in place and re-adopts running jobs) or ``enable --now``.
 
@@ -77,6 +77,15 @@ DEFAULT_DEV_DIR = "/dev/hpc-batch"
 
 UNIT_DATA = ("hpc_batch", "data", "hpc-batch.service")
 PROFILE_MARKER = "# Written by hpc-batch-install"
+
+# Shell completion for dispatch: packaged under hpc_batch/data/completion,
+# installed where Debian's bash-completion and zsh look (Paths). Each
+# packaged file carries this line near its top (the zsh one after its
+# #compdef line): a file there without it is someone else's and is left
+# alone, by installs and by --uninstall alike.
+COMPLETION_DATA = ("hpc_batch", "data", "completion")
+COMPLETION_MARKER = "# hpc-batch: shell completion for dispatch, installed by hpc-batch-install"
+COMPLETION_MARKER_LINES = 3  # the marker is one of a file's first lines
 
 EX_NOPERM = 77  # sysexits.h: not root
 
@@ -354,6 +363,16 @@ def safe_to_remove(path: str) -> bool:
     return os.path.isabs(norm) and norm not in _PROTECTED and norm.count("/") >= 2
 
 
+def is_our_completion(head: str) -> bool:
+    """Whether a completion file whose text begins with ``head`` is hpc-batch's.
+
+    It is when one of its first lines is COMPLETION_MARKER: the marker, not
+    the content, since an upgrade must replace (and --uninstall remove) the
+    file an older version wrote.
+    """
+    return COMPLETION_MARKER in head.splitlines()[:COMPLETION_MARKER_LINES]
+
+
 # The installer runs as root and so does what it installs: pip builds a
 # checkout or an sdist with root's rights, and the daemon runs from the
 # venv. Whoever can change such a path, or swap a directory above it for
@@ -514,6 +533,10 @@ class Paths:
     dropins: Path = Path("/etc/systemd/system/hpc-batch.service.d")
     profile: Path = Path("/etc/profile.d/hpc-batch.sh")
     record: Path = Path("/etc/hpc-batch/install.json")
+    # Debian's: bash-completion loads the first on `dispatch <TAB>`; zsh's
+    # fpath holds the second's directory.
+    bash_completion: Path = Path("/usr/share/bash-completion/completions/dispatch")
+    zsh_completion: Path = Path("/usr/share/zsh/vendor-completions/_dispatch")
     cgroup: Path = Path("/sys/fs/cgroup/hpc-batch")
     proc: Path = Path("/proc")
     systemd_booted: Path = Path("/run/systemd/system")
@@ -651,6 +674,40 @@ def find_unit_template(prefix: Path) -> Path:
                        "reinstall the package")
 
 
+def find_completion(prefix: Path, name: str) -> Path | None:
+    """The packaged completion file ``name``: the prefix venv's copy, else this package's."""
+    here = Path(__file__).resolve().parent
+    candidates = [sp.joinpath(*COMPLETION_DATA, name) for sp in reversed(site_packages(prefix))]
+    candidates.append(here.joinpath(*COMPLETION_DATA[1:], name))
+    for path in candidates:
+        if path.is_file():
+            return path
+    return None
+
+
+def completion_files(paths: Paths) -> list[tuple[str, str, Path]]:
+    """(packaged name, shell, where it is installed) for each shell's completion."""
+    return [("dispatch.bash", "bash", paths.bash_completion),
+            ("_dispatch", "zsh", paths.zsh_completion)]
+
+
+def completion_is_ours(path: Path) -> bool:
+    """Whether ``path`` is a plain file (not a link) that hpc-batch-install wrote."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False  # missing, a symlink (ELOOP) or unreadable
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False  # a directory, a FIFO, a device
+        head = os.read(fd, 4096)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return is_our_completion(head.decode(errors="replace"))
+
+
 # ---------------------------------------------------------------- install
 
 
@@ -763,6 +820,7 @@ def install(choices: dict, recorded: dict | None, host: Host) -> None:
     write_atomic(paths.profile, profile_snippet(str(bin_dir)))
     write_atomic(paths.unit, unit)
     host.note(f"wrote {paths.unit} (admin group {choices['admin_group']})")
+    install_completions(prefix, host)
     version = installed_version(prefix)
     write_atomic(paths.record, json.dumps(
         {**choices, "version": version, "installed": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
@@ -771,6 +829,56 @@ def install(choices: dict, recorded: dict | None, host: Host) -> None:
     start_or_reload(host)
     host.note(f"hpc-batch {version or '(unknown version)'} is installed; new login "
               f"shells have {bin_dir} on PATH")
+
+
+def install_completions(prefix: Path, host: Host) -> None:
+    """Write the packaged bash and zsh completion of dispatch (mode 0644).
+
+    A file already there that is not ours is left alone, and so is a shell
+    whose packaged file is missing: completion is a convenience, never a
+    reason for an install to fail.
+    """
+    written = []
+    for name, shell, dest in completion_files(host.paths):
+        source = find_completion(prefix, name)
+        try:
+            text = source.read_text() if source else ""
+        except (OSError, UnicodeDecodeError):
+            text = ""
+        if source is None:
+            host.note(f"no packaged {shell} completion for dispatch ({name}); "
+                      f"{dest} not written")
+        elif not is_our_completion(text):
+            # --uninstall could not tell it from someone else's file.
+            host.note(f"{source} lacks the line {COMPLETION_MARKER!r}; {dest} not written")
+        elif os.path.lexists(dest) and not completion_is_ours(dest):
+            host.note(f"left {dest} alone: it was not written by {PROG}, so {shell} "
+                      "completion for dispatch is not installed")
+        else:
+            try:
+                write_atomic(dest, text, 0o644)
+            except OSError as exc:  # a read-only /usr, say
+                host.note(f"could not write {dest}: {exc.strerror or exc}")
+                continue
+            written.append(str(dest))
+    if written:
+        host.note(f"wrote {' and '.join(written)} (shell completion for dispatch)")
+
+
+def remove_completions(host: Host) -> None:
+    """Remove the completion files this installer wrote; leave anyone else's."""
+    for _, _, dest in completion_files(host.paths):
+        if not os.path.lexists(dest):
+            continue
+        if completion_is_ours(dest):
+            try:
+                dest.unlink()
+            except OSError as exc:
+                host.note(f"could not remove {dest}: {exc.strerror or exc}")
+                continue
+            host.note(f"removed {dest}")
+        else:
+            host.note(f"left {dest} alone: it was not written by {PROG}")
 
 
 def start_or_reload(host: Host) -> None:
@@ -926,6 +1034,7 @@ def uninstall(choices: dict, host: Host, *, purge: bool) -> None:
         if os.path.lexists(path):
             path.unlink()
             host.note(f"removed {path}")
+    remove_completions(host)
     try:
         paths.record.parent.rmdir()
     except OSError:
@@ -978,7 +1087,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace recorded choices that this run's flags contradict")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--uninstall", action="store_true",
-                      help="remove unit, links, PATH snippet and venv; keep "
+                      help="remove unit, links, PATH snippet, shell completion and venv; keep "
                       f"{DEFAULT_STATE_DIR} (queued jobs and history)")
     mode.add_argument("--purge", action="store_true",
                       help="--uninstall, and also kill running jobs and remove their "

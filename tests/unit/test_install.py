@@ -22,6 +22,7 @@ from hpc_batch import sdnotify
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT_TEMPLATE = REPO / "dist" / "systemd" / "hpc-batch.service"
+COMPLETION_SOURCE = REPO / "hpc_batch" / "data" / "completion"
 TEST_USER = "hpcbatch-test"
 
 
@@ -494,6 +495,7 @@ def fake_prefix(root: Path, version="0.1.0", exec_args="") -> Path:
     template = UNIT_TEMPLATE.read_text().replace(
         "--admin-group @ADMIN_GROUP@", f"--admin-group @ADMIN_GROUP@{exec_args}")
     (site / "hpc_batch" / "data" / "hpc-batch.service").write_text(template)
+    shutil.copytree(COMPLETION_SOURCE, site / "hpc_batch" / "data" / "completion")
     return prefix
 
 
@@ -505,6 +507,8 @@ def scratch_paths(root: Path) -> inst.Paths:
         dropins=root / "etc/systemd/system/hpc-batch.service.d",
         profile=root / "etc/profile.d/hpc-batch.sh",
         record=root / "etc/hpc-batch/install.json",
+        bash_completion=root / "usr/share/bash-completion/completions/dispatch",
+        zsh_completion=root / "usr/share/zsh/vendor-completions/_dispatch",
         cgroup=root / "cgroup/hpc-batch",
         proc=root / "proc",
         systemd_booted=booted,
@@ -552,6 +556,8 @@ def test_install_upgrade_conflict_and_uninstall(scratch, capsys):
     assert stat.S_IMODE(bin_dir.stat().st_mode) == 0o755
     assert paths.profile.read_text() == inst.profile_snippet(str(bin_dir))
     assert f"ExecStart={bin_dir}/hpc-batchd --admin-group adm" in paths.unit.read_text()
+    assert paths.bash_completion.read_text() == (COMPLETION_SOURCE / "dispatch.bash").read_text()
+    assert paths.zsh_completion.read_text() == (COMPLETION_SOURCE / "_dispatch").read_text()
     record = json.loads(paths.record.read_text())
     assert {k: record[k] for k in ("prefix", "bin_dir", "admin_group", "spec")} == {
         "prefix": str(prefix), "bin_dir": str(bin_dir), "admin_group": "adm",
@@ -589,7 +595,7 @@ def test_install_upgrade_conflict_and_uninstall(scratch, capsys):
     assert inst.main(["--uninstall"], host) == 0
     assert systemd.calls[0] == "disable --now hpc-batch"
     for gone in (paths.unit, paths.profile, paths.record, paths.record.parent,
-                 new_bin / "dispatch", prefix):
+                 paths.bash_completion, paths.zsh_completion, new_bin / "dispatch", prefix):
         assert not os.path.lexists(gone), gone
     assert (paths.state_dir / "queue.json").read_text() == "[]"
 
@@ -666,7 +672,8 @@ def test_purge_kills_shepherds_and_removes_everything(scratch):
             p.kill()
             p.wait()
     for gone in (state, dev, run, paths.state_dir, paths.dropins, paths.cgroup,
-                 paths.unit, paths.profile, paths.record, bin_dir, prefix):
+                 paths.unit, paths.profile, paths.record, paths.bash_completion,
+                 paths.zsh_completion, bin_dir, prefix):
         assert not os.path.lexists(gone), gone
     assert "disable --now hpc-batch" in systemd.calls
 
@@ -841,6 +848,140 @@ def test_unit_template_prefers_the_venvs_copy(tmp_path):
     fallback = inst.find_unit_template(tmp_path / "nowhere")
     assert fallback.read_text() == UNIT_TEMPLATE.read_text()
     assert inst.installed_version(tmp_path / "nowhere") is None
+
+
+# ---------------------------------------------------------------- shell completion
+
+
+def _venv_completion(prefix: Path, name: str) -> Path:
+    return prefix / "lib/python3.11/site-packages/hpc_batch/data/completion" / name
+
+
+@pytest.mark.parametrize("text, ours", [
+    (f"{inst.COMPLETION_MARKER}\ncomplete -F _dispatch dispatch\n", True),
+    (f"#compdef dispatch\n{inst.COMPLETION_MARKER}\n_dispatch \"$@\"\n", True),
+    (f"#compdef dispatch\n# more\n{inst.COMPLETION_MARKER}\n", True),
+    (f"#compdef dispatch\n# more\n# and more\n{inst.COMPLETION_MARKER}\n", False),
+    (f"# {inst.COMPLETION_MARKER}\n", False),
+    ("complete -F _my_dispatch dispatch\n", False),
+    ("", False),
+])
+def test_is_our_completion(text, ours):
+    assert inst.is_our_completion(text) is ours
+
+
+def test_install_completions_writes_the_venvs_files_and_uninstall_removes_them(scratch):
+    root, paths, _, host, lines = scratch
+    prefix = fake_prefix(root)
+    # The venv's copies differ from this checkout's: the venv's are the ones written.
+    venv_text = {}
+    for name, first in (("dispatch.bash", ""), ("_dispatch", "#compdef dispatch\n")):
+        venv_text[name] = f"{first}{inst.COMPLETION_MARKER}\n# the venv's {name}\n"
+        _venv_completion(prefix, name).write_text(venv_text[name])
+    assert not paths.bash_completion.parent.exists()  # created as needed
+
+    inst.install_completions(prefix, host)
+    for dest, name in ((paths.bash_completion, "dispatch.bash"), (paths.zsh_completion, "_dispatch")):
+        assert dest.read_text() == venv_text[name]
+        assert stat.S_IMODE(dest.stat().st_mode) == 0o644
+        assert stat.S_IMODE(dest.parent.stat().st_mode) == 0o755
+        assert not [p for p in dest.parent.iterdir() if p != dest]  # no temporary left
+    assert any(str(paths.bash_completion) in line and str(paths.zsh_completion) in line
+               for line in lines)
+
+    lines.clear()
+    inst.remove_completions(host)
+    assert not os.path.lexists(paths.bash_completion) and not os.path.lexists(paths.zsh_completion)
+    assert f"hpc-batch-install: removed {paths.bash_completion}" in lines
+    assert f"hpc-batch-install: removed {paths.zsh_completion}" in lines
+    lines.clear()
+    inst.remove_completions(host)  # nothing left: nothing said
+    assert lines == []
+
+
+def test_install_completions_falls_back_to_this_package(scratch):
+    root, paths, _, host, _ = scratch
+    inst.install_completions(root / "no-venv", host)
+    assert paths.bash_completion.read_bytes() == (COMPLETION_SOURCE / "dispatch.bash").read_bytes()
+    assert paths.zsh_completion.read_bytes() == (COMPLETION_SOURCE / "_dispatch").read_bytes()
+
+
+def test_an_upgrade_replaces_the_file_an_older_version_wrote(scratch):
+    root, paths, _, host, _ = scratch
+    paths.bash_completion.parent.mkdir(parents=True)
+    paths.bash_completion.write_text(f"{inst.COMPLETION_MARKER}\n# version 0.0.1\n")
+    inst.install_completions(fake_prefix(root), host)
+    assert paths.bash_completion.read_bytes() == (COMPLETION_SOURCE / "dispatch.bash").read_bytes()
+
+
+def test_completion_files_not_ours_are_left_alone(scratch):
+    root, paths, _, host, lines = scratch
+    prefix = fake_prefix(root)
+    theirs = "# the distribution's own\ncomplete -F _their_dispatch dispatch\n"
+    paths.bash_completion.parent.mkdir(parents=True)
+    paths.bash_completion.write_text(theirs)
+    # A link to a file with our marker is not ours either: it was not written here.
+    paths.zsh_completion.parent.mkdir(parents=True)
+    target = root / "elsewhere"
+    target.write_text(f"#compdef dispatch\n{inst.COMPLETION_MARKER}\n")
+    paths.zsh_completion.symlink_to(target)
+
+    inst.install_completions(prefix, host)
+    assert paths.bash_completion.read_text() == theirs
+    assert paths.zsh_completion.is_symlink() and os.readlink(paths.zsh_completion) == str(target)
+    for dest, shell in ((paths.bash_completion, "bash"), (paths.zsh_completion, "zsh")):
+        assert (f"hpc-batch-install: left {dest} alone: it was not written by hpc-batch-install, "
+                f"so {shell} completion for dispatch is not installed") in lines
+    assert not any(line.startswith("hpc-batch-install: wrote") for line in lines)
+
+    lines.clear()
+    inst.remove_completions(host)
+    assert paths.bash_completion.read_text() == theirs
+    assert paths.zsh_completion.is_symlink() and target.exists()
+    assert lines == [f"hpc-batch-install: left {paths.bash_completion} alone: it was not written by "
+                     "hpc-batch-install",
+                     f"hpc-batch-install: left {paths.zsh_completion} alone: it was not written by "
+                     "hpc-batch-install"]
+
+
+def test_a_foreign_file_for_one_shell_does_not_stop_the_other(scratch):
+    root, paths, _, host, _ = scratch
+    paths.bash_completion.parent.mkdir(parents=True)
+    paths.bash_completion.mkdir()  # not even a file
+    inst.install_completions(fake_prefix(root), host)
+    assert paths.bash_completion.is_dir()
+    assert paths.zsh_completion.read_bytes() == (COMPLETION_SOURCE / "_dispatch").read_bytes()
+    inst.remove_completions(host)
+    assert paths.bash_completion.is_dir() and not paths.zsh_completion.exists()
+
+
+def test_a_packaged_file_without_the_marker_is_not_installed(scratch):
+    # --uninstall could never tell it from someone else's, so it is not written.
+    root, paths, _, host, lines = scratch
+    prefix = fake_prefix(root)
+    _venv_completion(prefix, "_dispatch").write_text("#compdef dispatch\n_dispatch() { :; }\n")
+    inst.install_completions(prefix, host)
+    assert not paths.zsh_completion.exists()
+    assert any("lacks the line" in line and str(paths.zsh_completion) in line for line in lines)
+    assert paths.bash_completion.exists()
+
+
+def test_a_read_only_completion_dir_does_not_fail_the_install(scratch, monkeypatch):
+    root, paths, _, host, lines = scratch
+
+    def refuse(path, text, mode=0o644):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(inst, "write_atomic", refuse)
+    inst.install_completions(fake_prefix(root), host)
+    assert f"hpc-batch-install: could not write {paths.bash_completion}: Read-only file system" in lines
+    assert not paths.bash_completion.exists()
+
+
+def test_paths_default_to_debians_completion_dirs():
+    paths = inst.Paths()
+    assert paths.bash_completion == Path("/usr/share/bash-completion/completions/dispatch")
+    assert paths.zsh_completion == Path("/usr/share/zsh/vendor-completions/_dispatch")
 
 
 def test_uninstall_and_spec_do_not_mix():
