@@ -220,14 +220,11 @@ def _wait(conn, refs: list, out: Out, submitted: dict | None = None) -> int:
     deadline = None
     while True:
         try:
-            c = conn()
+            c = _connect(conn, deadline)
         except Unreachable as exc:
-            if deadline is None or time.monotonic() > deadline:
-                return out.fail(str(exc) if deadline is None else
-                                "hpc-batchd restarted and is not back; the jobs may still be running: "
-                                "run dispatch wait again later", EX_UNAVAILABLE)
-            time.sleep(0.2)
-            continue
+            return out.fail(str(exc) if deadline is None else
+                            "hpc-batchd restarted and is not back; the jobs may still be running: "
+                            "run dispatch wait again later", EX_UNAVAILABLE)
         try:
             c.send("wait", ids=refs)
             msg = c.receive()
@@ -274,6 +271,23 @@ def cmd_job(conn, a) -> int:
     return 0
 
 
+def _connect(conn, deadline: float | None):
+    """A connection; once the daemon has gone away mid-call (*deadline* set), keep trying until then.
+
+    Raises Unreachable when the daemon cannot be reached (at once the first time).
+    """
+    import time
+
+    from .client import Unreachable
+    while True:
+        try:
+            return conn()
+        except Unreachable:
+            if deadline is None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _end_line(ev: dict) -> str:
     line = f"job {ev.get('id')} {ev.get('state')}: exit {ev.get('exit')}"
     if ev.get("note"):
@@ -290,14 +304,11 @@ def cmd_attach(conn, a) -> int:
     deadline = None
     while True:
         try:
-            c = conn()
+            c = _connect(conn, deadline)
         except Unreachable as exc:
-            if deadline is None or time.monotonic() > deadline:
-                return _die(f"{exc}" if deadline is None else
-                            f"hpc-batchd restarted and is not back; job {job_id} may still be running: "
-                            f"run dispatch attach {job_id} again later", EX_UNAVAILABLE)
-            time.sleep(0.2)
-            continue
+            return _die(f"{exc}" if deadline is None else
+                        f"hpc-batchd restarted and is not back; job {job_id} may still be running: "
+                        f"run dispatch attach {job_id} again later", EX_UNAVAILABLE)
         c.send("attach", id=job_id, offset=offset)
         while True:
             msg = c.receive()

@@ -115,6 +115,27 @@ def apply(guest, how) -> None:
     wait_for(lambda: ready_count(guest) > before, 180, what=f"hpc-batch to be ready after {how}")
 
 
+def expect_refusal(guest, dropin: str, content: str, *needles: str) -> None:
+    """With *content* as drop-in *dropin*, the daemon refuses to start: exit 78, no restart loop,
+    and a journal naming each of *needles*; the drop-in goes and the daemon comes back after."""
+    conf = f"{DROPIN_DIR}/{dropin}"
+    guest.put_bytes(content, conf, mode=0o644)
+    try:
+        guest.run("systemctl daemon-reload; systemctl restart hpc-batch", timeout=300)
+        wait_for(lambda: guest.run("systemctl show -p ExecMainStatus --value hpc-batch",
+                                   timeout=30).out.strip() == "78", 120, what="exit 78")
+        time.sleep(5)   # the window a restart loop would need to show as NRestarts > 0
+        show = guest.run("systemctl show -p NRestarts -p ActiveState --value hpc-batch", timeout=30).out.split()
+        assert show[0] == "0" and show[1] in ("failed", "inactive"), show
+        journal = guest.run("journalctl -u hpc-batch -o cat --no-pager | tail -5", timeout=60).out
+        assert all(n in journal for n in needles), journal
+    finally:
+        guest.run(f"rm -f {conf}; systemctl daemon-reload; systemctl reset-failed hpc-batch; "
+                  "systemctl start hpc-batch", timeout=300)
+        wait_for(lambda: guest.run("systemctl is-active hpc-batch", timeout=30).out.strip() == "active",
+                 120, what="hpc-batch active again")
+
+
 def daemon_cmdline(guest) -> str:
     return guest.run(f"tr '\\0' ' ' < /proc/{main_pid(guest)}/cmdline", timeout=30, check=True).out
 

@@ -20,12 +20,12 @@ from guestlib import (
     clear_flags,
     dispatch,
     exit_of,
+    expect_refusal,
     home,
     read,
     set_flags,
     submit,
     wait_finished,
-    wait_for,
     wait_running,
 )
 
@@ -179,18 +179,5 @@ def test_no_gpu_mask_leaves_gpus_open(guest):
 
 def test_masking_that_cannot_be_had_is_a_refusal(guest):
     # systemd's seccomp filter takes the bpf() system call away from the daemon.
-    conf = f"{DROPIN_DIR}/60-no-bpf.conf"
-    guest.put_bytes("[Service]\nSystemCallFilter=~bpf\nSystemCallErrorNumber=EPERM\n", conf, mode=0o644)
-    try:
-        guest.run("systemctl daemon-reload; systemctl restart hpc-batch", timeout=300)
-        wait_for(lambda: guest.run("systemctl show -p ExecMainStatus --value hpc-batch",
-                                   timeout=30).out.strip() == "78", 120, what="exit 78")
-        show = guest.run("systemctl show -p NRestarts -p ActiveState --value hpc-batch", timeout=30).out.split()
-        assert show[0] == "0" and show[1] in ("failed", "inactive"), show
-        journal = guest.run("journalctl -u hpc-batch -o cat --no-pager | tail -5", timeout=60).out
-        assert "--no-gpu-mask" in journal and "cannot mask GPUs" in journal, journal
-    finally:
-        guest.run(f"rm -f {conf}; systemctl daemon-reload; systemctl reset-failed hpc-batch; "
-                  "systemctl start hpc-batch", timeout=300)
-        wait_for(lambda: guest.run("systemctl is-active hpc-batch", timeout=30).out.strip() == "active",
-                 120, what="hpc-batch active again")
+    expect_refusal(guest, "60-no-bpf.conf", "[Service]\nSystemCallFilter=~bpf\nSystemCallErrorNumber=EPERM\n",
+                   "--no-gpu-mask", "cannot mask GPUs")
