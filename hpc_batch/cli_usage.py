@@ -75,7 +75,7 @@ Options:
 """
 
 LIST_USAGE = """List jobs: <username> <id> <command> <start> <uptime> <max-time> <mem> <exclusive> <gpus>;
-with --finished also <state> <exit> and, for finished jobs, CPU time and peak memory.
+with --finished also, for jobs that ran, cpu <time> peak <memory>, then <state> <exit>.
 
 Usage:
   dispatch list [--all] [--finished] [--json]

@@ -72,7 +72,8 @@ def format_row(job: dict[str, Any], now: float, finished: bool) -> str:
             one_line(str(job.get("gpu_label") or "-"))]
     line = " ".join(cols)
     if finished:
-        line += f" {job['state']} {job.get('exit') or '-'}" + _usage(job) + _note(job)
+        # Accounting goes before <state> <exit>, so those stay the last words (notes aside).
+        line += _usage(job) + f" {job['state']} {job.get('exit') or '-'}" + _note(job)
     return line
 
 

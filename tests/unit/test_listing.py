@@ -35,7 +35,7 @@ def test_finished_rows():
     done = job(state="finished", ended=NOW - 5, exit="3", result={"kind": "exited", "code": 3})
     assert format_row(done, NOW, True).endswith(" 0:01:00 1h30m 32G no - finished 3")
     done["stats"] = {"cpu_time": 12.34, "peak_mem": 210 << 20}
-    assert format_row(done, NOW, True).endswith(" finished 3 cpu 12.3s peak 210M")
+    assert format_row(done, NOW, True).endswith(" no - cpu 12.3s peak 210M finished 3")
     oom = job(state="finished", ended=NOW, exit="oom", result={"kind": "oom"}, mem_assigned=False)
     assert "finished oom (budget requested with --max-mem was 32G)" in format_row(oom, NOW, True)
     oom["mem_assigned"] = True
