@@ -7,15 +7,16 @@ little as it can: it runs on every submit.
 """
 
 import os
-import re
 import sys
 
 from . import __version__
+from .argscan import scan
 from .cli_usage import SUBCOMMANDS, USAGE
 
 EX_USAGE = 2
 EX_UNAVAILABLE = 69
-_ENV_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+_NAME_REST = _NAME_START | frozenset("0123456789")
 
 
 class UsageError(Exception):
@@ -61,16 +62,23 @@ def parse_mem(text: str) -> int:
 
 
 def _positive(flag: str, text: str, minimum: int) -> int:
-    if not re.fullmatch(r"-?\d+", text.strip()) or int(text) < minimum:
+    digits = text.strip().removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()) or int(text) < minimum:
         raise UsageError(f"{flag} {text!r}: expected a whole number of at least {minimum}")
     return int(text)
+
+
+def _env_word(word: str) -> bool:
+    """NAME=VALUE with NAME a shell variable name (what env(1) takes as an assignment)."""
+    name, eq, _ = word.partition("=")
+    return bool(eq) and bool(name) and name[0] in _NAME_START and all(c in _NAME_REST for c in name)
 
 
 def split_env(words):
     """Leading NAME=VALUE words (env(1) style) and the command after them."""
     env = {}
     i = 0
-    while i < len(words) and _ENV_WORD.match(words[i]):
+    while i < len(words) and _env_word(words[i]):
         name, _, value = words[i].partition("=")
         env[name] = value
         i += 1
@@ -347,9 +355,15 @@ COMMANDS = {"new": cmd_new, "list": cmd_list, "attach": cmd_attach, "kill": cmd_
 
 def main(argv=None) -> int:
     """Entry point of ``dispatch``."""
-    from docopt import DocoptExit, docopt
     args = sys.argv[1:] if argv is None else list(argv)
     verb = args[0] if args and args[0] in COMMANDS else None
+    sub = scan(args, "new", SUBCOMMANDS["new"]) if verb == "new" else None
+    return run(verb, sub or _docopt(args, verb))
+
+
+def _docopt(args: list, verb: str | None):
+    """docopt's parse of *args*, or the exit status of the usage error it printed."""
+    from docopt import DocoptExit, docopt
     try:
         if verb is None:
             # Only --help / --version get here legitimately; docopt exits for them.
@@ -366,7 +380,13 @@ def main(argv=None) -> int:
                     "missing the command: put it after '--'" if verb == "new" else "missing or invalid arguments",
                     first=verb)
         return EX_USAGE
+    return sub
 
+
+def run(verb, sub) -> int:
+    """Carry out a parsed command line (*sub* is an exit status when parsing failed)."""
+    if isinstance(sub, int):
+        return sub
     from .client import Connection, Unreachable
     out = Out(bool(sub.get("--json")))
     try:

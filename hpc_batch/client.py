@@ -3,8 +3,9 @@
 Blocking and minimal: it is on the path of every ``dispatch`` call.
 """
 
+# _socket, not socket: socket.py imports enum, a few ms of every dispatch start-up.
+import _socket
 import os
-import socket
 
 from . import defaults, framing, messages
 
@@ -18,7 +19,7 @@ class Connection:
 
     def __init__(self, path: str | None = None):
         self.path = path or os.environ.get(defaults.SOCKET_ENV) or defaults.SOCKET
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             self.sock.connect(self.path)
         except OSError as exc:

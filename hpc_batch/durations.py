@@ -1,9 +1,7 @@
 """Durations as users type them: ``3600``, ``45m``, ``2h``, ``1h30m``, ``1d``."""
 
-import re
-
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_PART = re.compile(r"([0-9]+)([dhms])")
+_PART = r"([0-9]+)([dhms])"
 
 
 class DurationError(ValueError):
@@ -16,8 +14,9 @@ def parse_duration(text: str) -> int:
     if s.isascii() and s.isdigit():
         value = int(s)
     else:
+        import re  # here, not at the top: dispatch new formats durations on every submit without parsing one
         pos, value, last = 0, 0, None
-        for m in _PART.finditer(s):
+        for m in re.finditer(_PART, s):
             if m.start() != pos:
                 break
             unit = m.group(2)

@@ -7,9 +7,15 @@ socket: callers feed bytes in and take frames out (the h11 way), which keeps
 the daemon's event loop and the client's blocking calls on one codec.
 """
 
-import json
+from __future__ import annotations
+
 import struct
-from typing import Any
+
+from shepherd.records import dumps_wire, loads
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # typing costs a client start-up several ms; only the checker needs it
+    from typing import Any
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 4 << 20       # requests: a forwarded environment plus a long argv fits
@@ -22,7 +28,7 @@ class FrameError(Exception):
 
 def encode(obj: dict[str, Any], limit: int = MAX_FRAME) -> bytes:
     """Serialise one message as a frame; lone surrogates survive (output bytes)."""
-    body = json.dumps(obj, separators=(",", ":")).encode("ascii")
+    body = dumps_wire(obj).encode("ascii")
     if len(body) > limit:
         raise FrameError(f"message of {len(body)} bytes exceeds the {limit}-byte frame limit")
     return HEADER.pack(len(body)) + body
@@ -65,7 +71,7 @@ class Decoder:
         body = bytes(self._buf[HEADER.size:end])
         del self._buf[:end]
         try:
-            obj = json.loads(body)
+            obj = loads(body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise FrameError(f"corrupt frame: not JSON ({exc.__class__.__name__})") from None
         if not isinstance(obj, dict):

@@ -9,10 +9,15 @@ or count and worst link (``2:NV12``) with ``!`` when the set crosses a host
 bridge or the socket interconnect (``4:SYS!``).
 """
 
+from __future__ import annotations
+
 import time
-from typing import Any
 
 from .durations import format_clock, format_duration
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # dispatch new formats its line with this module: keep typing off that path
+    from typing import Any
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -4,7 +4,11 @@ Kept apart from ``protocol`` (the validated payload types the daemon uses) so
 the client, which runs on every submit, imports only this and ``framing``.
 """
 
-from typing import Any
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # the client imports this on every submit; typing would cost it several ms
+    from typing import Any
 
 VERSION = 1
 

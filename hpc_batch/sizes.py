@@ -5,9 +5,7 @@ One parser for every size the client and the daemon accept (``--max-mem``,
 ``--max-output-buffer``), so they all take the same forms.
 """
 
-import re
-
-_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
+_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?"
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -17,7 +15,8 @@ class SizeError(ValueError):
 
 def parse_size(text: str, default_unit: str = "G", allow_zero: bool = False) -> int:
     """*text* in bytes; a bare number is in *default_unit* (``"G"``, ``"M"``, ...)."""
-    m = _SIZE.fullmatch(text.strip())
+    import re  # here, not at the top: the client's start-up does not pay for re unless it parses a size
+    m = re.fullmatch(_SIZE, text.strip(), re.IGNORECASE)
     if not m:
         raise SizeError(f"{text!r}: expected a size such as 84 ({default_unit}iB), 512M or 64G")
     unit = m.group(2).upper() or default_unit

@@ -54,6 +54,11 @@ class _Decoding:
 _scan = _json.make_scanner(_Decoding())  # type: ignore[arg-type]
 _encode = _json.make_encoder(None, None, _json.encode_basestring_ascii, None, ": ", ", ",  # type: ignore[arg-type]
                              True, False, False)
+# The wire form (hpc_batch.framing): compact, in insertion order. The client
+# uses it too, so dispatch never imports json (and with it re).
+_encode_wire = _json.make_encoder(None, None, _json.encode_basestring_ascii, None, ":", ",",  # type: ignore[arg-type]
+                                  False, False, False)
+_SPACE = " \t\n\r"
 
 
 def dumps(obj) -> str:
@@ -61,10 +66,16 @@ def dumps(obj) -> str:
     return "".join(_encode(obj, 0))
 
 
+def dumps_wire(obj) -> str:
+    """Compact JSON text of *obj*, keys in insertion order (a protocol frame's body)."""
+    return "".join(_encode_wire(obj, 0))
+
+
 def loads(text: str):
     """Parse JSON text; raises ValueError on anything malformed or trailing."""
+    start = len(text) - len(text.lstrip(_SPACE))
     try:
-        obj, end = _scan(text, 0)
+        obj, end = _scan(text, start)
     except StopIteration:
         raise ValueError("not JSON") from None
     if text[end:].strip():

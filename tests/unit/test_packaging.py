@@ -34,8 +34,13 @@ def test_wheel_contents(wheel):
     dist = f"hpc_batch-{__version__}.dist-info"
     assert any(n.startswith(dist) and n.endswith("LICENSE") for n in names)
     eps = zipfile.ZipFile(wheel).read(f"{dist}/entry_points.txt").decode()
-    for script in ("dispatch", "hpc-batchd", "hpc-batch-shepherd", "hpc-batch-install"):
+    for script in ("hpc-batchd", "hpc-batch-shepherd", "hpc-batch-install"):
         assert f"{script} = " in eps
+    # dispatch is a plain script (no console-script wrapper and its import of re), its first line
+    # left for the installer to point at the venv's python.
+    script = zipfile.ZipFile(wheel).read(f"hpc_batch-{__version__}.data/scripts/dispatch").decode()
+    assert script.startswith("#!python\n") and "from hpc_batch.cli import main" in script
+    assert "dispatch = " not in eps
     unit = zipfile.ZipFile(wheel).read("hpc_batch/data/hpc-batch.service").decode()
     for line in ("Delegate=cpuset memory pids", "KillMode=process", "RestartPreventExitStatus=78"):
         assert line in unit

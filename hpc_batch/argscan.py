@@ -1,0 +1,131 @@
+"""docopt's answer for the argument lists people type, without importing docopt.
+
+docopt, with the ``re`` and ``typing`` it imports, is most of a ``dispatch``
+start-up, and ``dispatch new`` runs once per submitted job. For the common
+shape (known long options, then the command) this builds exactly the dict
+docopt would, from the same usage text, so the text stays the one
+definition of the flags and their defaults. Anything else (help, short
+options, abbreviations, a repeated or conflicting option, an option after
+the command without ``--``) gets None, and the caller asks docopt, which
+gives the result or the usage error. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class Option:
+    """One line of an Options: section: its names, whether it takes a value, its default."""
+
+    __slots__ = ("names", "takes_value", "default")
+
+    def __init__(self, names: list[str], takes_value: bool, default: str | None):
+        self.names = names
+        self.takes_value = takes_value
+        self.default = default
+
+    @property
+    def key(self) -> str:
+        """The key docopt gives it: the long name when there is one."""
+        longs = [n for n in self.names if n.startswith("--")]
+        return longs[0] if longs else self.names[0]
+
+
+def options(usage: str) -> list[Option]:
+    """The options described in *usage*'s ``Options:`` section, docopt's way.
+
+    A line whose first non-blank character is ``-`` starts an option; the
+    words before the first double space are its names and argument; the
+    description (continuation lines included) may hold ``[default: X]``.
+    """
+    found: list[Option] = []
+    descriptions: list[str] = []
+    in_section = False
+    for line in usage.split("\n"):
+        if line.strip().lower() == "options:":
+            in_section = True
+            continue
+        if not in_section:
+            continue
+        text = line.strip()
+        if text.startswith("-"):
+            spec, _, desc = text.partition("  ")
+            words = spec.replace(",", " ").replace("=", " ").split()
+            found.append(Option([w for w in words if w.startswith("-")],
+                                any(not w.startswith("-") for w in words), None))
+            descriptions.append(desc)
+        elif text and found:
+            descriptions[-1] += " " + text
+    for opt, desc in zip(found, descriptions):
+        lowered = desc.lower()
+        at = lowered.find("[default:")
+        if opt.takes_value and at >= 0:
+            end = desc.find("]", at)
+            if end > at:
+                opt.default = desc[at + len("[default:"):end].strip()
+    return found
+
+
+def exclusive_pairs(usage: str) -> list[tuple[str, str]]:
+    """Pairs written ``[A ... | B]`` in the usage pattern: docopt refuses both together."""
+    pairs = []
+    for chunk in usage.split("[")[1:]:
+        inner = chunk.split("]", 1)[0]
+        if "|" in inner:
+            left, right = inner.split("|", 1)
+            a, b = left.split(), right.split()
+            if a and b and a[0].startswith("--") and b[0].startswith("--"):
+                pairs.append((a[0], b[0]))
+    return pairs
+
+
+def scan(argv: list[str], verb: str, usage: str, command_key: str = "<command>") -> dict[str, Any] | None:
+    """docopt(*usage*, argv) for ``<verb> [options] [--] <command>...``, or None to ask docopt."""
+    if not argv or argv[0] != verb:
+        return None
+    table = options(usage)
+    by_name = {name: opt for opt in table for name in opt.names}
+    given: dict[str, Any] = {}
+    dashdash = False
+    i = 1
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            dashdash = True
+            i += 1
+            break
+        if not word.startswith("--"):
+            if word.startswith("-") and word != "-":
+                return None          # short options (-h) are docopt's business
+            break                    # the command starts here
+        name, eq, value = word.partition("=")
+        opt = by_name.get(name)
+        if opt is None or opt.key in given or opt.key == "--help":
+            return None
+        if opt.takes_value:
+            if not eq:
+                i += 1
+                if i >= len(argv) or argv[i] == "--":
+                    return None
+                value = argv[i]
+            given[opt.key] = value
+        elif eq:
+            return None
+        else:
+            given[opt.key] = True
+        i += 1
+    command = argv[i:]
+    if not command:
+        return None
+    if not dashdash and any(w.startswith("-") and w != "-" for w in command):
+        return None                  # docopt would read these as options: let it
+    for a, b in exclusive_pairs(usage):
+        if a in given and b in given:
+            return None
+    result: dict[str, Any] = {opt.key: (given.get(opt.key, opt.default) if opt.takes_value
+                                        else given.get(opt.key, False)) for opt in table}
+    result.update({verb: True, "--": dashdash, command_key: command})
+    return result
