@@ -5,7 +5,7 @@ start-up, and ``dispatch new`` runs once per submitted job. For the common
 shape (known long options, then the command) this builds exactly the dict
 docopt would, from the same usage text, so the text stays the one
 definition of the flags and their defaults. Anything else (help, short
-options, abbreviations, a repeated or conflicting option, an option after
+options, abbreviations, a repeated option, an option after
 the command without ``--``) gets None, and the caller asks docopt, which
 gives the result or the usage error. Pure: no I/O.
 """
@@ -69,19 +69,6 @@ def options(usage: str) -> list[Option]:
     return found
 
 
-def exclusive_pairs(usage: str) -> list[tuple[str, str]]:
-    """Pairs written ``[A ... | B]`` in the usage pattern: docopt refuses both together."""
-    pairs = []
-    for chunk in usage.split("[")[1:]:
-        inner = chunk.split("]", 1)[0]
-        if "|" in inner:
-            left, right = inner.split("|", 1)
-            a, b = left.split(), right.split()
-            if a and b and a[0].startswith("--") and b[0].startswith("--"):
-                pairs.append((a[0], b[0]))
-    return pairs
-
-
 def scan(argv: list[str], verb: str, usage: str, command_key: str = "<command>") -> dict[str, Any] | None:
     """docopt(*usage*, argv) for ``<verb> [options] [--] <command>...``, or None to ask docopt."""
     if not argv or argv[0] != verb:
@@ -122,9 +109,6 @@ def scan(argv: list[str], verb: str, usage: str, command_key: str = "<command>")
         return None
     if not dashdash and any(w.startswith("-") and w != "-" for w in command):
         return None                  # docopt would read these as options: let it
-    for a, b in exclusive_pairs(usage):
-        if a in given and b in given:
-            return None
     result: dict[str, Any] = {opt.key: (given.get(opt.key, opt.default) if opt.takes_value
                                         else given.get(opt.key, False)) for opt in table}
     result.update({verb: True, "--": dashdash, command_key: command})

@@ -18,6 +18,8 @@ MAX_OFFSET = 1 << 62          # attach offsets: far below what pread can take
 MAX_PATH = 4096               # PATH_MAX
 MAX_UMASK = 0o777
 MAX_EPOCH = 1 << 40           # timestamps: seconds since 1970, comfortably past any clock
+MAX_ARRAY = 100_000           # elements of one --array or --commands submit (the per-user queue cap bites first)
+MAX_ARRAY_INDEX = 10_000_000  # an --array index
 
 
 def check_int(value: Any, low: int, high: int, what: str) -> int:

@@ -15,6 +15,7 @@ from .cli_usage import SUBCOMMANDS, USAGE
 
 EX_USAGE = 2
 EX_UNAVAILABLE = 69
+BULK_BYTES = 4 << 20    # a --commands file: what one request can carry
 _NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
 _NAME_REST = _NAME_START | frozenset("0123456789")
 
@@ -96,12 +97,60 @@ def job_ref(text: str):
     return text
 
 
+def job_refs(words, most: int = 100_000) -> list:
+    """<job> words as typed: ids, names, and FIRST-LAST ranges expanded to their ids."""
+    from .arrays import is_range, parse_range
+    refs: list = []
+    for word in words:
+        if is_range(word):
+            try:
+                refs += parse_range(word, most - len(refs))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        else:
+            refs.append(job_ref(word))
+    return refs
+
+
+def _bulk(a, argv: list) -> dict:
+    """The request fields of --array / --commands (empty without them)."""
+    from . import arrays
+    if a.get("--commands") is not None and a.get("--array") is not None:
+        raise UsageError("give --array or --commands, not both")
+    if a.get("--commands") is not None:
+        source = a["--commands"]
+        try:
+            if source == "-":
+                text = sys.stdin.buffer.read(BULK_BYTES + 1)
+            else:
+                with open(source, "rb") as f:
+                    text = f.read(BULK_BYTES + 1)
+        except OSError as exc:
+            raise UsageError(f"--commands {source}: cannot read it ({exc.strerror})") from None
+        if len(text) > BULK_BYTES:
+            raise UsageError(f"--commands {source}: more than {BULK_BYTES >> 20} MiB; split it into several submits")
+        try:
+            return {"commands": arrays.parse_commands(text.decode("utf-8", "surrogateescape"), source)}
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if a.get("--array") is not None:
+        try:
+            indices, cap = arrays.parse_array(a["--array"])
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return {"array": indices, "array_limit": cap}
+    return {}
+
+
 def cmd_new(conn, a) -> int:
     from .durations import DurationError, parse_duration
     out = Out(a["--json"])
+    bulk = _bulk(a, a["<command>"])
     job_env, argv = split_env(a["<command>"])
-    if not argv:
+    if not argv and "commands" not in bulk:
         raise UsageError("no command given: put it after '--', e.g. dispatch new -- echo hello")
+    if a["--output"] not in (None, "./output.<id>.log") and a["--no-output"]:
+        raise UsageError("give --output or --no-output, not both")
     try:
         cwd = os.getcwd()
     except OSError as exc:
@@ -114,11 +163,16 @@ def cmd_new(conn, a) -> int:
             "numa_local_gpu": a["--numa-local-gpu"] or (a["--numa-local"] and a["--gpu-cores"] not in ("0", None)),
             "no_output": a["--no-output"],
             "base_env": {k: os.environ[k] for k in ("PATH", "LANG") if k in os.environ}}
+    args.update(bulk)
+    if "commands" in bulk:
+        del args["argv"]
     if a["--gpu-link"] is not None:
         args["gpu_link"] = a["--gpu-link"]
     if a["--name"] is not None:
-        if a["--name"].isdigit():
-            raise UsageError(f"--name {a['--name']!r}: a name cannot be only digits (those are job ids)")
+        from .arrays import is_range
+        if a["--name"].isdigit() or is_range(a["--name"]):
+            raise UsageError(f"--name {a['--name']!r}: a name cannot be only digits, nor FIRST-LAST digits "
+                             f"(those are job ids and ranges)")
         args["name"] = job_ref(a["--name"])
     if a["--after"] is not None and a["--after-ok"] is not None:
         raise UsageError("give --after or --after-ok, not both")
@@ -146,28 +200,50 @@ def cmd_new(conn, a) -> int:
     args["umask"] = mask
     if a["--env"]:
         args["env"] = dict(os.environ)
-    reply = conn().call("new", **args)
+    from .framing import FrameError
+    try:
+        reply = conn().call("new", **args)
+    except FrameError:
+        raise UsageError("the request is larger than the 4 MiB one submit may carry: split the --commands "
+                         "file, or drop --env") from None
     if not reply.get("ok"):
         return out.refused(reply, "the daemon refused the job")
     r = reply["result"]
+    ids = list(range(r["id"], r.get("last", r["id"]) + 1))
     if not out.json:
         from .listing import format_mem
         how = "assigned by default" if r.get("mem_assigned") else "requested"
         where = f"output to {r['output']}" if r.get("output") else "output discarded"
-        print(f"job {r['id']} {r['state']}; memory budget {format_mem(r['mem'])} ({how}); {where}", flush=True)
+        if "count" in r:
+            if r.get("output") and r["count"] > 1:
+                where = f"output to {os.path.join(os.path.dirname(r['output']), 'output.<id>.log')}" \
+                    if r["output"].endswith(f"output.{r['id']}.log") else where
+            cap = f", at most {r['limit']} at once" if r.get("limit") else ""
+            waiting = "waiting" if r.get("after") else "queued"
+            print(f"jobs {r['id']}-{r['last']}: {r['count']} submitted, {r['starting']} starting now, "
+                  f"{r['count'] - r['starting']} {waiting}{cap}; memory budget {format_mem(r['mem'])} each ({how}); "
+                  f"{where}", flush=True)
+        else:
+            print(f"job {r['id']} {r['state']}; memory budget {format_mem(r['mem'])} ({how}); {where}", flush=True)
+    if out.json and "count" in r:
+        r = dict(r, ids=ids)
     if not a["--wait"]:
         if out.json:
             out.doc(r)
         return 0
-    return _wait(conn, [r["id"]], out, submitted=r)
+    return _wait(conn, ids, out, submitted=r)
 
 
 def cmd_list(conn, a) -> int:
     from .listing import format_rows
     out = Out(a["--json"])
+    wanted = set(job_refs(a["<job>"])) if a["<job>"] else None
     reply = conn().call("list", all=a["--all"], finished=a["--finished"])
     if not reply.get("ok"):
         return out.refused(reply, "list failed")
+    if wanted is not None:
+        reply["result"]["jobs"] = [j for j in reply["result"]["jobs"]
+                                   if j.get("id") in wanted or (j.get("name") and j["name"] in wanted)]
     if out.json:
         out.doc({"jobs": reply["result"]["jobs"]})
         return 0
@@ -178,14 +254,35 @@ def cmd_list(conn, a) -> int:
 
 
 def cmd_kill(conn, a) -> int:
-    ref = job_ref(a["<job>"])
-    reply = conn().call("kill", id=ref)
-    if not reply.get("ok"):
-        return Out(False).refused(reply, "kill failed")
-    r = reply["result"]
-    print(f"job {r['id']} is being killed" if r.get("was") == "running"
-          else f"job {r['id']} cancelled (removed from the queue before it started)")
-    return 0
+    from .arrays import is_range
+    refs = job_refs(a["<job>"])
+    ranged = len(refs) > 1 or any(is_range(w) for w in a["<job>"])
+    if not ranged:
+        reply = conn().call("kill", id=refs[0])
+        if not reply.get("ok"):
+            return Out(False).refused(reply, "kill failed")
+        r = reply["result"]
+        print(f"job {r['id']} is being killed" if r.get("was") == "running"
+              else f"job {r['id']} cancelled (removed from the queue before it started)")
+        return 0
+    # Several: one connection, a request each; an already-ended job in a range is no failure.
+    from .arrays import format_ids
+    c = conn()
+    done: dict[str, list] = {"killed": [], "cancelled": [], "ended": []}
+    status = 0
+    for ref in refs:
+        reply = c.call("kill", id=ref)
+        if reply.get("ok"):
+            r = reply["result"]
+            done["killed" if r.get("was") == "running" else "cancelled"].append(r["id"])
+        elif reply.get("code") == "finished":
+            done["ended"].append(ref)
+        else:
+            status = status or Out(False).refused(reply, f"kill {ref} failed")
+    c.close()
+    parts = [f"{len(v)} {k if k != 'ended' else 'had already ended'} ({format_ids(v)})" for k, v in done.items() if v]
+    print(f"jobs {format_ids(refs)}: {'; '.join(parts) or 'nothing to do'}")
+    return status
 
 
 def cmd_show(conn, a) -> int:
@@ -217,7 +314,7 @@ def cmd_status(conn, a) -> int:
 
 
 def cmd_wait(conn, a) -> int:
-    return _wait(conn, [job_ref(j) for j in a["<job>"]], Out(a["--json"]))
+    return _wait(conn, job_refs(a["<job>"]), Out(a["--json"]))
 
 
 def _wait(conn, refs: list, out: Out, submitted: dict | None = None) -> int:

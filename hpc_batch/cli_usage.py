@@ -4,9 +4,10 @@ USAGE = """dispatch: submit and manage hpc-batch jobs.
 
 Usage:
   dispatch new [options] [--] <command>...
-  dispatch list [--all] [--finished] [--json]
+  dispatch new [options] --commands FILE
+  dispatch list [--all] [--finished] [--json] [<job>...]
   dispatch attach <job>
-  dispatch kill <job>
+  dispatch kill <job>...
   dispatch wait [--json] <job>...
   dispatch show [--json] <job>
   dispatch status [--json]
@@ -24,7 +25,8 @@ Commands:
   status   The machine at a glance: CPUs, memory and GPUs per NUMA node, the queue.
   job      Read a job's max time; admins can set it or add to it.
 
-A <job> is its id, or the --name it was given (your newest job of that name).
+A <job> is its id, or the --name it was given (your newest job of that name);
+list, kill and wait also take a range of ids, FIRST-LAST (a bulk submit's).
 Run 'dispatch <command> --help' for a command's options. The daemon's socket
 is $HPC_BATCH_SOCKET, or /run/hpc-batch/hpc-batch.sock.
 
@@ -40,11 +42,16 @@ daemon. dispatch wait (and new --wait) exit with the job's own exit code,
 NEW_USAGE = """Queue a job. Everything after "--" is its command line; leading NAME=VALUE
 words become its environment, as env(1) reads them.
 
+Bulk: with --array the command runs once per index, each its own job with
+HPC_BATCH_ARRAY_INDEX set (and HPC_BATCH_ARRAY_JOB_ID, the first job's id);
+with --commands FILE each line of FILE (or of stdin, for "-") is its own job,
+run by /bin/sh (HPC_BATCH_ARRAY_INDEX is its number, from 1). Either is one
+request; the jobs get consecutive ids, which list, kill and wait take as a
+range (FIRST-LAST). Every other option applies to each job.
+
 Usage:
-  dispatch new [--cpu N] [--gpu-cores N] [--gpu-link CLASS] [--max-mem GB] [--max-time D]
-               [--exclusive] [--numa-local] [--numa-local-mem] [--numa-local-gpu] [--env]
-               [--output PATH | --no-output] [--name NAME] [--after JOBS] [--after-ok JOBS]
-               [--wait] [--json] [--] <command>...
+  dispatch new [options] [--] <command>...
+  dispatch new [options] --commands FILE
   dispatch new (-h | --help)
 
 Options:
@@ -69,7 +76,12 @@ Options:
                     have ended, however they ended.
   --after-ok JOBS   Start only if these jobs all exit 0; otherwise end as
                     dependency-failed, saying which did not.
-  --wait            Wait for the job to end, and exit as dispatch wait does.
+  --array SPEC      One job per index: 1-100, 0-98:2 (every 2nd), 1,4,9;
+                    append %N to run at most N of them at once (1-1000%8).
+  --commands FILE   One job per line of FILE, or of stdin if FILE is "-", each
+                    run by /bin/sh; blank lines and # comment lines are skipped.
+  --wait            Wait for the job (all of them) to end, and exit as
+                    dispatch wait does.
   --json            Print one JSON document instead of the summary line.
   -h --help         Show this help.
 """
@@ -77,8 +89,10 @@ Options:
 LIST_USAGE = """List jobs: <username> <id> <command> <start> <uptime> <max-time> <mem> <exclusive> <gpus>;
 with --finished also, for jobs that ran, cpu <time> peak <memory>, then <state> <exit>.
 
+With jobs named (ids, names or FIRST-LAST ranges), only those.
+
 Usage:
-  dispatch list [--all] [--finished] [--json]
+  dispatch list [--all] [--finished] [--json] [<job>...]
   dispatch list (-h | --help)
 
 Options:
@@ -99,9 +113,11 @@ Options:
 """
 
 KILL_USAGE = """Kill a running job (state killed) or cancel a queued or waiting one (cancelled).
+A FIRST-LAST range (a bulk submit's ids) kills each of them; jobs in it that
+have already ended are skipped.
 
 Usage:
-  dispatch kill <job>
+  dispatch kill <job>...
   dispatch kill (-h | --help)
 
 Options:
@@ -112,6 +128,8 @@ WAIT_USAGE = """Wait until the jobs have ended. Exits with the job's exit code (
 jobs, the first in the order given that did not exit 0), 128+N for a signal,
 or 240 killed, 241 timeout, 242 oom, 243 error, 244 cancelled, 245
 dependency-failed, 246 lost. Survives a daemon reload or restart.
+
+A FIRST-LAST range stands for each job in it (a bulk submit's ids).
 
 Usage:
   dispatch wait [--json] <job>...

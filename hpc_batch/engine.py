@@ -78,6 +78,10 @@ class Engine:
         self.queued_by_uid: dict[int, int] = {}   # per-user count, for --max-queued-per-user
         self.stale_cgroups: set[str] = set()  # job cgroups still busy when their job ended
         self.waiting: set[int] = set()      # jobs held by --after / --after-ok
+        # Bulk submits whose array record is still needed: first id -> elements whose own
+        # record is not yet durable (they are still as submitted). Emptied, the record goes.
+        self.open_arrays: dict[int, set[int]] = {}
+        self.capped_queued = 0              # queued elements of arrays with a %N cap
         self.history = History(os.path.join(store.root, "history.jsonl"))
         self.next_id = 1
         self.policy_state: dict[str, Any] = {}
@@ -99,6 +103,23 @@ class Engine:
         top = max([j.id for j in jobs] + [self.store.highest_quarantined_id()])
         self.next_id = max(self.saved_floor, top + 1)
         notes = list(self.store.notes)
+        by_id = {j.id: j for j in jobs}
+        for job_id in self.store.restored:   # rebuilt after a crash: the parts a submit makes besides the record
+            jdir = self.store.job_dir(job_id)
+            job = by_id[job_id]
+            try:
+                if os.geteuid() == 0 and self.cfg.admin_gid is not None:
+                    os.chown(jdir, -1, self.cfg.admin_gid)
+                devdir.create_output(jdir, job.uid, self.cfg.admin_gid)
+            except OSError as exc:
+                log.error("job %d: cannot rebuild its directory: %s", job_id, exc)
+        if self.store.restored:
+            notes.append(f"rebuilt {len(self.store.restored)} job records from array records")
+        as_submitted = {j.id for j in jobs if j.state in (QUEUED, WAITING)}
+        for first, members in self.store.arrays.items():
+            self.open_arrays[first] = as_submitted.intersection(members)
+            if not self.open_arrays[first]:
+                self._close_array(first)
         for job in jobs:
             self.jobs[job.id] = job
             if job.state == QUEUED:
@@ -213,6 +234,10 @@ class Engine:
             return None, None
         order = list(self.queued)
         position = order.index(job.id) + 1
+        if job.array is not None and job.array.get("limit") and \
+                self._array_room().get(job.array["first"], 1) <= 0:
+            return position, (f"{job.array['limit']} of its array (jobs from {job.array['first']}) "
+                              f"already run, the most it may run at once (--array ...%{job.array['limit']})")
         free = resources.Free.of(resources.capacity(self.machine, self.limits),
                                  [r["alloc"] for r in self.running.values()])
         q = self.queued[job.id]
@@ -281,8 +306,12 @@ class Engine:
             raise Refused(f"the command and its environment take {format_mem(size)}, more than the "
                           f"{format_mem(self.cfg.max_job_size)} a job may carry (the admin's --max-job-size); "
                           f"submit a script instead, or drop --env", "too_large")
-        if self.queued_by_uid.get(caller.uid, 0) >= self.cfg.max_queued_per_user:
-            raise Refused(f"you already have {self.cfg.max_queued_per_user} jobs queued, the most one user may "
+        elements = req.elements()
+        queued = self.queued_by_uid.get(caller.uid, 0)
+        if queued + len(elements) > self.cfg.max_queued_per_user:
+            many = f"these {len(elements)} jobs would make {queued + len(elements)}" if len(elements) > 1 else \
+                f"you already have {queued}"
+            raise Refused(f"{many} queued, more than the {self.cfg.max_queued_per_user} one user may have "
                           f"(the admin's --max-queued-per-user); wait for some to start", "queue_full")
         wanted = {"cpus": req.cpus, "mem": req.mem, "gpus": req.gpus, "exclusive": req.exclusive,
                   "numa_local": req.numa_local, "numa_local_gpu": req.numa_local_gpu, "gpu_link": req.gpu_link}
@@ -296,50 +325,103 @@ class Engine:
         except KeyError:
             raise Refused(f"uid {caller.uid} has no passwd entry; jobs run as a named user") from None
         after = [self.lookup(caller, ref).id for ref in req.after]   # unknown or another user's: refused
-        job_id = self.next_id
-        output = None
-        if not req.no_output:
-            # Checked by dispatch, as the user; the shepherd writes it as the user, never following links.
-            target = req.output or req.cwd
-            output = os.path.join(target, log_name(job_id)) if req.output is None or req.output_is_dir else target
-        job = Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name, argv=list(req.argv),
-                  cwd=req.cwd, submitted=now, max_time=max_time,
-                  request=wanted,
-                  budget={"mem": budget.mem, "assigned": budget.assigned},
-                  output=output, umask=req.umask, name=req.name, after=sorted(set(after)),
-                  after_ok=req.after_ok, state=WAITING if after else QUEUED)
-        env = {"forward": req.env, "job_env": req.job_env, "base": req.base_env}
-        jdir = self.store.job_dir(job_id)
-        try:
-            self.store.create_job_dir(job_id, self.cfg.admin_gid)
-            self.store.save_job(job, env)
-        except OSError as exc:
-            self.store.remove_job(job_id)
-            why = "the state directory's disk is full" if is_disk_full(exc) else exc.strerror
-            log.error("job %d refused: cannot persist it: %s", job_id, exc)
-            raise Refused(f"cannot store the job ({why}); nothing was queued, try again later",
-                          "busy") from None
-        self.next_id += 1
-        self.jobs[job_id] = job
-        try:
-            devdir.create_output(jdir, job.uid, self.cfg.admin_gid)
-            devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
-        except OSError:
-            pass
-        self.dev.add(job_id, job.uid, jdir)
-        if job.state == WAITING:
-            self.waiting.add(job_id)
-            self._release_waiting(now)     # its jobs may have ended already
+        first = self.next_id
+        bulk = len(elements) > 1 or bool(req.array or req.commands)
+        made = []
+        for k, (argv, index) in enumerate(elements):
+            job_id = first + k
+            output = None
+            if not req.no_output:
+                # Checked by dispatch, as the user; the shepherd writes it as the user, never following links.
+                target = req.output or req.cwd
+                output = os.path.join(target, log_name(job_id)) if req.output is None or req.output_is_dir \
+                    else target
+            job = Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name, argv=list(argv),
+                      cwd=req.cwd, submitted=now, max_time=max_time,
+                      request=wanted,
+                      budget={"mem": budget.mem, "assigned": budget.assigned},
+                      output=output, umask=req.umask, name=req.name, after=sorted(set(after)),
+                      after_ok=req.after_ok, state=WAITING if after else QUEUED,
+                      array=None if not bulk else {"first": first, "index": index, "limit": req.array_limit})
+            job_env = req.job_env if not bulk else dict(req.job_env, HPC_BATCH_ARRAY_INDEX=str(index),
+                                                        HPC_BATCH_ARRAY_JOB_ID=str(first))
+            made.append((job, {"forward": req.env, "job_env": job_env, "base": req.base_env}))
+        self._persist_new(made, bulk)
+        self.next_id = first + len(made)
+        for job, _ in made:
+            self.jobs[job.id] = job
+            jdir = self.store.job_dir(job.id)
+            try:
+                devdir.create_output(jdir, job.uid, self.cfg.admin_gid)
+                devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
+            except OSError:
+                pass
+            self.dev.add(job.id, job.uid, jdir)
+            if job.state == WAITING:
+                self.waiting.add(job.id)
+            else:
+                self._enqueue(job)
+        if bulk:
+            self.open_arrays[first] = {job.id for job, _ in made}
+            log.info("jobs %d-%d %s for %s (%d in one submit): %s", first, first + len(made) - 1,
+                     made[0][0].state, made[0][0].user, len(made), made[0][0].command)
         else:
-            self._enqueue(job)
-        log.info("job %d %s for %s: %s", job_id, job.state, job.user, job.command)
+            log.info("job %d %s for %s: %s", first, made[0][0].state, made[0][0].user, made[0][0].command)
+        if after:
+            self._release_waiting(now)     # its jobs may have ended already
         # Decide now, act after the reply is sent: the client does not wait for the spawn.
         self.pending = self.plan(now)
-        starting = self.pending is not None and any(j == job_id for j, _ in self.pending.starts)
-        return {"id": job_id, "state": RUNNING if starting else job.state, "mem": budget.mem,
-                "mem_assigned": budget.assigned, "output": output, "name": job.name,
-                "after": job.after, "after_ok": job.after_ok,
-                "note": result.note if job.state == FINISHED and (result := job.get_result()) else None}
+        starting = {j for j, _ in self.pending.starts} if self.pending is not None else set()
+        job = made[0][0]
+        reply = {"id": first, "state": RUNNING if first in starting else job.state, "mem": budget.mem,
+                 "mem_assigned": budget.assigned, "output": job.output, "name": job.name,
+                 "after": job.after, "after_ok": job.after_ok,
+                 "note": result.note if job.state == FINISHED and (result := job.get_result()) else None}
+        if bulk:
+            reply.update(last=first + len(made) - 1, count=len(made), starting=len(starting),
+                         limit=req.array_limit)
+        return reply
+
+    def _save(self, job: Job, durable: bool = True) -> None:
+        """Persist a job's record; the first durable one of an array element frees its array record."""
+        self.store.save_job(job, durable=durable)
+        if job.array is not None and durable:
+            first = job.array["first"]
+            members = self.open_arrays.get(first)
+            if members is not None:
+                members.discard(job.id)
+                if not members:
+                    self._close_array(first)
+
+    def _close_array(self, first: int) -> None:
+        try:
+            self.store.remove_array(first)
+            del self.open_arrays[first]
+        except OSError as exc:   # kept open: retried when the next element's record is written
+            log.error("cannot remove the array record of jobs from %d: %s", first, exc)
+
+    def _persist_new(self, made: list, bulk: bool) -> None:
+        """Make new jobs durable before they are acknowledged; refuse (nothing kept) if that fails.
+
+        A bulk submit is one durable write for the lot: each job's own record
+        is written without fsyncs, and the array record (every element, with
+        its environment) is the one made durable; the loader restores any
+        element whose own record a crash lost. An element's own record is
+        written durably when it first changes state (starts, is cancelled).
+        """
+        try:
+            for job, env in made:
+                self.store.create_job_dir(job.id, self.cfg.admin_gid, durable=not bulk)
+                self.store.save_job(job, env, durable=not bulk)
+            if bulk:
+                self.store.save_array(made[0][0].id, [dict(job.to_dict(), env=env) for job, env in made])
+        except OSError as exc:
+            for job, _ in made:
+                self.store.remove_job(job.id)
+            why = "the state directory's disk is full" if is_disk_full(exc) else exc.strerror
+            log.error("job %d refused: cannot persist it: %s", made[0][0].id, exc)
+            raise Refused(f"cannot store the job ({why}); nothing was queued, try again later",
+                          "busy") from None
 
     def run_pending(self, now: float) -> None:
         """Carry out a decision made while answering a request."""
@@ -351,6 +433,8 @@ class Engine:
         r = job.request
         if job.id not in self.queued:
             self.queued_by_uid[job.uid] = self.queued_by_uid.get(job.uid, 0) + 1
+            if job.array is not None and job.array.get("limit"):
+                self.capped_queued += 1
         self.queued[job.id] = scheduler.QueuedJob(
             id=job.id,
             request=_request(r),
@@ -359,6 +443,8 @@ class Engine:
 
     def _dequeue(self, job: Job) -> None:
         del self.queued[job.id]
+        if job.array is not None and job.array.get("limit"):
+            self.capped_queued -= 1
         left = self.queued_by_uid.get(job.uid, 1) - 1
         if left > 0:
             self.queued_by_uid[job.uid] = left
@@ -384,7 +470,7 @@ class Engine:
             return None
         running = [scheduler.RunningJob(jid, r["alloc"], (self.jobs[jid].deadline or now))
                    for jid, r in self.running.items()]
-        return scheduler.schedule(self.cfg.schedule, list(self.queued.values()), running,
+        return scheduler.schedule(self.cfg.schedule, self._eligible(), running,
                                   self.machine, self.limits, self.policy_state, now)
 
     def apply(self, decision: scheduler.Decision, now: float) -> None:
@@ -401,6 +487,35 @@ class Engine:
             except Exception as exc:  # one job that cannot start must not stop the others
                 log.exception("job %d: cannot start it", job_id)
                 self._fail(job, f"the daemon could not start it: {exc}", now)
+
+    def _eligible(self) -> list:
+        """The queue, less elements of an array already running its %N at once.
+
+        They wait without holding up the jobs behind them, as a Slurm array's
+        throttled tasks do. Without capped arrays queued this is the queue as is.
+        """
+        if not self.capped_queued:
+            return list(self.queued.values())
+        room = self._array_room()
+        eligible = []
+        for q in self.queued.values():
+            a = self.jobs[q.id].array
+            if a is not None and a.get("limit"):
+                left = room.get(a["first"], a["limit"])
+                if left <= 0:
+                    continue
+                room[a["first"]] = left - 1
+            eligible.append(q)
+        return eligible
+
+    def _array_room(self) -> dict[int, int]:
+        """How many more of each capped array may start now (arrays not named: their whole cap)."""
+        room: dict[int, int] = {}
+        for jid in self.running:
+            a = self.jobs[jid].array
+            if a is not None and a.get("limit"):
+                room[a["first"]] = room.get(a["first"], a["limit"]) - 1
+        return room
 
     def save_meta(self) -> bool:
         """Persist the id floor and policy state; on failure retry from the tick."""
@@ -479,7 +594,7 @@ class Engine:
             self._finish(job, Result(ERROR, note=str(exc)), now)
             return
         try:
-            self.store.save_job(job)
+            self._save(job)
         except OSError as exc:
             self._requeue(job, cg, exc, now)
             return
@@ -624,7 +739,7 @@ class Engine:
         try:
             # Durable only when no exit record stands behind it (errors decided here).
             has_record = os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT))
-            self.store.save_job(job, durable=not has_record)
+            self._save(job, durable=not has_record)
         except OSError as exc:
             log.error("job %d: cannot record its end (%s); will retry", job.id, exc)
             self.unsaved.add(job.id)
@@ -663,7 +778,7 @@ class Engine:
                 self.waiting.discard(job_id)
                 move(job, QUEUED, now)
                 try:
-                    self.store.save_job(job)
+                    self._save(job)
                 except OSError as exc:
                     log.error("job %d: cannot record that it is queued (%s); will retry", job.id, exc)
                     self.unsaved.add(job.id)
@@ -699,7 +814,7 @@ class Engine:
                 self.unsaved.discard(job_id)
                 continue
             try:
-                self.store.save_job(self.jobs[job_id])
+                self._save(self.jobs[job_id])
                 self.unsaved.discard(job_id)
             except OSError:
                 pass
@@ -707,7 +822,10 @@ class Engine:
             self.save_meta()
 
     def _evict(self, uid: int) -> None:
-        done = [j for j in self.jobs.values() if j.uid == uid and j.state == FINISHED]
+        # An element of an array whose record is still needed stays: removing its own
+        # record would let the array record bring it back as queued after a crash.
+        done = [j for j in self.jobs.values() if j.uid == uid and j.state == FINISHED
+                and (j.array is None or j.array["first"] not in self.open_arrays)]
         extra = len(done) - self.cfg.keep_finished
         if extra <= 0:
             return
@@ -746,7 +864,7 @@ class Engine:
                 raise Refused(f"a max time of {format_duration(new)} is past the largest this daemon keeps")
             old, job.max_time = job.max_time, new
             try:
-                self.store.save_job(job)
+                self._save(job)
             except OSError as exc:
                 job.max_time = old
                 raise Refused(f"cannot store the change ({exc.strerror}); nothing changed, try again later",
@@ -787,7 +905,7 @@ class Engine:
         if job.stop_sent is None:
             job.stop_reason, job.stop_sent = reason, now
             try:
-                self.store.save_job(job)
+                self._save(job)
             except OSError as exc:
                 log.error("job %d: cannot record the stop (%s)", job.id, exc)
             log.info("job %d: %s, asking its shepherd to stop it", job.id, reason)

@@ -105,6 +105,7 @@ class Job:
     name: str | None = None                                # --name
     after: list[int] = field(default_factory=list)         # --after / --after-ok: jobs it starts after
     after_ok: bool = False                                 # ... and only if they exited 0
+    array: dict[str, Any] | None = None                    # element of a bulk submit: first, index, limit
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form for the state file."""
@@ -159,6 +160,13 @@ class Job:
             raise ValueError(f"after must be a list of at most {MAX_AFTER} job ids")
         for dep in self.after:
             bounds.check_int(dep, 1, bounds.MAX_ID, "after")
+        if self.array is not None:
+            if not isinstance(self.array, dict):
+                raise ValueError("array must be an object")
+            bounds.check_int(self.array.get("first"), 1, self.id, "array.first")
+            bounds.check_int(self.array.get("index"), 0, bounds.MAX_ARRAY_INDEX, "array.index")
+            if self.array.get("limit") is not None:
+                bounds.check_int(self.array["limit"], 1, bounds.MAX_ARRAY, "array.limit")
         if self.state == RUNNING and (self.started is None or not isinstance(self.alloc, dict)):
             raise ValueError("a running job needs its start time and allocation")
         if self.state == FINISHED and self.result is None:

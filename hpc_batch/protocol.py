@@ -17,6 +17,7 @@ from typing import Any
 from . import bounds
 
 # Re-exported (``protocol.ok(...)`` and the rest): the redundant aliases mark them public.
+from .arrays import is_range
 from .jobs import MAX_AFTER, valid_name
 from .messages import VERSION as VERSION
 from .messages import error as error
@@ -63,7 +64,7 @@ def _path(args: Args, name: str, default: Any = ..., allow_none: bool = False) -
     return value
 
 
-MAX_REFS = 1000     # jobs one wait may name
+MAX_REFS = bounds.MAX_ARRAY   # jobs one wait may name: a whole bulk submit
 
 
 def _ref(value: object, field: str) -> int | str:
@@ -88,8 +89,9 @@ def _word(args: Args, name: str) -> str | None:
 
 def _name(args: Args) -> str | None:
     value: str | None = _get(args, "name", (str,), default=None, allow_none=True)
-    if value is not None and not valid_name(value):
-        raise ProtocolError("field 'name' must be 1-64 letters, digits, '.', '_' or '-', and not only digits")
+    if value is not None and (not valid_name(value) or is_range(value)):
+        raise ProtocolError("field 'name' must be 1-64 letters, digits, '.', '_' or '-', and neither only "
+                            "digits nor FIRST-LAST digits (those are job ids and ranges)")
     return value
 
 
@@ -100,10 +102,24 @@ def _after(args: Args) -> tuple[int | str, ...]:
     return tuple(_ref(r, "after") for r in refs)
 
 
-def _str_list(args: Args, name: str) -> tuple[str, ...]:
+def _str_list(args: Args, name: str, max_items: int | None = None) -> tuple[str, ...]:
     value = _get(args, name, (list,))
+    if max_items is not None and len(value) > max_items:
+        raise ProtocolError(f"field {name!r} holds more than {max_items} items")
     if not all(isinstance(v, str) and "\0" not in v for v in value):
         raise ProtocolError(f"field {name!r} must be a list of strings without NUL")
+    return tuple(value)
+
+
+def _array(args: Args) -> tuple[int, ...]:
+    value = _get(args, "array", (list,), default=[])
+    if len(value) > bounds.MAX_ARRAY:
+        raise ProtocolError(f"an --array may hold at most {bounds.MAX_ARRAY} indices")
+    last = -1
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int) or not last < v <= bounds.MAX_ARRAY_INDEX:
+            raise ProtocolError(f"field 'array' must hold increasing indices from 0 to {bounds.MAX_ARRAY_INDEX}")
+        last = v
     return tuple(value)
 
 
@@ -141,13 +157,26 @@ class NewJob:
     after: tuple[int | str, ...] = ()   # --after / --after-ok: jobs (ids or names) it starts after
     after_ok: bool = False          # ... only if they all exited 0
     umask: int = 0o077              # the submitter's; the job and its log get it
+    array: tuple[int, ...] = ()     # --array: one job per index, in increasing order
+    array_limit: int | None = None  # --array ...%N: at most N of them run at once
+    commands: tuple[str, ...] = ()  # --commands: one job per shell command line
 
     @classmethod
     def from_args(cls, args: Args) -> "NewJob":
-        argv = _str_list(args, "argv")
-        if not argv or not argv[0]:
+        commands = tuple(_str_list(args, "commands", max_items=bounds.MAX_ARRAY) if "commands" in args else ())
+        argv = _str_list(args, "argv") if not commands or "argv" in args else ()
+        if not commands and (not argv or not argv[0]):
             raise ProtocolError("no command given: put it after '--', e.g. dispatch new -- echo hello")
+        if commands and argv:
+            raise ProtocolError("give a command or --commands, not both")
+        if any(not c.strip() for c in commands):
+            raise ProtocolError("field 'commands' holds an empty command line")
+        array = _array(args)
+        if array and commands:
+            raise ProtocolError("give --array or --commands, not both")
         return cls(
+            array=array, commands=commands,
+            array_limit=_int(args, "array_limit", 1, bounds.MAX_ARRAY, default=None, allow_none=True),
             argv=argv, cwd=_path(args, "cwd"),
             cpus=_int(args, "cpus", 1, bounds.MAX_CPUS, default=None, allow_none=True),
             gpus=_int(args, "gpus", 0, bounds.MAX_GPUS, default=0),
@@ -169,11 +198,19 @@ class NewJob:
             after_ok=_get(args, "after_ok", (bool,), default=False),
         )
 
+    def elements(self) -> list[tuple[tuple[str, ...], int | None]]:
+        """The jobs this request makes: (argv, array index), one for a plain submit."""
+        if self.commands:
+            return [(("/bin/sh", "-c", line), i) for i, line in enumerate(self.commands, 1)]
+        if self.array:
+            return [(self.argv, i) for i in self.array]
+        return [(self.argv, None)]
+
     def size(self) -> int:
-        """Bytes of command and environment this job would carry (for --max-job-size)."""
+        """Bytes of command and environment the largest of its jobs would carry (for --max-job-size)."""
         def n(text: str) -> int:
             return len(text.encode("utf-8", "surrogatepass")) + 1
-        total = sum(n(a) for a in self.argv)
+        total = max(sum(n(a) for a in argv) for argv, _ in self.elements())
         for env in (self.env or {}, self.job_env, self.base_env):
             total += sum(n(k) + n(v) for k, v in env.items())
         return total

@@ -7,6 +7,9 @@ through /dev/hpc-batch, but cannot list anyone's)::
     daemon.json          id floor and scheduler policy state
     jobs/<id>/job.json   the job record, and its environment while it is queued
                          (root-only, 0600: it may hold a forwarded environment)
+    arrays/<id>.json     a bulk submit's every job (--array, --commands), written
+                         once, durably, in place of a fsync per job; removed
+                         once each of its jobs has a durable record of its own
 
     quarantine/          records the daemon could not act on, set aside whole
 
@@ -51,7 +54,10 @@ class Store:
         self.jobs_dir = os.path.join(self.root, "jobs")
         self.quarantine_dir = os.path.join(self.root, "quarantine")
         self._lock_fd: int | None = None
+        self.arrays_dir = os.path.join(self.root, "arrays")
         self.notes: list = []   # what loading set aside, for the log
+        self.arrays: dict[int, list[int]] = {}   # array records found by load_jobs: first id -> job ids
+        self.restored: list[int] = []            # jobs load_jobs rebuilt from an array record
 
     # -- set-up -------------------------------------------------------------
     def open(self, inherited_lock: int | None = None) -> None:
@@ -125,15 +131,31 @@ class Store:
         """Directory of one job."""
         return os.path.join(self.jobs_dir, str(job_id))
 
-    def create_job_dir(self, job_id: int, gid: int) -> str:
+    def create_job_dir(self, job_id: int, gid: int, durable: bool = True) -> str:
         """Make the job's directory: root-owned so no user can plant entries in it."""
         d = self.job_dir(job_id)
         os.mkdir(d, 0o751)
         if os.geteuid() == 0 and gid is not None:
             os.chown(d, -1, gid)
         os.chmod(d, 0o751)
-        fsync_dir(self.jobs_dir)
+        if durable:
+            fsync_dir(self.jobs_dir)
         return d
+
+    def save_array(self, first: int, entries: list) -> None:
+        """Durably record a bulk submit: every job's record with its environment, in one file."""
+        if not os.path.isdir(self.arrays_dir):
+            os.makedirs(self.arrays_dir, mode=0o700, exist_ok=True)
+            fsync_dir(self.root)
+        write_atomic(os.path.join(self.arrays_dir, f"{first}.json"), _dump({"jobs": entries}))
+
+    def remove_array(self, first: int) -> None:
+        """Drop an array record once every job in it has a durable record of its own."""
+        try:
+            os.unlink(os.path.join(self.arrays_dir, f"{first}.json"))
+        except FileNotFoundError:
+            return
+        fsync_dir(self.arrays_dir)   # a resurrected record would bring back evicted jobs
 
     def save_job(self, job: Job, env: dict | None = None, durable: bool = True) -> None:
         """Persist one job record, with its environment while queued.
@@ -185,8 +207,43 @@ class Store:
                                 "that job is no longer tracked")
                 continue
             jobs.append(job)
+        jobs += self._restore_from_arrays({j.id for j in jobs})
         jobs.sort(key=lambda j: j.id)
         return jobs
+
+    def _restore_from_arrays(self, loaded: set) -> list:
+        """Jobs of array records whose own record a crash lost: rewritten from the array record."""
+        restored = []
+        try:
+            names = sorted(os.listdir(self.arrays_dir))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StateError(f"cannot read {self.arrays_dir}: {exc.strerror}") from None
+        for name in names:
+            head = name.removesuffix(".json")
+            if not head.isdigit() or len(head) > 20 or not name.endswith(".json"):
+                continue
+            path = os.path.join(self.arrays_dir, name)
+            try:
+                with open(path, "rb") as f:
+                    entries = json.loads(f.read())["jobs"]
+                members = []
+                for entry in entries:
+                    job = Job.from_dict(entry)
+                    members.append(job.id)
+                    if job.id in loaded or os.path.exists(self.job_dir(job.id)):
+                        continue
+                    os.mkdir(self.job_dir(job.id), 0o751)
+                    write_atomic(os.path.join(self.job_dir(job.id), "job.json"), _dump(entry), durable=False)
+                    restored.append(job)
+                    loaded.add(job.id)
+                    self.restored.append(job.id)
+            except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+                self.quarantine(path, f"array record {name}", exc, "its jobs that lost their own records are gone")
+                continue
+            self.arrays[int(head)] = members
+        return restored
 
     def quarantine(self, path: str, what: str, why, consequence: str) -> str | None:
         """Move *path* into quarantine/ and note it; returns where it went."""
