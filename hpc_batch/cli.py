@@ -114,6 +114,8 @@ def job_refs(words, most: int = 100_000) -> list:
 
 def _bulk(a, argv: list) -> dict:
     """The request fields of --array / --commands (empty without them)."""
+    if a.get("--commands") is None and a.get("--array") is None:
+        return {}
     from . import arrays
     if a.get("--commands") is not None and a.get("--array") is not None:
         raise UsageError("give --array or --commands, not both")

@@ -115,7 +115,7 @@ def test_array_survives_kill9_and_lost_records(daemon_factory, users, scratch):
     for job in ids[:5]:
         shutil.rmtree(os.path.join(d.state_dir, "jobs", str(job)))
     d.start()
-    assert "rebuilt 5 job records" in d.log()
+    wait_for(lambda: "rebuilt 5 job records" in d.log(), what="the rebuild to be logged")
     assert set(ids) <= set(d.rows())
     d.ok("kill", str(blocker))
     assert d.dispatch("wait", f"{ids[0]}-{ids[-1]}").returncode == 0

@@ -51,8 +51,18 @@ class MemoryStore:
     def job_dir(self, job_id):
         return os.path.join(self.root, str(job_id))
 
-    def create_job_dir(self, job_id, gid):
+    def create_job_dir(self, job_id, gid, durable=True):
         os.mkdir(self.job_dir(job_id))
+
+    arrays: dict = {}
+    restored: list = []
+
+    def save_array(self, first, entries):
+        if self.fail_writes:
+            raise OSError(28, "No space left on device")
+
+    def remove_array(self, first):
+        pass
 
     def save_job(self, job, env=None, durable=True):
         if self.fail_writes:

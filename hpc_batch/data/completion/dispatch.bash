@@ -29,8 +29,9 @@ _dispatch_verb_options() {
         new)
             opts="--cpu --gpu-cores --gpu-link --max-mem --max-time --exclusive --numa-local"
             opts+=" --numa-local-mem --numa-local-gpu --env --output --no-output --name --after"
-            opts+=" --after-ok --wait --json -h --help"
-            valued=" --cpu --gpu-cores --gpu-link --max-mem --max-time --output --name --after --after-ok "
+            opts+=" --after-ok --array --commands --wait --json -h --help"
+            valued=" --cpu --gpu-cores --gpu-link --max-mem --max-time --output --name --after --after-ok"
+            valued+=" --array --commands "
             ;;
         list) opts="--all --finished --json -h --help" ;;
         wait | show | status) opts="--json -h --help" ;;
@@ -158,7 +159,7 @@ _dispatch_new() {
         case $prev in
             --gpu-link) _dispatch_add NV NV2 NV4 NV6 NV8 NV12 NV18 PIX PXB PHB NODE SYS ;;
             --after | --after-ok) _dispatch_add_jobs list ;;
-            --output)
+            --output | --commands)
                 compopt -o filenames 2>/dev/null
                 while IFS= read -r word; do
                     COMPREPLY+=("$pre$word")
