@@ -331,6 +331,8 @@ def main(argv=None) -> int:
     sdnotify.ready()
     reason = server.run()
     server.close_clients()
+    from . import launcher
+    launcher.stop_fork_server()   # the shepherds it forked are not its children: they run on
     if reason == "reload":
         sdnotify.reloading()
         server.engine.save_meta()

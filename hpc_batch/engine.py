@@ -183,7 +183,7 @@ class Engine:
             self._collect(job_id)
         elif records.read_pidfile(jdir) is None and os.path.exists(os.path.join(jdir, records.LAUNCH)):
             try:  # the command cannot have run: starting its shepherd now is safe
-                self._watch(job_id, launcher.spawn(job_id, job.user, jdir))
+                self._watch(job_id, *launcher.spawn(job_id, job.user, jdir))
                 log.info("job %d: its shepherd never started; started it now", job_id)
             except OSError as exc:
                 self._lost(job, f"its shepherd could not be started: {exc}")
@@ -599,13 +599,13 @@ class Engine:
             self._requeue(job, cg, exc, now)
             return
         try:
-            pid = launcher.spawn(job.id, job.user, jdir)
+            pid, start = launcher.spawn(job.id, job.user, jdir)
         except OSError as exc:
             log.error("job %d cannot start: %s", job.id, exc)
             self._drop_cgroup(cg)
             self._finish(job, Result(ERROR, note=f"cannot start its shepherd: {exc}"), now)
             return
-        self._watch(job.id, pid)
+        self._watch(job.id, pid, start)
         try:
             devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
         except OSError:
@@ -646,8 +646,9 @@ class Engine:
         if cg and not cgroups.discard(cg):
             self.stale_cgroups.add(cg)
 
-    def _watch(self, job_id: int, pid: int) -> None:
-        fd = launcher.open_pidfd(pid, None)
+    def _watch(self, job_id: int, pid: int, start: int | None = None) -> None:
+        # A forked shepherd is not our child: its start time guards the pid against reuse.
+        fd = launcher.open_pidfd(pid, start)
         self.running[job_id]["pid"] = pid
         self.running[job_id]["pidfd"] = fd
         if fd is None:  # already gone and reaped: collect at once

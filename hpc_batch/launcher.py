@@ -12,13 +12,17 @@ is gone does the daemon act, through a pidfd it has checked (or cgroup.kill).
 """
 
 import fcntl
+import logging
 import os
 import select
 import signal
+import socket
 import sys
 
 import shepherd
-from shepherd import control, records
+from shepherd import control, forkserver, records
+
+log = logging.getLogger("hpc-batchd")
 
 SHEPHERD = "hpc-batch-shepherd"
 
@@ -42,17 +46,126 @@ def write_launch(job_dir: str, launch: dict) -> None:
     records.write_json(os.path.join(job_dir, records.LAUNCH), launch, 0o600, durable=False)
 
 
-def spawn(job_id: int, user: str, job_dir: str) -> int:
-    """Start the shepherd for a job whose launch spec is written; returns its pid."""
+_SIGDEF = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP, signal.SIGTERM, signal.SIGCHLD)
+
+
+def spawn(job_id: int, user: str, job_dir: str) -> tuple[int, int | None]:
+    """Start the shepherd for a job whose launch spec is written: ``(pid, start time)``.
+
+    Forked by the fork server when it answers (a few milliseconds, pages
+    shared); exec'd afresh when it cannot (start time None: the pid is our
+    child, so it cannot be reused under us).
+    """
+    answer = _FORK_SERVER.spawn(job_id, user, job_dir)
+    if answer is not None:
+        return answer
     exe, argv, env = shepherd_argv(job_id, user, job_dir)
+    return _posix_spawn(exe, argv, env), None
+
+
+def _posix_spawn(exe: str, argv: list, env: dict, extra=()) -> int:
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
         return os.posix_spawn(
             exe, argv, env, setsid=True,
-            file_actions=[(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, null, 1)],
-            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP, signal.SIGTERM, signal.SIGCHLD))
+            file_actions=[(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, null, 1), *extra],
+            setsigdef=_SIGDEF)
     finally:
         os.close(null)
+
+
+class ForkServer:
+    """The daemon's end of shepherd/forkserver.py: started on first use, restarted if it dies.
+
+    It is the daemon's child, reached over a socketpair only the daemon
+    holds; a server that does not answer within REPLY_TIMEOUT is killed
+    (through its pidfd) and that job's shepherd is exec'd instead.
+    """
+
+    REPLY_TIMEOUT = 5.0
+
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.pidfd: int | None = None
+        self.failures = 0
+
+    def _start(self) -> bool:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        script = os.path.join(os.path.dirname(os.path.abspath(shepherd.__file__)), SHEPHERD + ".py")
+        _, _, env = shepherd_argv(0, "", "")
+        try:
+            pid = _posix_spawn(sys.executable, forkserver.server_argv(sys.executable, script), env,
+                               extra=[(os.POSIX_SPAWN_DUP2, child.fileno(), 3)])
+            self.pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            log.error("cannot start the shepherd fork server (%s); shepherds are exec'd instead", exc)
+            parent.close()
+            return False
+        finally:
+            child.close()
+        parent.settimeout(self.REPLY_TIMEOUT)
+        self.sock = parent
+        return True
+
+    def stop(self) -> None:
+        """Close our end (the server exits at EOF) and kill it if it is still there."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+            os.close(self.pidfd)
+            self.pidfd = None
+
+    def spawn(self, job_id: int, user: str, job_dir: str) -> tuple[int, int | None] | None:
+        """Ask for a shepherd; None when the server cannot give one (the caller execs it).
+
+        A server found dead (killed, say) is started afresh and asked once more.
+        """
+        for _ in range(2):
+            if self.failures >= 3:   # a server that keeps failing is not worth a delay per job
+                return None
+            if self.sock is None and not self._start():
+                self.failures += 1
+                return None
+            answer = self._ask(job_id, user, job_dir)
+            if answer is not None:
+                self.failures = 0
+                return answer
+        return None
+
+    def _ask(self, job_id: int, user: str, job_dir: str) -> tuple[int, int | None] | None:
+        assert self.sock is not None
+        try:
+            self.sock.sendall(f"{job_id} {user} {job_dir}\n".encode())
+            reply = b""
+            while not reply.endswith(b"\n"):
+                data = self.sock.recv(256)
+                if not data:
+                    raise OSError("it exited")
+                reply += data
+            words = reply.decode().split()
+            if words[0] == "error":
+                raise OSError(" ".join(words[1:]))
+            pid = int(words[0])
+            start = 0 if words[1] == "None" else int(words[1])   # None: already gone; 0 matches no process
+        except (OSError, ValueError, IndexError) as exc:
+            log.error("the shepherd fork server failed (%s); starting it afresh", exc)
+            self.failures += 1
+            self.stop()
+            return None
+        return pid, start
+
+
+_FORK_SERVER = ForkServer()
+
+
+def stop_fork_server() -> None:
+    """Let the fork server go (before a re-exec or at exit); shepherds it made run on."""
+    _FORK_SERVER.stop()
 
 
 def shepherd_alive(job_dir: str) -> bool:

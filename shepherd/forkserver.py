@@ -1,0 +1,135 @@
+"""The shepherd fork server: one resident interpreter that forks a shepherd per job.
+
+    hpc-batch-shepherd.py --fork-server PADDING   (started by hpc-batchd, fd 3 its socket)
+
+Starting a shepherd by exec costs an interpreter start-up per job, and each
+shepherd then holds its own copy of every page. The daemon instead keeps one
+of these: it has the shepherd's modules loaded (and frozen out of the
+garbage collector, so children do not dirty those pages), reads a request
+from the daemon a line at a time, ``JOB_ID USER JOB_DIR``, and for each:
+
+1. forks; the child starts a new session and forks again, so the shepherd
+   is nobody's child but init's, exactly as when the daemon that exec'd one
+   has since gone: it survives the daemon and this server alike, and is
+   re-adopted the usual way, through its pidfile and start time;
+2. the shepherd renames itself (its argv in place, over this server's
+   padding) so that ``ps`` shows ``hpc-batch-shepherd --job ID --user NAME
+   JOB_DIR``, then runs the same ``main`` an exec'd shepherd would;
+3. the server answers ``PID STARTTIME`` (or ``error ...``).
+
+Only the daemon holds the other end of the socket, so no user can ask for
+anything. At EOF (the daemon exited or re-exec'd) the server exits; the
+shepherds it made carry on.
+"""
+
+import ctypes  # for _set_cmdline: loaded here, once, not in every child
+import gc
+import os
+import signal
+import sys
+
+try:
+    from shepherd import main as shepherd_main
+    from shepherd import records
+except ImportError:  # run as a file: siblings are top-level modules
+    import main as shepherd_main  # type: ignore[no-redef]
+    import records  # type: ignore[no-redef]
+
+PADDING = 320     # bytes of argv kept free for a shepherd's own command line
+_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP, signal.SIGTERM, signal.SIGCHLD, signal.SIGINT)
+
+
+def serve(sock_fd: int = 3) -> int:
+    """Answer fork requests on *sock_fd* until EOF."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    gc.collect()
+    gc.freeze()       # the modules' objects stay shared with every child
+    pending = b""
+    while True:
+        try:
+            data = os.read(sock_fd, 4096)
+        except InterruptedError:
+            continue
+        if not data:
+            return 0
+        pending += data
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            os.write(sock_fd, (_fork_one(line, sock_fd) + "\n").encode())
+
+
+def _fork_one(line: bytes, sock_fd: int) -> str:
+    try:
+        job_text, user, job_dir = line.decode().split(" ", 2)
+        job_id = int(job_text)
+    except ValueError:
+        return "error malformed request"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the intermediate: new session, fork the shepherd, report it, go
+        try:
+            os.close(r)
+            os.close(sock_fd)
+            os.setsid()
+            shepherd = os.fork()
+            if shepherd == 0:
+                os.close(w)
+                _become_shepherd(job_id, user, job_dir)
+            os.write(w, f"{shepherd} {records.proc_starttime(shepherd)}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        answer = os.read(r, 64).decode()
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    return answer or "error the shepherd could not be forked"
+
+
+def _become_shepherd(job_id: int, user: str, job_dir: str) -> None:
+    """In the forked child: look and act like an exec'd shepherd, then be one."""
+    status = 1
+    try:
+        for sig in _DEFAULT_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        if null > 2:
+            os.close(null)
+        _set_cmdline(["hpc-batch-shepherd", "--job", str(job_id), "--user", user, job_dir])
+        status = shepherd_main.main(["--job", str(job_id), "--user", user, job_dir])
+    except BaseException as exc:  # noqa: B036 - the child must never return into the server's loop
+        try:
+            sys.stderr.write(f"hpc-batch-shepherd: job {job_id}: {exc!r}\n")
+        except Exception:
+            pass
+    finally:
+        try:
+            sys.stderr.flush()
+        finally:
+            os._exit(status if isinstance(status, int) else 1)
+
+
+def _set_cmdline(words: list) -> None:
+    """Overwrite this process's argv in place (what /proc/PID/cmdline and ps show).
+
+    The server was started with PADDING spare bytes of argv for this; a
+    longer command line is cut short (ps then shows its start).
+    """
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rfind(b")") + 2:].split()
+        start, end = int(fields[45]), int(fields[46])   # arg_start, arg_end (fields 48 and 49)
+    except (OSError, ValueError, IndexError):
+        return
+    text = b"\0".join(w.encode("utf-8", "surrogateescape") for w in words)[:end - start - 1]
+    ctypes.memmove(start, text + b"\0" * (end - start - len(text)), end - start)
+
+
+def server_argv(python: str, script: str) -> list:
+    """The command line the daemon starts the server with (its padding included)."""
+    return [python, "-E", "-s", "-S", script, "--fork-server", " " * PADDING]

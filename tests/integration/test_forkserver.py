@@ -1,0 +1,77 @@
+"""Shepherds forked by the resident fork server: named in ps, nobody's child, independent of the server."""
+
+import os
+import signal
+
+import pytest
+from conftest import USERS, exit_of, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _cmdline(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [w.decode() for w in f.read().split(b"\0") if w]
+
+
+def _ppid(pid):
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return int(data[data.rfind(b")") + 2:].split()[1])
+
+
+def _pids_whose_cmdline(pred):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if pred(_cmdline(int(entry))):
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def _fork_servers(daemon):
+    return [p for p in _pids_whose_cmdline(lambda argv: "--fork-server" in argv) if _ppid(p) == daemon.proc.pid]
+
+
+def _shepherd_of(daemon, job):
+    jdir = os.path.join(daemon.state_dir, "jobs", str(job))
+    found = _pids_whose_cmdline(lambda argv: argv[:3] == ["hpc-batch-shepherd", "--job", str(job)]
+                                and argv[-1] == jdir)
+    return found[0] if found else None
+
+
+def test_a_forked_shepherd_shows_its_job_and_user_and_is_not_the_daemons_child(daemon, scratch):
+    job = daemon.submit("sleep", "30", flags=("--no-output",), user=USERS["alice"])
+    pid = wait_for(lambda: _shepherd_of(daemon, job), what="the shepherd in ps")
+    argv = _cmdline(pid)
+    assert argv[3:5] == ["--user", USERS["alice"]], argv
+    assert _ppid(pid) != daemon.proc.pid      # forked twice: the daemon's restarts never touch it
+    assert len(_fork_servers(daemon)) == 1
+    daemon.ok("kill", str(job), user=USERS["alice"])
+    assert exit_of(daemon.wait_finished(job, user=USERS["alice"])) == "killed"
+
+
+def test_jobs_outlive_the_fork_server_and_it_comes_back(daemon, scratch):
+    flag = os.path.join(scratch, "go")
+    job = daemon.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done; exit 6", flags=("--no-output",))
+    wait_for(lambda: _shepherd_of(daemon, job), what="the shepherd in ps")
+    (server,) = _fork_servers(daemon)
+    os.kill(server, signal.SIGKILL)
+    wait_for(lambda: not _fork_servers(daemon) or _fork_servers(daemon) != [server], what="the server to die")
+    open(flag, "w").close()
+    assert exit_of(daemon.wait_finished(job)) == "6"
+    # The next job gets a new server (or, failing that, an exec'd shepherd): it runs either way.
+    nxt = daemon.submit("sh", "-c", "exit 4", flags=("--no-output",))
+    assert exit_of(daemon.wait_finished(nxt)) == "4"
+    assert len(_fork_servers(daemon)) == 1
+
+
+def test_an_admin_can_kill_a_forked_shepherd(daemon, scratch):
+    job = daemon.submit("sleep", "30", flags=("--no-output",))
+    pid = wait_for(lambda: _shepherd_of(daemon, job), what="the shepherd in ps")
+    os.kill(pid, signal.SIGTERM)
+    row = daemon.wait_finished(job)
+    assert exit_of(row) == "killed", row
