@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass
 
 from . import __version__, bounds, defaults
@@ -289,8 +290,8 @@ def build(cfg: Config, inherited: dict):
         raise ConfigError(f"refusing to start: {exc}") from None
     for note in notes:
         log.info("%s", note)
-    import time
     engine.schedule(time.time())
+    engine.flush(time.time())      # the recovered state, journalled afresh, and any starts
     mode = ("cgroups v2: jobs confined to their CPUs and NUMA nodes, memory budgeted per NUMA node"
             if cfg.cgroups else
             "--no-cgroups: CPU affinity only, no memory limit, one machine-wide memory pool")
@@ -336,6 +337,7 @@ def main(argv=None) -> int:
     if reason == "reload":
         sdnotify.reloading()
         server.engine.save_meta()
+        server.engine.flush(time.time())
         from . import reload_args
         exe, new_argv = reload_args.current_argv()
         log.info("reloading: re-executing %s", " ".join(new_argv))
@@ -346,6 +348,7 @@ def main(argv=None) -> int:
         os.execv(exe, new_argv)
     sdnotify.stopping()
     server.engine.save_meta()
+    server.engine.flush(time.time())
     try:
         os.unlink(cfg.socket)
     except OSError:

@@ -78,9 +78,10 @@ class Engine:
         self.queued_by_uid: dict[int, int] = {}   # per-user count, for --max-queued-per-user
         self.stale_cgroups: set[str] = set()  # job cgroups still busy when their job ended
         self.waiting: set[int] = set()      # jobs held by --after / --after-ok
-        # Bulk submits whose array record is still needed: first id -> elements whose own
-        # record is not yet durable (they are still as submitted). Emptied, the record goes.
-        self.open_arrays: dict[int, set[int]] = {}
+        # Group commit: what this turn of the loop changed is made durable at its end, in one
+        # fsync (Store.commit), before replies go out and before started jobs are spawned.
+        self.batch_new: set[int] = set()    # jobs submitted this turn (refused if the commit fails)
+        self.to_spawn: list = []            # (job, cgroup) started this turn, spawned after the commit
         self.capped_queued = 0              # queued elements of arrays with a %N cap
         self.history = History(os.path.join(store.root, "history.jsonl"))
         self.next_id = 1
@@ -103,23 +104,6 @@ class Engine:
         top = max([j.id for j in jobs] + [self.store.highest_quarantined_id()])
         self.next_id = max(self.saved_floor, top + 1)
         notes = list(self.store.notes)
-        by_id = {j.id: j for j in jobs}
-        for job_id in self.store.restored:   # rebuilt after a crash: the parts a submit makes besides the record
-            jdir = self.store.job_dir(job_id)
-            job = by_id[job_id]
-            try:
-                if os.geteuid() == 0 and self.cfg.admin_gid is not None:
-                    os.chown(jdir, -1, self.cfg.admin_gid)
-                devdir.create_output(jdir, job.uid, self.cfg.admin_gid)
-            except OSError as exc:
-                log.error("job %d: cannot rebuild its directory: %s", job_id, exc)
-        if self.store.restored:
-            notes.append(f"rebuilt {len(self.store.restored)} job records from array records")
-        as_submitted = {j.id for j in jobs if j.state in (QUEUED, WAITING)}
-        for first, members in self.store.arrays.items():
-            self.open_arrays[first] = as_submitted.intersection(members)
-            if not self.open_arrays[first]:
-                self._close_array(first)
         for job in jobs:
             self.jobs[job.id] = job
             if job.state == QUEUED:
@@ -346,7 +330,7 @@ class Engine:
             job_env = req.job_env if not bulk else dict(req.job_env, HPC_BATCH_ARRAY_INDEX=str(index),
                                                         HPC_BATCH_ARRAY_JOB_ID=str(first))
             made.append((job, {"forward": req.env, "job_env": job_env, "base": req.base_env}))
-        self._persist_new(made, bulk)
+        self._persist_new(made)
         self.next_id = first + len(made)
         for job, _ in made:
             self.jobs[job.id] = job
@@ -362,7 +346,6 @@ class Engine:
             else:
                 self._enqueue(job)
         if bulk:
-            self.open_arrays[first] = {job.id for job, _ in made}
             log.info("jobs %d-%d %s for %s (%d in one submit): %s", first, first + len(made) - 1,
                      made[0][0].state, made[0][0].user, len(made), made[0][0].command)
         else:
@@ -383,45 +366,28 @@ class Engine:
         return reply
 
     def _save(self, job: Job, durable: bool = True) -> None:
-        """Persist a job's record; the first durable one of an array element frees its array record."""
         self.store.save_job(job, durable=durable)
-        if job.array is not None and durable:
-            first = job.array["first"]
-            members = self.open_arrays.get(first)
-            if members is not None:
-                members.discard(job.id)
-                if not members:
-                    self._close_array(first)
 
-    def _close_array(self, first: int) -> None:
-        try:
-            self.store.remove_array(first)
-            del self.open_arrays[first]
-        except OSError as exc:   # kept open: retried when the next element's record is written
-            log.error("cannot remove the array record of jobs from %d: %s", first, exc)
+    def _persist_new(self, made: list) -> None:
+        """Write new jobs' records and stage them for this turn's commit; refuse (nothing kept) on failure.
 
-    def _persist_new(self, made: list, bulk: bool) -> None:
-        """Make new jobs durable before they are acknowledged; refuse (nothing kept) if that fails.
-
-        A bulk submit is one durable write for the lot: each job's own record
-        is written without fsyncs, and the array record (every element, with
-        its environment) is the one made durable; the loader restores any
-        element whose own record a crash lost. An element's own record is
-        written durably when it first changes state (starts, is cancelled).
+        However many jobs a request (or a turn of the loop) submits, they are
+        made durable together, by one fsync, before any of them is acknowledged.
         """
         try:
             for job, env in made:
-                self.store.create_job_dir(job.id, self.cfg.admin_gid, durable=not bulk)
-                self.store.save_job(job, env, durable=not bulk)
-            if bulk:
-                self.store.save_array(made[0][0].id, [dict(job.to_dict(), env=env) for job, env in made])
+                self.store.create_job_dir(job.id, self.cfg.admin_gid)
+                self.store.save_job(job, env)
         except OSError as exc:
-            for job, _ in made:
-                self.store.remove_job(job.id)
+            ids = {job.id for job, _ in made}
+            self.store.forget(ids)
+            for job_id in ids:
+                self.store.remove_job(job_id)
             why = "the state directory's disk is full" if is_disk_full(exc) else exc.strerror
             log.error("job %d refused: cannot persist it: %s", made[0][0].id, exc)
             raise Refused(f"cannot store the job ({why}); nothing was queued, try again later",
                           "busy") from None
+        self.batch_new.update(job.id for job, _ in made)
 
     def run_pending(self, now: float) -> None:
         """Carry out a decision made while answering a request."""
@@ -571,13 +537,18 @@ class Engine:
     def _start(self, job: Job, alloc, now: float) -> None:
         # Order matters for crash safety: the launch spec (with the environment)
         # first, then the record that says "running" (which drops the
-        # environment from job.json), then the spawn. A crash in between leaves
-        # either a queued job or a launch spec the next daemon can start.
+        # environment from job.json), then the spawn, which waits for this
+        # turn's commit. A crash in between leaves either a queued job or a
+        # launch spec the next daemon can start.
         self._dequeue(job)
         jdir = self.store.job_dir(job.id)
         self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": None}
         move(job, RUNNING, now, alloc=alloc.to_dict())
         cg = None
+        try:
+            stored = self.store.load_env(job.id)
+        except (OSError, ValueError):
+            stored = {}
         try:
             if self.cfg.cgroups:
                 minors = (tuple(self.machine.gpu_minors[g] for g in alloc.gpus)
@@ -598,6 +569,70 @@ class Engine:
         except OSError as exc:
             self._requeue(job, cg, exc, now)
             return
+        self.to_spawn.append((job, cg, stored))
+
+    def flush(self, now: float) -> set[int]:
+        """End a turn of the loop: commit what it changed (one fsync), then spawn its started jobs.
+
+        Returns the ids of jobs submitted this turn that the commit could not
+        make durable: they are gone again, and their submitters must be told.
+        """
+        refused: set[int] = set()
+        while self.store.has_pending or self.to_spawn:   # a spawn that fails ends its job: commit that too
+            try:
+                self.store.commit()
+            except OSError as exc:
+                refused |= self._commit_failed(exc, now)
+                break
+            finally:
+                self.batch_new.clear()
+            spawns, self.to_spawn = self.to_spawn, []
+            for job, cg, _ in spawns:
+                try:
+                    self._spawn(job, cg, now)
+                except Exception as exc:  # one job that cannot start must not stop the others
+                    log.exception("job %d: cannot start it", job.id)
+                    self._fail(job, f"the daemon could not start it: {exc}", now)
+        return refused
+
+    def _commit_failed(self, exc: OSError, now: float) -> set[int]:
+        """Undo what a failed commit would have made durable: new jobs go, starts go back to the queue.
+
+        Anything else staged (ends, evictions) stays staged for the next commit.
+        """
+        log.error("cannot write the journal (%s); this turn's submits are refused and its starts wait", exc)
+        refused = set(self.batch_new)
+        for job_id in refused:
+            job = self.jobs.pop(job_id, None)
+            if job is None:
+                continue
+            self.running.pop(job_id, None)
+            if job_id in self.queued:
+                self._dequeue(job)
+            self.waiting.discard(job_id)
+            self.dev.remove(job_id)
+            self.store.remove_job(job_id)
+        self.store.forget(refused)
+        for job, cg, stored in self.to_spawn:
+            if job.id in refused:
+                self._drop_cgroup(cg)
+                continue
+            self._drop_cgroup(cg)
+            del self.running[job.id]
+            move(job, QUEUED, now)
+            self._enqueue(job)
+            try:
+                os.unlink(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
+                self.store.save_job(job, stored)   # queued again, its environment back in its record
+            except OSError:
+                self.unsaved.add(job.id)
+        self.queued = dict(sorted(self.queued.items()))
+        self.to_spawn = []
+        self.retry_at = now + 2.0
+        return refused
+
+    def _spawn(self, job: Job, cg, now: float) -> None:
+        jdir = self.store.job_dir(job.id)
         try:
             pid, start = launcher.spawn(job.id, job.user, jdir)
         except OSError as exc:
@@ -610,6 +645,7 @@ class Engine:
             devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
         except OSError:
             pass
+        alloc = self.running[job.id]["alloc"]
         log.info("job %d started: cpus %s, mem %d, gpus %s", job.id, list(alloc.cpus), alloc.mem, list(alloc.gpus))
         self.hooks.job_event(job.id, "started")
 
@@ -823,10 +859,7 @@ class Engine:
             self.save_meta()
 
     def _evict(self, uid: int) -> None:
-        # An element of an array whose record is still needed stays: removing its own
-        # record would let the array record bring it back as queued after a crash.
-        done = [j for j in self.jobs.values() if j.uid == uid and j.state == FINISHED
-                and (j.array is None or j.array["first"] not in self.open_arrays)]
+        done = [j for j in self.jobs.values() if j.uid == uid and j.state == FINISHED]
         extra = len(done) - self.cfg.keep_finished
         if extra <= 0:
             return

@@ -79,6 +79,8 @@ class Conn:
         self.partial_since: float | None = None   # when the unfinished frame in decoder began
         self.attach: AttachState | None = None    # dict(job, fd, offset, ending, done) while streaming
         self.waiting: list[int] | None = None     # the jobs a dispatch wait names, while it waits
+        self.unsent = False                       # a reply held until this turn's commit
+        self.submitted: set[int] = set()          # jobs that held reply acknowledges
 
     @property
     def held(self) -> bool:
@@ -98,6 +100,7 @@ class Server:
         self.listener = listener
         self.sel = selectors.DefaultSelector()
         self.engine: Engine | None = None     # set by start(), before the loop runs
+        self.held_replies: list[Conn] = []   # replies waiting for this turn's commit
         self.conns: dict[int, Conn] = {}
         self.pidfds: dict[int, int] = {}      # pidfd -> job id
         self.attached: dict[int, set[Conn]] = {}  # job id -> conns streaming it
@@ -195,9 +198,25 @@ class Server:
                 for conns in list(self.attached.values()):
                     for conn in list(conns):
                         self._pump(conn)
+            self._end_turn()
             self._expire_idle()
             self._resume_accepting()
         return self.stop_reason
+
+    def _end_turn(self) -> None:
+        """Commit this turn's changes (one fsync for all), then send the replies that waited on it."""
+        assert self.engine is not None
+        refused = self.engine.flush(time.time())
+        held, self.held_replies = self.held_replies, []
+        for conn in held:
+            conn.unsent = False
+            if refused & conn.submitted:
+                conn.out = bytearray(framing.encode(protocol.error(
+                    "cannot store the job (the state directory cannot be written); nothing was queued, "
+                    "try again later", "busy")))
+            conn.submitted = set()
+            if conn.open():
+                self._flush(conn)
 
     def _drain_signals(self) -> None:
         try:
@@ -342,6 +361,9 @@ class Server:
                     self._wait(conn, payload)
                     continue
                 reply = HANDLERS[op](self.engine, conn.caller, payload, now)
+                if op == "new" and reply.get("ok"):
+                    first = reply["result"]["id"]
+                    conn.submitted = set(range(first, reply["result"].get("last", first) + 1))
             except Refused as exc:
                 reply = protocol.error(str(exc), exc.code)
             except Exception:
@@ -352,12 +374,19 @@ class Server:
             self.engine.run_pending(now)
 
     def _reply(self, conn: Conn, msg: dict[str, Any], close: bool = False) -> None:
+        assert self.engine is not None
         try:
             conn.out += framing.encode(msg, framing.MAX_REPLY)
         except framing.FrameError as exc:
             conn.out += framing.encode(protocol.error(f"reply too large: {exc}", "internal"))
         if close:
             conn.closing = True
+        if self.engine.store.has_pending or self.engine.to_spawn:
+            # What it reports is not durable yet: it goes out after this turn's commit.
+            if not conn.unsent:
+                conn.unsent = True
+                self.held_replies.append(conn)
+            return
         self._flush(conn)
 
     def _flush(self, conn: Conn) -> None:

@@ -108,18 +108,14 @@ def test_array_survives_kill9_and_lost_records(daemon_factory, users, scratch):
     blocker = d.submit("sleep", "60", flags=("--exclusive", "--no-output"))
     r = _bulk(d, "--array", "1-20", "--no-output", "--", "true")
     ids = list(range(r["id"], r["last"] + 1))
-    arrays = os.path.join(d.state_dir, "arrays")
-    assert os.listdir(arrays) == [f"{ids[0]}.json"]
     d.kill9()
-    # A crash that lost the unsynced records of some elements: the array record brings them back.
+    # A crash that lost the unsynced job.json files of some: the journal brings them back.
     for job in ids[:5]:
         shutil.rmtree(os.path.join(d.state_dir, "jobs", str(job)))
     d.start()
-    wait_for(lambda: "rebuilt 5 job records" in d.log(), what="the rebuild to be logged")
+    wait_for(lambda: "rebuilt 5 job.json files from the journal" in d.log(), what="the rebuild to be logged")
     assert set(ids) <= set(d.rows())
     d.ok("kill", str(blocker))
     assert d.dispatch("wait", f"{ids[0]}-{ids[-1]}").returncode == 0
-    # Every element ran exactly once, and the array record went once each had its own.
-    finished = d.rows("--finished")
+    finished = d.rows("--finished")   # every element ran, exactly once
     assert all(exit_of(finished[j]) == "0" for j in ids)
-    wait_for(lambda: os.listdir(arrays) == [], what="the array record to go")

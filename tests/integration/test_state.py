@@ -1,5 +1,6 @@
 """Durable state: one daemon per state dir, unreadable state refused, kill -9 loses nothing."""
 
+import json
 import os
 import subprocess
 
@@ -17,9 +18,9 @@ def test_second_daemon_on_same_state_refuses(daemon, scratch):
     assert "already running" in r.stderr and daemon.state_dir in r.stderr
 
 
-def test_truncated_state_file_is_quarantined_not_fatal(daemon_factory, users, scratch):
+def test_truncated_job_record_is_rebuilt_from_the_journal(daemon_factory, users, scratch):
     d = daemon_factory()
-    bad, good = d.submit("true"), d.submit("true")
+    bad, good = d.submit("sh", "-c", "exit 3"), d.submit("true")
     d.wait_finished(bad)
     d.wait_finished(good)
     d.stop()
@@ -27,16 +28,40 @@ def test_truncated_state_file_is_quarantined_not_fatal(daemon_factory, users, sc
     with open(path, "r+") as f:
         f.truncate(10)
     d2 = daemon_factory()
-    # It serves, the readable job is still there, the broken one is set aside whole and named in the log.
+    rows = d2.rows("--finished")
+    assert exit_of(rows[bad]) in ("3", "lost") and exit_of(rows[good]) == "0"
+    wait_for(lambda: "rebuilt 1 job.json files from the journal" in d2.log(), what="the rebuild in the log")
+    with open(path, "rb") as f:
+        assert json.loads(f.read())["id"] == bad
+    assert d2.submit("true") == good + 1
+
+
+def test_damaged_journal_and_record_are_quarantined_not_fatal(daemon_factory, users, scratch):
+    d = daemon_factory()
+    bad, good = d.submit("true"), d.submit("true")
+    d.wait_finished(bad)
+    d.wait_finished(good)
+    d.stop()
+    journal = os.path.join(d.state_dir, "journal")
+    with open(journal, "rb") as f:
+        lines = f.read().split(b"\n")
+    with open(journal, "wb") as f:        # a damaged line before the last: not a torn append
+        f.write(b"\n".join([b"{not json"] + lines))
+    path = os.path.join(d.state_dir, "jobs", str(bad), "job.json")
+    with open(path, "r+") as f:
+        f.truncate(10)
+    d2 = daemon_factory()
+    # It serves from the job.json files: the readable job is there, the broken one set aside whole.
     rows = d2.rows("--finished")
     assert good in rows and bad not in rows
-    moved = [n for n in os.listdir(os.path.join(d.state_dir, "quarantine")) if n.startswith(f"{bad}.")]
+    names = os.listdir(os.path.join(d.state_dir, "quarantine"))
+    assert any(n.startswith("journal.") for n in names)
+    moved = [n for n in names if n.startswith(f"{bad}.")]
     assert len(moved) == 1
     with open(os.path.join(d.state_dir, "quarantine", moved[0], "job.json"), "rb") as f:
         assert len(f.read()) == 10
-    assert "quarantine" in d2.log() and f"job {bad}" in d2.log()
-    # Its id is never handed out again.
-    assert d2.submit("true") == good + 1
+    wait_for(lambda: "quarantine" in d2.log() and f"job {bad}" in d2.log(), what="the log to name them")
+    assert d2.submit("true") == good + 1      # its id is never handed out again
 
 
 def test_state_files_are_root_only(daemon):

@@ -25,6 +25,24 @@ ROOT = Caller(uid=0, gid=0, pid=1, name="root", is_admin=True)
 T0 = 1_800_000_000.0
 
 
+class TurnEngine(Engine):
+    """The engine as the server's loop drives it: each call below is a turn, ended by flush()."""
+
+    def _turn(name):
+        def call(self, *args, **kw):
+            result = getattr(Engine, name)(self, *args, **kw)
+            self.flush(T0)
+            return result
+        return call
+
+    tick = _turn("tick")
+    run_pending = _turn("run_pending")
+    shepherd_exited = _turn("shepherd_exited")
+    schedule = _turn("schedule")
+    kill = _turn("kill")
+    job_setting = _turn("job_setting")
+
+
 class MemoryStore:
     """The engine's view of --state-dir, in memory (job dirs are real: shepherd records live there)."""
 
@@ -51,17 +69,15 @@ class MemoryStore:
     def job_dir(self, job_id):
         return os.path.join(self.root, str(job_id))
 
-    def create_job_dir(self, job_id, gid, durable=True):
+    def create_job_dir(self, job_id, gid):
         os.mkdir(self.job_dir(job_id))
 
-    arrays: dict = {}
-    restored: list = []
+    has_pending = False   # every save is "durable" at once here: nothing waits for a commit
 
-    def save_array(self, first, entries):
-        if self.fail_writes:
-            raise OSError(28, "No space left on device")
+    def commit(self):
+        pass
 
-    def remove_array(self, first):
+    def forget(self, job_ids):
         pass
 
     def save_job(self, job, env=None, durable=True):
@@ -96,7 +112,7 @@ class FakeLauncher:
             raise self.spawn_error
         self.spawned.append(job_id)
         self._next += 1
-        return self._next
+        return self._next, None
 
     def open_pidfd(self, pid, start):
         return os.open(os.devnull, os.O_RDONLY)   # a real descriptor the engine may close
@@ -150,7 +166,7 @@ def world(tmp_path, monkeypatch):
     machine = resources.Machine(nodes=(resources.Node(0, (0, 1), 8 << 30),))
     limits = resources.Limits(reserve_cpu=0, reserve_mem=0, min_job_mem=1 << 20, per_node_memory=False)
     hooks = Hooks()
-    eng = Engine(cfg, store, machine, limits, devdir.DevDir(None, 0), hooks)
+    eng = TurnEngine(cfg, store, machine, limits, devdir.DevDir(None, 0), hooks)
     eng.root_mode = True
     return eng, store, fake, hooks
 
