@@ -572,20 +572,28 @@ class Engine:
         self.to_spawn.append((job, cg, stored))
 
     def flush(self, now: float) -> set[int]:
-        """End a turn of the loop: commit what it changed (one fsync), then spawn its started jobs.
+        """End a turn of the loop: :meth:`commit_turn`, then :meth:`spawn_turn`."""
+        refused = self.commit_turn(now)
+        self.spawn_turn(now)
+        return refused
+
+    def commit_turn(self, now: float) -> set[int]:
+        """Make what this turn changed durable, in one fsync.
 
         Returns the ids of jobs submitted this turn that the commit could not
         make durable: they are gone again, and their submitters must be told.
         """
         refused: set[int] = set()
-        while self.store.has_pending or self.to_spawn:   # a spawn that fails ends its job: commit that too
-            try:
-                self.store.commit()
-            except OSError as exc:
-                refused |= self._commit_failed(exc, now)
-                break
-            finally:
-                self.batch_new.clear()
+        try:
+            self.store.commit()
+        except OSError as exc:
+            refused = self._commit_failed(exc, now)
+        self.batch_new.clear()
+        return refused
+
+    def spawn_turn(self, now: float) -> None:
+        """Spawn the jobs this turn started (their records are durable by now)."""
+        while self.to_spawn:
             spawns, self.to_spawn = self.to_spawn, []
             for job, cg, _ in spawns:
                 try:
@@ -593,7 +601,8 @@ class Engine:
                 except Exception as exc:  # one job that cannot start must not stop the others
                     log.exception("job %d: cannot start it", job.id)
                     self._fail(job, f"the daemon could not start it: {exc}", now)
-        return refused
+            if self.commit_turn(now):   # a spawn that failed ended its job (and may have started another)
+                break
 
     def _commit_failed(self, exc: OSError, now: float) -> set[int]:
         """Undo what a failed commit would have made durable: new jobs go, starts go back to the queue.

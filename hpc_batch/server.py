@@ -204,9 +204,15 @@ class Server:
         return self.stop_reason
 
     def _end_turn(self) -> None:
-        """Commit this turn's changes (one fsync for all), then send the replies that waited on it."""
+        """Commit this turn's changes (one fsync for all), send the replies that waited on it, then spawn."""
         assert self.engine is not None
-        refused = self.engine.flush(time.time())
+        now = time.time()
+        self._send_held(self.engine.commit_turn(now))
+        self.engine.spawn_turn(now)   # after the replies: a submit is answered before its job is forked
+        if self.held_replies:         # replies the spawns gave rise to; spawn_turn committed their cause
+            self._send_held(self.engine.commit_turn(now))
+
+    def _send_held(self, refused: set[int]) -> None:
         held, self.held_replies = self.held_replies, []
         for conn in held:
             conn.unsent = False

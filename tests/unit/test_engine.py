@@ -73,9 +73,11 @@ class MemoryStore:
         os.mkdir(self.job_dir(job_id))
 
     has_pending = False   # every save is "durable" at once here: nothing waits for a commit
+    commit_error = None   # set to make the next commits fail
 
     def commit(self):
-        pass
+        if self.commit_error:
+            raise self.commit_error
 
     def forget(self, job_ids):
         pass
@@ -404,3 +406,22 @@ def test_strict_backfill_reservation_is_worked_out_afresh(world):
 def NewJobSetting(job_id, action, seconds=None):
     from hpc_batch.protocol import JobSetting
     return JobSetting(id=job_id, setting="max_time", action=action, seconds=seconds)
+
+
+def test_a_failed_commit_refuses_the_turns_submits_and_holds_back_its_starts(world):
+    eng, store, fake, _ = world
+    a = submit(eng, cpus=2)["id"]
+    start_pending(eng)
+    queued = submit(eng, cpus=2)["id"]              # waits for a; committed in a turn that worked
+    eng.flush(T0)
+    store.commit_error = OSError(28, "No space left on device")
+    new = submit(eng, cpus=1)["id"]
+    records.write_json(os.path.join(store.job_dir(a), records.EXIT), {"ended": T0 + 1, "code": 0})
+    Engine.shepherd_exited(eng, a)                  # a ends: queued would start in this same turn
+    assert eng.flush(T0 + 1) == {new}               # the submit is refused: its reply says so
+    assert new not in eng.jobs and new not in eng.queued
+    assert eng.jobs[queued].state == jobs.QUEUED and fake.spawned == [a]   # its start waits
+    assert eng.retry_at == T0 + 3
+    store.commit_error = None
+    eng.tick(T0 + 3)                                # the retry: committed, then spawned
+    assert eng.jobs[queued].state == jobs.RUNNING and fake.spawned == [a, queued]

@@ -1,0 +1,56 @@
+"""The journal: parsing (torn tails, damage), appends that fail cleanly, compaction."""
+
+import os
+
+import pytest
+
+from hpc_batch import journal
+
+
+def _lines(*entries):
+    return b"".join(journal.line(e) for e in entries)
+
+
+def test_whole_lines_are_read_in_order():
+    data = _lines({"seq": 1, "job": {"id": 1}}, {"seq": 2, "drop": 1}, {"seq": 3, "meta": {"next_id": 2}})
+    entries, good = journal.parse(data)
+    assert [e["seq"] for e in entries] == [1, 2, 3] and good == len(data)
+
+
+@pytest.mark.parametrize("tail", [b'{"seq": 4, "job": {"id"', b'{"seq": 4}', b"\xff\xfe", b"garbage\n"])
+def test_a_torn_last_line_is_dropped(tail):
+    data = _lines({"seq": 1, "job": {"id": 1}})
+    entries, good = journal.parse(data + tail)
+    assert [e["seq"] for e in entries] == [1] and good == len(data)
+
+
+def test_damage_before_the_last_line_is_an_error():
+    data = b"{not json\n" + _lines({"seq": 1, "job": {"id": 1}})
+    with pytest.raises(journal.JournalError, match="line 1"):
+        journal.parse(data)
+
+
+def test_a_line_without_seq_is_damage():
+    with pytest.raises(journal.JournalError):
+        journal.parse(b'{"job": {}}\n' + _lines({"seq": 2, "drop": 1}))
+
+
+def test_append_replace_and_a_failed_append_leaves_the_file_as_it_was(tmp_path):
+    j = journal.Journal(str(tmp_path))
+    j.replace(_lines({"seq": 1, "meta": {}}))
+    j.append(_lines({"seq": 2, "job": {"id": 7}}))
+    assert [e["seq"] for e in j.read()[0]] == [1, 2]
+    size = os.path.getsize(j.path)
+    os.close(j.fd)
+    j.fd = os.open(os.devnull, os.O_RDONLY)   # writes now fail
+    with pytest.raises(OSError):
+        j.append(_lines({"seq": 3, "drop": 7}))
+    assert os.path.getsize(j.path) == size and j.size == size
+
+
+def test_compaction_is_wanted_past_twice_the_snapshot(tmp_path):
+    j = journal.Journal(str(tmp_path))
+    j.replace(b"x\n" * (journal.MIN_COMPACT // 2))
+    assert not j.wants_compaction()
+    j.append(b"y\n" * (journal.MIN_COMPACT // 2 + 1))
+    assert j.wants_compaction()
