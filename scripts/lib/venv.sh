@@ -1,4 +1,4 @@
-# Sourced by scripts/test and scripts/try: make the project's venv.
+# Sourced by scripts/test and scripts/try (and asked by bench/run): make the project's venv.
 #
 # Jobs and dispatch run as real unprivileged users in the tests, so the venv's
 # interpreter and packages must be readable by them: it lives outside the
@@ -6,11 +6,16 @@
 # there is one (pyenv interpreters often live under /root too), and gets a
 # regular (non-editable) install of this checkout. Sets $venv and $py.
 
-ensure_venv() {
-    local extra=${1:-}
+# Where the venv of the checkout in $PWD lives (also how bench/run finds it).
+venv_path() {
     local key
     key=$(printf '%s' "$PWD" | sha256sum | cut -c1-12)
-    venv=${HPC_BATCH_TEST_VENV:-/var/tmp/hpc-batch-test-$key/venv}
+    printf '%s\n' "${HPC_BATCH_TEST_VENV:-/var/tmp/hpc-batch-test-$key/venv}"
+}
+
+ensure_venv() {
+    local extra=${1:-}
+    venv=$(venv_path)
     py=$venv/bin/python
     local base_python=python3
     [[ -x /usr/bin/python3 ]] && base_python=/usr/bin/python3

@@ -1,0 +1,101 @@
+"""The rows of the table, in order, with their targets: the one place they are defined (pure)."""
+
+from __future__ import annotations
+
+from .context import Plan
+from .report import Figure, Target
+
+MiB = 1 << 20
+
+# Which figure module fills which rows (bench/run --only takes these group names).
+GROUPS = {
+    "client": ("new", "list"),
+    "latency": ("latency",),
+    "drain": ("drain_array", "drain_loop"),
+    "shepherd": ("shepherd_pss", "shepherd_rss", "shepherd_wakeups"),
+    "queue": ("queue_new", "queue_list"),
+    "output": ("output",),
+    "restart": ("restart",),
+    "wait": ("wait",),
+}
+
+
+def _size(n: int) -> str:
+    return f"{n >> 30} GiB" if n >= 1 << 30 and n % (1 << 30) == 0 else f"{n / MiB:g} MiB"
+
+
+def table(plan: Plan) -> list[Figure]:
+    """Every figure of a run of *plan*, unmeasured, in the order of the table."""
+    n = plan.drain_jobs
+    return [
+        Figure("new", "`dispatch new -- true`",
+               "Wall time of `dispatch new -- true` (its log goes to the scratch work directory), from just "
+               "before the fork to its exit, against the venv's `python -c pass`, alternating one run of each; "
+               "after each submit the benchmark waits until the daemon is idle again.",
+               Target("<= 1.5x", "ratio", "<=", 1.5), "the venv's `python -c pass`"),
+        Figure("latency", "submit to the job's first instruction",
+               "From just before `dispatch new --output FILE -- PROBE` is forked to the time the probe reads "
+               "first thing (it prints it; read from the log once the job is done), against the same probe "
+               "started directly by the benchmark, alternating.",
+               Target("<= 20 ms", "median", "<=", 0.020), "the probe started directly"),
+        Figure("drain_array", f"drain, {n} `true` jobs, 2 slots, one `--array` submit",
+               f"Jobs per second from just before `dispatch new --array 1-{n} --no-output -- true` to the daemon "
+               "having nothing running or queued (its status, polled over the socket every 10 ms); the daemon is "
+               f"pinned to 2 CPUs, so 2 jobs run at once. Baseline: Debian's task-spooler on its own socket with "
+               f"`tsp -S 2`, {n} `tsp -n true` calls, until the last is done. Ratio: our rate / its rate.",
+               Target(">= 0.5x", "ratio", ">=", 0.5), "`tsp -S 2`"),
+        Figure("drain_loop", f"drain, {n} `true` jobs, a loop of single `dispatch new` calls",
+               f"Jobs per second from the first of {n} `dispatch new --no-output -- true` calls, one after the "
+               "other, to the daemon being idle (same daemon, 2 CPUs). Baseline: 1 / the wall time of one such "
+               "submit with the daemon idle, timed just before each drain; ratio 1.0 means submitting is all "
+               "the drain costs.",
+               Target(">= 0.9x", "ratio", ">=", 0.9), "1 / submit latency"),
+        Figure("shepherd_pss", "shepherd PSS while its job is silent",
+               "`Pss:` of `/proc/PID/smaps_rollup` of each shepherd while its job (`sleep 3600`, no output) runs "
+               "and one job per offered CPU runs, once they have settled; the baseline is as many bare sleeping "
+               "`python -E -s -S` (the shepherd's interpreter and flags) measured the same way after the jobs "
+               "are gone. PSS splits each shared page among all its users, so other Python processes on the "
+               "machine lower it a little.",
+               Target("<= 1.5 MiB", "median", "<=", 1.5 * MiB), "a sleeping `python -E -s -S`"),
+        Figure("shepherd_rss", "shepherd RSS while its job is silent",
+               "`Rss:` from the same reads as the PSS row; it counts every shared page in full.",
+               None, "a sleeping `python -E -s -S`"),
+        Figure("shepherd_wakeups", f"shepherd wakeups in {plan.window:g} s while its job is silent",
+               "Voluntary plus involuntary context switches of each shepherd (`/proc/PID/status`) over the "
+               "window, after it settled; the target is judged on the largest.",
+               Target("0", "max", "<=", 0), "the sleeping python"),
+        Figure("queue_new", f"`dispatch new -- true` with {plan.queue_new:,} queued",
+               f"Two daemons, each with a `--exclusive sleep 3600` holding every CPU, one with {plan.queue_new:,} "
+               "`true` jobs queued behind it (sent over the socket, pipelined), one with none; `dispatch new -- "
+               "true` alternates between them. Ratio: long queue / empty queue.",
+               Target("<= 1.1x", "ratio", "<=", 1.1), "the same, empty queue"),
+        Figure("queue_list", f"`dispatch list` with {plan.queue_list:,} queued",
+               f"The same two daemons, before the queue grows past {plan.queue_list:,}: `dispatch list` "
+               "alternating between them (the empty one lists its blocker only).",
+               Target("<= 2x", "ratio", "<=", 2.0), "the same, empty queue"),
+        Figure("output", f"a job writing {_size(plan.out_bytes)} to stdout",
+               f"Job wall time (`ended - started` of `dispatch show --json`) of `sh -c 'head -c {plan.out_bytes} "
+               "/dev/zero'`, its output captured into its log (first the `--max-output-buffer` in the state "
+               "directory, the rest straight to the log) against `sh -c 'head -c ... /dev/zero > FILE'`; logs "
+               "and files in the scratch directory, deleted after each run; the two alternate.",
+               Target("<= 1.05x", "ratio", "<=", 1.05), "the same writing a file"),
+        Figure("restart", f"restart with {plan.restart_jobs} jobs until it serves again",
+               "The daemon holding the jobs (`sleep 3600`, as many running as it has CPUs, the rest queued) is "
+               "killed with SIGKILL; the figure runs from starting a new one until a list request (what "
+               "`dispatch list` sends, polled every 2 ms over the socket) answers and shows every job, the "
+               "running ones running. Baseline: the same restart of a daemon with no jobs, alternating.",
+               Target("< 1 s", "median", "<", 1.0), "the same restart, no jobs"),
+        Figure("vm", "the same submit and launch figures in the VM with cgroups on",
+               "Not measured by `bench/run`: it needs the Debian VM of the system tier with cgroups.",
+               Target("within 1.5x of `--no-cgroups` there", "ratio", "<=", 1.5), "",
+               missing="not measured: needs the VM tier with cgroups"),
+        Figure("list", "`dispatch list` (empty queue)",
+               "Wall time of `dispatch list` with nothing queued, in the same loop as (1).",
+               None, "the venv's `python -c pass`"),
+        Figure("wait", "job end to `dispatch wait` returning",
+               "A job waits for a flag file; `dispatch wait ID` is started and has connected and gone to sleep "
+               "before the flag is made; from the job's end (`ended` of `dispatch show --json`) to the wait "
+               "process exiting. Baseline: one `dispatch list` round trip, the least any answer costs. "
+               "(The 50 ms target is the project's own; Slurm's `sbatch --wait` polls every 2 s.)",
+               Target("< 50 ms", "median", "<", 0.050), "a `dispatch list` round trip"),
+    ]

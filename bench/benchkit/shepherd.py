@@ -1,0 +1,84 @@
+"""The shepherd's footprint while its job is silent: PSS, RSS and wakeups."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from . import procs
+from .context import Context
+from .report import Figure
+from .scratchd import PYTHON, DaemonError, ScratchDaemon
+from .stats import summarize
+
+
+def _settle(pids: list[int], timeout: float = 10.0, quiet: float = 0.2) -> None:
+    """Wait until none of *pids* has been woken for *quiet* seconds (each is parked).
+
+    One that keeps waking is measured anyway once *timeout* passes: its
+    wakeups are then the figure, not a reason to give up.
+    """
+    deadline = time.monotonic() + timeout
+    last = [procs.wakeups(p) for p in pids]
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = [procs.wakeups(p) for p in pids]
+        if now == last:
+            return
+        last = now
+
+
+def _footprint(pids: list[int], window: float) -> tuple[list[int], list[int], list[int]]:
+    """PSS, RSS and wakeups over *window* seconds of each of *pids*, once they settled."""
+    _settle(pids)
+    mem = [procs.memory(p) for p in pids]
+    before = [procs.wakeups(p) for p in pids]
+    time.sleep(window)
+    woke = [procs.wakeups(p) - b for p, b in zip(pids, before)]
+    return [m[0] for m in mem], [m[1] for m in mem], woke
+
+
+def _shepherds(d: ScratchDaemon, jobs: list[int], timeout: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [procs.shepherd_of(j, d.dir) for j in jobs]
+        if all(found) and d.counts()["running"] == len(jobs):
+            return [p for p in found if p is not None]
+        if time.monotonic() > deadline:
+            raise DaemonError(f"the shepherds of jobs {jobs} did not all appear within {timeout:.0f} s")
+        time.sleep(0.02)
+
+
+def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
+    """Rows shepherd_*: one silent job per offered CPU, then as many sleeping pythons, per round."""
+    k = d.offered_cpus()
+    pss, rss, woke, bpss, brss, bwoke = [], [], [], [], [], []
+    for _ in range(ctx.plan.shepherd_rounds):
+        d.wait_idle()
+        jobs = [d.submit("--no-output", "--", "sleep", "3600") for _ in range(k)]
+        try:
+            p, r, w = _footprint(_shepherds(d, jobs), ctx.plan.window)
+        finally:
+            for j in jobs:
+                d.dispatch("kill", str(j), check=False)
+            d.wait_idle()
+        pss += p
+        rss += r
+        woke += w
+        sleepers = [subprocess.Popen([PYTHON, "-E", "-s", "-S", "-c", "import time; time.sleep(3600)"],
+                                     stdin=subprocess.DEVNULL) for _ in range(k)]
+        try:
+            p, r, w = _footprint([s.pid for s in sleepers], ctx.plan.window)
+        finally:
+            for s in sleepers:
+                s.kill()
+                s.wait()
+        bpss += p
+        brss += r
+        bwoke += w
+    label = f"{k} shepherd{'s' if k > 1 else ''} running"
+    figs["shepherd_pss"].label += f" ({label})"
+    figs["shepherd_pss"].value, figs["shepherd_pss"].baseline = summarize(pss, "MiB"), summarize(bpss, "MiB")
+    figs["shepherd_rss"].value, figs["shepherd_rss"].baseline = summarize(rss, "MiB"), summarize(brss, "MiB")
+    figs["shepherd_wakeups"].value = summarize(woke, "count")
+    figs["shepherd_wakeups"].baseline = summarize(bwoke, "count")

@@ -1,0 +1,103 @@
+"""bench/run --smoke: every figure of docs/benchmarks.md is still produced, so the suite cannot rot.
+
+Tiny sizes and few runs through real scratch daemons; nothing here is about
+speed. Each figure must come with a value, or be n/a with the reason said
+where the bench cannot measure it (no `--array` yet, the VM row). The run
+never installs task-spooler (scripts/test does, when it can); when `tsp` is
+here its baseline must have been measured.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import kill_shepherds
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUN = os.path.join(ROOT, "bench", "run")
+DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
+
+# Rows the bench may leave n/a, and the word its reason must contain.
+MAY_BE_MISSING = {"drain_array": "--array", "vm": "VM"}
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _digest(path):
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def _has_task_spooler():
+    r = subprocess.run(["sh", "-c", "tsp -h"], capture_output=True, text=True)
+    return "spooler" in (r.stdout + r.stderr).lower()
+
+
+def _bench(*args, timeout=240):
+    return subprocess.run([sys.executable, RUN, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_smoke_run_produces_every_figure(users, scratch):
+    md, js = os.path.join(scratch, "bench.md"), os.path.join(scratch, "bench.json")
+    docs_before = _digest(DOCS)
+    try:
+        r = _bench("--smoke", "--no-install", "--output", md, "--json", js, "--scratch", scratch)
+    finally:
+        kill_shepherds(scratch)
+    assert r.returncode == 0, f"bench/run --smoke exited {r.returncode}\n{r.stderr[-4000:]}"
+    assert _digest(DOCS) == docs_before, "a smoke run must not touch docs/benchmarks.md"
+    assert not [d for d in os.listdir(scratch) if d.startswith("hpcb-bench-")], "scratch directory left behind"
+
+    with open(js) as f:
+        report = json.load(f)
+    with open(md) as f:
+        text = f.read()
+    figures = {f["key"]: f for f in report["figures"]}
+    for key in ("new", "latency", "drain_array", "drain_loop", "shepherd_pss", "shepherd_rss",
+                "shepherd_wakeups", "queue_new", "queue_list", "output", "restart", "vm", "wait"):
+        assert key in figures, f"figure {key} is gone from the report"
+    for key, fig in figures.items():
+        assert fig["complete"], f"{key}: neither a value nor a reason"
+        if fig["value"] is None:
+            word = MAY_BE_MISSING.get(key)
+            assert word and word in (fig["missing"] or ""), f"{key} was not measured: {fig['missing']}"
+        else:
+            v = fig["value"]
+            assert v["n"] >= 1 and v["min"] <= v["median"] <= v["max"], f"{key}: {v}"
+        if fig["baseline_label"] and key != "drain_array":
+            assert fig["baseline"] is not None, f"{key}: no baseline: {fig['baseline_missing']}"
+    if _has_task_spooler():
+        assert figures["drain_array"]["baseline"] is not None, figures["drain_array"]["baseline_missing"]
+    else:
+        assert "task-spooler" in figures["drain_array"]["baseline_missing"]
+
+    # The markdown: one table row per figure, with the machine and the command that made it.
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| figure ")]
+    assert len(rows) == len(figures)
+    for fig, row in zip(report["figures"], rows):
+        assert row.startswith(f"| {fig['label']} ("), row
+        assert len(row.split(" | ")) == 6, row
+    assert "bench/run --smoke --no-install --output" in text
+    for name in ("CPU", "cores", "memory", "kernel", "python", "date"):
+        assert f"- {name}: " in text
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--smoke"], "--smoke needs --output"),
+    (["--smoke", "--output", DOCS], "must not write docs/benchmarks.md"),
+    (["--only", "client,nonsense"], "--only takes group names"),
+    (["--runs", "0"], "--runs must be at least 1"),
+])
+def test_bad_command_lines_are_refused_in_one_line(args, says):
+    docs_before = _digest(DOCS)
+    r = _bench(*args, timeout=60)
+    assert r.returncode == 2
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert _digest(DOCS) == docs_before
