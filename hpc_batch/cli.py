@@ -15,7 +15,8 @@ from .cli_usage import SUBCOMMANDS, USAGE
 
 EX_USAGE = 2
 EX_UNAVAILABLE = 69
-_ENV_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+# A leading NAME=VALUE word of new's command: part of the job's environment, as env(1) reads it.
+ENV_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
 class UsageError(Exception):
@@ -70,7 +71,7 @@ def split_env(words):
     """Leading NAME=VALUE words (env(1) style) and the command after them."""
     env = {}
     i = 0
-    while i < len(words) and _ENV_WORD.match(words[i]):
+    while i < len(words) and ENV_WORD.match(words[i]):
         name, _, value = words[i].partition("=")
         env[name] = value
         i += 1
