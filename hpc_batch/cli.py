@@ -69,7 +69,7 @@ def _positive(flag: str, text: str, minimum: int) -> int:
     return int(text)
 
 
-def _env_word(word: str) -> bool:
+def env_word(word: str) -> bool:
     """NAME=VALUE with NAME a shell variable name (what env(1) takes as an assignment)."""
     name, eq, _ = word.partition("=")
     return bool(eq) and bool(name) and name[0] in _NAME_START and all(c in _NAME_REST for c in name)
@@ -79,7 +79,7 @@ def split_env(words):
     """Leading NAME=VALUE words (env(1) style) and the command after them."""
     env = {}
     i = 0
-    while i < len(words) and _env_word(words[i]):
+    while i < len(words) and env_word(words[i]):
         name, _, value = words[i].partition("=")
         env[name] = value
         i += 1

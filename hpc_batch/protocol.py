@@ -285,7 +285,15 @@ class Ping:
         return cls()
 
 
-# A validated request, whichever verb it is.
+@dataclass(frozen=True)
+class Watch:
+    """A stream of the caller's job changes (started, finished), for programs such as the PSI/J executor."""
+
+    @classmethod
+    def from_args(cls, args: Args) -> "Watch":
+        return cls()
+
+
 @dataclass(frozen=True)
 class JobSetting:
     """``dispatch job ID max-time get|set D|add D``: read or change one of a job's settings."""
@@ -313,12 +321,13 @@ class JobSetting:
         return cls(id=ref.id, setting=setting, action=action, seconds=seconds)
 
 
-Payload = NewJob | ListJobs | Attach | JobRef | Ping | JobSetting | WaitJobs | Status
+# A validated request, whichever verb it is.
+Payload = NewJob | ListJobs | Attach | JobRef | Ping | JobSetting | WaitJobs | Status | Watch
 
 # One line a verb: the daemon's dispatch table is keyed on the same names.
 REQUESTS: dict[str, type[Payload]] = {"new": NewJob, "list": ListJobs, "attach": Attach, "kill": JobRef,
                                       "wait": WaitJobs, "show": JobRef, "status": Status,
-                                      "job": JobSetting, "ping": Ping}
+                                      "job": JobSetting, "ping": Ping, "watch": Watch}
 
 
 def _short(value: object) -> str:

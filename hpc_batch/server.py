@@ -42,6 +42,10 @@ ACCEPT_PAUSE = 1.0           # out of descriptors: stop accepting for this long
 PENDING_PER_USER = 2 * framing.MAX_FRAME   # unfinished frame bytes one user may hold in the daemon
 CHUNK = 64 << 10             # attach reads and sends output in chunks this big
 FALLBACK_POLL = 0.05         # attach wake-up when inotify is unavailable
+WATCH_BACKLOG = 1 << 20      # unsent watch events one connection may hold before it is dropped
+# What a watch event tells of a job: the list --json fields, less the command (it can be large).
+WATCH_FIELDS = ("id", "name", "state", "submitted", "started", "ended", "exit", "result", "output",
+                "output_error")
 _CRED = struct.Struct("3i")
 
 
@@ -81,11 +85,12 @@ class Conn:
         self.waiting: list[int] | None = None     # the jobs a dispatch wait names, while it waits
         self.unsent = False                       # a reply held until this turn's commit
         self.submitted: set[int] = set()          # jobs that held reply acknowledges
+        self.watching = False                     # a watch: told of each of its user's job changes
 
     @property
     def held(self) -> bool:
-        """An attach or a wait: a connection that stays open for the daemon to speak next."""
-        return self.attach is not None or self.waiting is not None
+        """An attach, a wait or a watch: a connection that stays open for the daemon to speak next."""
+        return self.attach is not None or self.waiting is not None or self.watching
 
     def open(self) -> bool:
         """False once the connection has been closed."""
@@ -105,6 +110,7 @@ class Server:
         self.pidfds: dict[int, int] = {}      # pidfd -> job id
         self.attached: dict[int, set[Conn]] = {}  # job id -> conns streaming it
         self.waiters: dict[int, set[Conn]] = {}   # job id -> conns waiting for it to end
+        self.watchers: dict[int, set[Conn]] = {}  # uid -> conns watching that user's jobs
         self.wds: dict[int, int] = {}         # inotify wd -> job id
         self.job_wd: dict[int, int] = {}      # job id -> inotify wd
         self.signals: list[int] = []
@@ -131,6 +137,7 @@ class Server:
         if kind == "finished":
             for conn in list(self.waiters.pop(job_id, ())):
                 self._answer_wait(conn)
+        self._tell_watchers(job_id)
         for conn in list(self.attached.get(job_id, ())):
             if kind == "started":
                 self._open_stream(conn)
@@ -247,8 +254,8 @@ class Server:
                 self._close(conn)
             elif not conn.held and now - conn.last > IDLE_TIMEOUT:
                 self._close(conn)
-            elif conn.attach is not None and conn.out and now - conn.last > IDLE_TIMEOUT:
-                self._close(conn)   # an attach that stopped reading its output
+            elif (conn.attach is not None or conn.watching) and conn.out and now - conn.last > IDLE_TIMEOUT:
+                self._close(conn)   # an attach or a watch that stopped reading
 
     # -- connections ------------------------------------------------------------
     def _accept(self) -> None:
@@ -366,6 +373,9 @@ class Server:
                     assert isinstance(payload, protocol.WaitJobs)
                     self._wait(conn, payload)
                     continue
+                if op == "watch":
+                    self._watch(conn)
+                    continue
                 reply = HANDLERS[op](self.engine, conn.caller, payload, now)
                 if op == "new" and reply.get("ok"):
                     first = reply["result"]["id"]
@@ -438,6 +448,12 @@ class Server:
                 waiters.discard(conn)
                 if not waiters:
                     del self.waiters[job_id]
+        if conn.watching:
+            watchers = self.watchers.get(conn.caller.uid)
+            if watchers is not None:
+                watchers.discard(conn)
+                if not watchers:
+                    del self.watchers[conn.caller.uid]
         conn.sock.close()
 
     # -- wait ---------------------------------------------------------------------
@@ -467,6 +483,37 @@ class Server:
                              "note": res.note if res else None, "output": job.output,
                              "output_error": job.output_error})
         self._reply(conn, protocol.ok(jobs=done), close=True)
+
+    # -- watch --------------------------------------------------------------------
+    def _watch(self, conn: Conn) -> None:
+        """A stream of the caller's job changes: "watching" at once, then one "job" event per change.
+
+        A client learns of a start and an end as they happen, over one
+        connection however many jobs it follows, instead of asking again and
+        again. Only changes are sent: a client that (re)connects reads the
+        current state with show or list.
+        """
+        conn.watching = True
+        self.watchers.setdefault(conn.caller.uid, set()).add(conn)
+        self._reply(conn, protocol.event("watching"))
+
+    def _tell_watchers(self, job_id: int) -> None:
+        assert self.engine is not None
+        job = self.engine.jobs.get(job_id)
+        conns = self.watchers.get(job.uid) if job is not None else None
+        if job is None or not conns:
+            return
+        summary = self.engine.summary(job)
+        frame = framing.encode(protocol.event("job", job={k: summary[k] for k in WATCH_FIELDS}), framing.MAX_REPLY)
+        for conn in list(conns):
+            if len(conn.out) > WATCH_BACKLOG:
+                # It stopped reading: drop it rather than buffer without end; it asks afresh on reconnecting.
+                rlog.warning(f"watch-{conn.caller.uid}", "uid %d does not read its watch events; dropped",
+                             conn.caller.uid)
+                self._close(conn)
+                continue
+            conn.out += frame
+            self._flush(conn)
 
     # -- attach -----------------------------------------------------------------
     def _attach(self, conn: Conn, req: protocol.Attach, now: float) -> None:

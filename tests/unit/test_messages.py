@@ -148,8 +148,10 @@ def test_unknown_fields_are_ignored_not_identity():
 
 
 def test_verbs_agree_between_cli_protocol_and_daemon():
-    # Every request has a handler (attach streams, so the server owns it) and
-    # every CLI command sends one; ping is the protocol's own liveness probe.
-    assert set(protocol.REQUESTS) == set(HANDLERS) | {"attach", "wait"}
-    assert set(cli.COMMANDS) == set(protocol.REQUESTS) - {"ping"}
+    # Every request has a handler (attach, wait and watch hold their
+    # connection, so the server owns them) and every CLI command sends one;
+    # ping is the protocol's own liveness probe and watch is the event stream
+    # programs read (the PSI/J executor), neither a command of their own.
+    assert set(protocol.REQUESTS) == set(HANDLERS) | {"attach", "wait", "watch"}
+    assert set(cli.COMMANDS) == set(protocol.REQUESTS) - {"ping", "watch"}
     assert set(cli.SUBCOMMANDS) == set(cli.COMMANDS)

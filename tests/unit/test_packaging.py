@@ -1,6 +1,7 @@
 """The wheel carries what an install needs: the unit, the shepherd, the entry points."""
 
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -44,6 +45,21 @@ def test_wheel_contents(wheel):
     unit = zipfile.ZipFile(wheel).read("hpc_batch/data/hpc-batch.service").decode()
     for line in ("Delegate=cpuset memory pids", "KillMode=process", "RestartPreventExitStatus=78"):
         assert line in unit
+
+
+def test_the_psij_descriptor_is_where_psij_looks(wheel):
+    # PSI/J imports every module of the psij-descriptors namespace package (no __init__.py) and
+    # loads the class it names by path, from the same site-packages.
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "psij-descriptors/hpc_batch.py" in names and "psij-descriptors/__init__.py" not in names
+    assert "hpc_batch/psij_descriptor.py" not in names and "hpc_batch/psij_executor.py" in names
+    text = zipfile.ZipFile(wheel).read("psij-descriptors/hpc_batch.py").decode()
+    assert "__PSI_J_EXECUTORS__" in text and 'cls="hpc_batch.psij_executor.HpcBatchJobExecutor"' in text
+    dist = f"hpc_batch-{__version__}.dist-info"
+    meta = zipfile.ZipFile(wheel).read(f"{dist}/METADATA").decode()
+    assert "Provides-Extra: psij" in meta
+    assert any(re.fullmatch(r"""Requires-Dist: psij-python>=[0-9.]+; extra == ["']psij["']""", line)
+               for line in meta.splitlines())
 
 
 def test_metadata_license_and_dependencies(wheel):
