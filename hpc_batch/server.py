@@ -171,6 +171,9 @@ class Server:
         while self.stop_reason is None:
             now = time.time()
             wake = self.engine.tick(now)
+            self._end_turn()   # what the tick did (starts, ends) is made durable and spawned before we sleep
+            if self.engine.resched or self.engine.to_spawn:
+                wake = now
             timeout = None if wake is None else max(0.0, wake - now)
             if self.conns:
                 timeout = FRAME_DEADLINE if timeout is None else min(timeout, FRAME_DEADLINE)

@@ -1,0 +1,69 @@
+"""Group commit, counted: fsyncs per job, with strace on the daemon and everything it starts.
+
+strace comes from Debian's package (scripts/install-host-deps --host, which
+scripts/test runs before the host tests); the count covers the daemon, its
+fork server and every shepherd (-f), and each fsync or fdatasync call once.
+"""
+
+import os
+import re
+import shutil
+import signal
+
+import pytest
+from conftest import _shepherds_under, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+CALL = re.compile(rb"\b(?:fsync|fdatasync)\(")
+
+
+def _count(path):
+    with open(path, "rb") as f:
+        return len(CALL.findall(f.read()))
+
+
+def _settled(d, scratch, trace):
+    """The count once every shepherd is gone and it stopped moving."""
+    wait_for(lambda: not _shepherds_under(scratch), what="the shepherds to finish")
+    last = [-1]
+
+    def same():
+        n = _count(trace)
+        done = n == last[0]
+        last[0] = n
+        return done
+    wait_for(same, interval=0.3, what="the count to settle")
+    return last[0]
+
+
+def test_fsyncs_per_job(daemon_factory, users, scratch):
+    strace = shutil.which("strace")
+    assert strace, "strace is missing: scripts/install-host-deps --host installs it"
+    trace = os.path.join(scratch, "fsyncs.trace")
+    d = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0",
+                       wrap=[strace, "-f", "-qq", "-e", "trace=fsync,fdatasync", "-o", trace])
+    try:
+        _measure(d, scratch, trace)
+    finally:   # the daemon is strace's child: stop it, and strace goes with it
+        with open(f"/proc/{d.proc.pid}/task/{d.proc.pid}/children") as f:
+            for pid in f.read().split():
+                os.kill(int(pid), signal.SIGTERM)
+        d.proc.wait(timeout=30)
+
+
+def _measure(d, scratch, trace):
+    base = _settled(d, scratch, trace)
+    for _ in range(5):
+        job = d.submit("true", flags=("--no-output",))
+        assert d.dispatch("wait", str(job)).returncode == 0
+    singles = _settled(d, scratch, trace) - base
+    out = d.ok("new", "--no-output", "--array", "1-40", "--", "true")
+    first = int(out.split()[1].split("-")[0].rstrip(":"))
+    assert d.dispatch("wait", f"{first}-{first + 39}").returncode == 0
+    bulk = _settled(d, scratch, trace) - base - singles
+    print(f"fsyncs: {singles / 5:.1f} per lone job, {bulk / 40:.2f} per job of a 40-job array")
+    # 1 journal commit for a lone job's submit and start, 2 for its shepherd's exit record.
+    assert singles <= 5 * 3
+    # The array's submit is one commit; its ends and starts share one a turn.
+    assert bulk <= 40 * 3 + 2
