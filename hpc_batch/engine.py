@@ -333,6 +333,7 @@ class Engine:
         else:
             self._enqueue(job)
         log.info("job %d %s for %s: %s", job_id, job.state, job.user, job.command)
+        self.hooks.job_event(job_id, "submitted")
         # Decide now, act after the reply is sent: the client does not wait for the spawn.
         self.pending = self.plan(now)
         starting = self.pending is not None and any(j == job_id for j, _ in self.pending.starts)
