@@ -54,6 +54,9 @@ Options:
   --max-output-buffer SIZE Output kept for attach in the state dir; the rest
                            goes straight to the job's log file
                            [default: {defaults.MAX_OUTPUT_BUFFER}]
+  --metrics-file PATH      Keep a Prometheus text file (*.prom) current at PATH,
+                           for node_exporter's textfile collector; needs
+                           hpc-batch[metrics]. Default: none (no metrics).
   -h --help                Show this help.
   --version                Show the version.
 """
@@ -96,6 +99,7 @@ class Config:
     cgroup_root: str = defaults.CGROUP_ROOT
     admin_gid: int | None = None
     user_name: str = ""
+    metrics_file: str | None = None   # --metrics-file, absolute and checked (metrics_file.check)
 
 
 def _size(flag: str, text: str, unit: str = "G", minimum: int = 0) -> int:
@@ -154,7 +158,19 @@ def parse_args(argv) -> Config:
         schedule=a["--schedule"],
         cgroups=not a["--no-cgroups"],
         gpu_mask=not a["--no-gpu-mask"],
+        metrics_file=_metrics_file(a["--metrics-file"]),
     )
+
+
+def _metrics_file(path: str | None) -> str | None:
+    # Checked here, not in build(): a reload then keeps the old flags rather than exit over a bad path.
+    if path is None:
+        return None
+    from . import metrics_file
+    try:
+        return metrics_file.check(path)
+    except metrics_file.MetricsError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _inherited() -> dict:
@@ -243,11 +259,12 @@ def _gpu_masking(cfg: Config, machine) -> bool:
 
 def build(cfg: Config, inherited: dict):
     """Set everything up (or raise ConfigError) and return a ready Server."""
-    from . import access, cgroups, devdir, discovery, resources
+    from . import access, cgroups, devdir, discovery, metrics_file, resources
     from .engine import Engine
     from .server import Server
     from .store import StateError, Store
 
+    tally = os.environ.pop(metrics_file.CARRY_ENV, "")   # the last daemon's counters, on a reload
     root = os.geteuid() == 0
     cfg.user_name = access.user_name(os.geteuid())
     try:
@@ -283,6 +300,8 @@ def build(cfg: Config, inherited: dict):
     listener = _listen(cfg.socket, inherited.get("listen"))
     server = Server(cfg, listener)
     engine = Engine(cfg, store, machine, limits, dev, server)
+    if cfg.metrics_file:
+        server.metrics = metrics_file.MetricsFile(cfg.metrics_file, engine, tally)
     server.start(engine)
     try:
         notes = engine.recover()
@@ -338,12 +357,14 @@ def main(argv=None) -> int:
         sdnotify.reloading()
         server.engine.save_meta()
         server.engine.flush(time.time())
-        from . import reload_args
+        from . import metrics_file, reload_args
         exe, new_argv = reload_args.current_argv()
         log.info("reloading: re-executing %s", " ".join(new_argv))
         os.set_inheritable(store.lock_fd, True)
         os.set_inheritable(server.listener.fileno(), True)
         os.environ[INHERIT_ENV] = f"lock:{store.lock_fd},listen:{server.listener.fileno()}"
+        if server.metrics is not None:
+            os.environ[metrics_file.CARRY_ENV] = server.metrics.tally.to_text()
         sys.stderr.flush()
         os.execv(exe, new_argv)
     sdnotify.stopping()

@@ -350,6 +350,8 @@ class Engine:
                      made[0][0].state, made[0][0].user, len(made), made[0][0].command)
         else:
             log.info("job %d %s for %s: %s", first, made[0][0].state, made[0][0].user, made[0][0].command)
+        for job, _ in made:
+            self.hooks.job_event(job.id, "submitted")
         if after:
             self._release_waiting(now)     # its jobs may have ended already
         # Decide now, act after the reply is sent: the client does not wait for the spawn.

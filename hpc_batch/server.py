@@ -23,7 +23,7 @@ import stat
 import struct
 import time
 from types import FrameType
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from shepherd import records
 
@@ -32,6 +32,9 @@ from .engine import Engine, Refused
 from .handlers import HANDLERS
 from .jobs import FINISHED, QUEUED, WAITING, Job, exit_column, wait_status
 from .ratelog import RateLimited
+
+if TYPE_CHECKING:
+    from .metrics_file import MetricsFile
 
 log = logging.getLogger("hpc-batchd")
 rlog = RateLimited(log)
@@ -117,6 +120,7 @@ class Server:
         self.stop_reason: str | None = None   # "reload" / "terminate"
         self.per_uid: dict[int, int] = {}     # open connections per user
         self.accept_paused_until: float | None = None
+        self.metrics: MetricsFile | None = None   # --metrics-file: told of job events, ticked by the loop
         try:
             from .inotify import Inotify
             self.inotify: Inotify | None = Inotify()
@@ -134,6 +138,8 @@ class Server:
             self.sel.unregister(fd)
 
     def job_event(self, job_id: int, kind: str) -> None:
+        if self.metrics is not None:
+            self.metrics.job_event(job_id, kind)
         if kind == "finished":
             for conn in list(self.waiters.pop(job_id, ())):
                 self._answer_wait(conn)
@@ -174,6 +180,8 @@ class Server:
             self._end_turn()   # what the tick did (starts, ends) is made durable and spawned before we sleep
             if self.engine.resched or self.engine.to_spawn:
                 wake = now
+            if self.metrics is not None:
+                wake = min((w for w in (wake, self.metrics.tick(now)) if w is not None), default=None)
             timeout = None if wake is None else max(0.0, wake - now)
             if self.conns:
                 timeout = FRAME_DEADLINE if timeout is None else min(timeout, FRAME_DEADLINE)

@@ -69,3 +69,6 @@ def test_metadata_license_and_dependencies(wheel):
     requires = sorted(line.split()[1] for line in meta.splitlines()
                       if line.startswith("Requires-Dist:") and "extra ==" not in line)
     assert requires == ["docopt-ng"]
+    # --metrics-file's prometheus_client is an extra, never a dependency of the core.
+    assert any(line.startswith("Requires-Dist: prometheus-client") and "extra == 'metrics'" in line.replace('"', "'")
+               for line in meta.splitlines())
