@@ -176,9 +176,12 @@ class Job:
 
     @property
     def command(self) -> str:
-        """The command line as a shell would show it."""
-        import shlex
-        return shlex.join(self.argv)
+        """The command line as a shell would show it (worked out once: argv never changes)."""
+        text = self.__dict__.get("_command")
+        if text is None:
+            import shlex
+            text = self.__dict__["_command"] = shlex.join(self.argv)
+        return text
 
     @property
     def deadline(self) -> float | None:

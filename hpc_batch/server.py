@@ -42,6 +42,7 @@ rlog = RateLimited(log)
 IDLE_TIMEOUT = 60.0          # a connection that sends no request is dropped
 FRAME_DEADLINE = 10.0        # a frame once begun must be complete within this
 ACCEPT_PAUSE = 1.0           # out of descriptors: stop accepting for this long
+HELD_REPLY_BYTES = 1 << 18   # replies one connection may have waiting for a commit (pipelined requests)
 PENDING_PER_USER = 2 * framing.MAX_FRAME   # unfinished frame bytes one user may hold in the daemon
 CHUNK = 64 << 10             # attach reads and sends output in chunks this big
 FALLBACK_POLL = 0.05         # attach wake-up when inotify is unavailable
@@ -90,6 +91,11 @@ class Conn:
         self.submitted: set[int] = set()          # jobs that held reply acknowledges
         self.watching = False                     # a watch: told of each of its user's job changes
 
+    def may_take_request(self) -> bool:
+        """Backpressure: no new request while a reply is unsent, unless that reply only
+        waits for this turn's commit (then pipelined requests share the commit, up to a bound)."""
+        return not self.out or (self.unsent and len(self.out) < HELD_REPLY_BYTES)
+
     @property
     def held(self) -> bool:
         """An attach, a wait or a watch: a connection that stays open for the daemon to speak next."""
@@ -109,6 +115,7 @@ class Server:
         self.sel = selectors.DefaultSelector()
         self.engine: Engine | None = None     # set by start(), before the loop runs
         self.held_replies: list[Conn] = []   # replies waiting for this turn's commit
+        self.resume: list[Conn] = []         # connections with whole requests left once their replies went
         self.conns: dict[int, Conn] = {}
         self.pidfds: dict[int, int] = {}      # pidfd -> job id
         self.attached: dict[int, set[Conn]] = {}  # job id -> conns streaming it
@@ -176,9 +183,13 @@ class Server:
         assert self.engine is not None  # start() first
         while self.stop_reason is None:
             now = time.time()
+            resume, self.resume = self.resume, []
+            for conn in resume:
+                if conn.open() and conn.may_take_request():
+                    self._requests(conn)
             wake = self.engine.tick(now)
             self._end_turn()   # what the tick did (starts, ends) is made durable and spawned before we sleep
-            if self.engine.resched or self.engine.to_spawn:
+            if self.engine.resched or self.engine.to_spawn or self.resume:
                 wake = now
             if self.metrics is not None:
                 wake = min((w for w in (wake, self.metrics.tick(now)) if w is not None), default=None)
@@ -235,12 +246,16 @@ class Server:
         for conn in held:
             conn.unsent = False
             if refused & conn.submitted:
+                # Its replies (pipelined ones too) are void: one refusal, then the connection ends.
                 conn.out = bytearray(framing.encode(protocol.error(
                     "cannot store the job (the state directory cannot be written); nothing was queued, "
                     "try again later", "busy")))
+                conn.closing = True
             conn.submitted = set()
             if conn.open():
                 self._flush(conn)
+            if conn.open() and not conn.out and conn.decoder.pending:
+                self.resume.append(conn)   # pipelined requests it sent meanwhile: next turn
 
     def _drain_signals(self) -> None:
         try:
@@ -341,7 +356,7 @@ class Server:
                                 and self._pending_of(conn.caller.uid) > PENDING_PER_USER)):
                         self._over_limit(conn)
                         return
-                    if not conn.out:
+                    if conn.may_take_request():
                         self._requests(conn)
         if mask & selectors.EVENT_WRITE:
             self._flush(conn)
@@ -349,7 +364,7 @@ class Server:
                 return
             if conn.attach is not None:
                 self._pump(conn)
-            elif not conn.out and conn.decoder.pending:
+            elif conn.may_take_request() and conn.decoder.pending:
                 self._requests(conn)  # pipelined requests held back while replies were unsent
 
     def _over_limit(self, conn: Conn) -> None:
@@ -360,7 +375,7 @@ class Server:
 
     def _requests(self, conn: Conn) -> None:
         assert self.engine is not None  # start() first
-        while not conn.closing and not conn.held and not conn.out:
+        while not conn.closing and not conn.held and conn.may_take_request():
             try:
                 msg = conn.decoder.next()
             except framing.FrameError as exc:
@@ -390,7 +405,7 @@ class Server:
                 reply = HANDLERS[op](self.engine, conn.caller, payload, now)
                 if op == "new" and reply.get("ok"):
                     first = reply["result"]["id"]
-                    conn.submitted = set(range(first, reply["result"].get("last", first) + 1))
+                    conn.submitted |= set(range(first, reply["result"].get("last", first) + 1))
             except Refused as exc:
                 reply = protocol.error(str(exc), exc.code)
             except Exception:
