@@ -147,6 +147,8 @@ class Server:
     def job_event(self, job_id: int, kind: str) -> None:
         if self.metrics is not None:
             self.metrics.job_event(job_id, kind)
+        if kind == "submitted":
+            return   # counted; a submitter already knows (and a watch streams starts and ends)
         if kind == "finished":
             for conn in list(self.waiters.pop(job_id, ())):
                 self._answer_wait(conn)
