@@ -587,7 +587,7 @@ class Engine:
         """
         refused: set[int] = set()
         try:
-            self.store.commit()
+            self.store.commit(now)
         except OSError as exc:
             refused = self._commit_failed(exc, now)
         self.batch_new.clear()
@@ -982,6 +982,9 @@ class Engine:
         if self.meta_dirty or self.unsaved:
             self.retry_unsaved()
             wake = now + 2 if wake is None else min(wake, now + 2)
+        due = self.store.compact_due   # the end of the turn commits, and compacts once this is due
+        if due is not None:
+            wake = due if wake is None else min(wake, due)
         return wake
 
     def _tick_job(self, job_id: int, now: float) -> float | None:

@@ -75,6 +75,11 @@ class Store:
         self._pending: list[tuple[int | None, bytes]] = []   # staged lines: (job id or None, line)
         self._seq = 0
         self._live: set[int] = set()       # jobs the journal holds a record of
+        # A forwarded environment (--env) or NAME=VALUE words may hold secrets: they are dropped from
+        # the state dir once the job starts, so the journal line that carried them must go too.
+        self._secrets: set[int] = set()    # jobs whose journal lines carry such an environment
+        self._scrub_at: float | None = None   # when the journal is to be compacted to drop them
+        self._last_scrub = 0.0
         self._meta: dict = {}
         self._loaded: tuple[dict, list] | None = None
 
@@ -233,17 +238,30 @@ class Store:
         """True while staged changes wait for :meth:`commit`."""
         return bool(self._pending)
 
-    def commit(self) -> None:
-        """Make every staged change durable with one fdatasync; OSError leaves them staged."""
-        if not self._pending:
-            return
-        self.journal.append(b"".join(data for _, data in self._pending))
-        self._pending.clear()
-        if self.journal.wants_compaction():
+    def commit(self, now: float | None = None) -> None:
+        """Make every staged change durable with one fdatasync; OSError leaves them staged.
+
+        Also compacts the journal when it has grown, or when a started job's
+        environment is still in it (at once, then at most once a second).
+        """
+        if self._pending:
+            self.journal.append(b"".join(data for _, data in self._pending))
+            self._pending.clear()
+        now = time.time() if now is None else now
+        scrub = self._scrub_at is not None and now >= self._scrub_at
+        if scrub or self.journal.wants_compaction():
             try:
                 self._snapshot(sorted(self._live))
+                self._last_scrub, self._scrub_at = now, None
             except OSError as exc:   # the journal just grows until it can be compacted
                 log.error("cannot compact the journal (%s); it will be tried again", exc)
+                if scrub:
+                    self._scrub_at = now + 1.0
+
+    @property
+    def compact_due(self) -> float | None:
+        """When a commit should run to drop started jobs' environments from the journal (None: no need)."""
+        return self._scrub_at
 
     def forget(self, job_ids: set) -> None:
         """Unstage the changes of jobs a failed commit refused (they were never acknowledged)."""
@@ -265,6 +283,7 @@ class Store:
         lines.append(line({"seq": self._seq, "meta": self._meta}))
         self.journal.replace(b"".join(lines))
         self._live = live
+        self._secrets &= live
 
     def save_meta(self, meta: dict) -> None:
         """Stage the id floor and scheduler state (daemon.json is its readable cache)."""
@@ -308,6 +327,12 @@ class Store:
         if durable:
             self._stage(job.id, {"seq": self._seq, "job": data})
             self._live.add(job.id)
+            if env is not None and (env.get("forward") or env.get("job_env")):
+                self._secrets.add(job.id)
+            elif env is None and job.id in self._secrets:
+                self._secrets.discard(job.id)   # its environment is gone from its record: from the journal too
+                if self._scrub_at is None:
+                    self._scrub_at = max(time.time(), self._last_scrub + 1.0)
 
     def load_env(self, job_id: int) -> dict:
         """Read a queued job's stored environment (empty if none is stored)."""

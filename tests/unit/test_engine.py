@@ -74,8 +74,9 @@ class MemoryStore:
 
     has_pending = False   # every save is "durable" at once here: nothing waits for a commit
     commit_error = None   # set to make the next commits fail
+    compact_due = None
 
-    def commit(self):
+    def commit(self, now=None):
         if self.commit_error:
             raise self.commit_error
 
