@@ -309,6 +309,8 @@ def build(cfg: Config, inherited: dict):
         raise ConfigError(f"refusing to start: {exc}") from None
     for note in notes:
         log.info("%s", note)
+    from . import launcher
+    launcher.start_fork_server()
     engine.schedule(time.time())
     engine.flush(time.time())      # the recovered state, journalled afresh, and any starts
     mode = ("cgroups v2: jobs confined to their CPUs and NUMA nodes, memory budgeted per NUMA node"

@@ -728,6 +728,16 @@ class Engine:
         cg = handle.get("cgroup")
         now = time.time()
         kept = os.path.join(jdir, records.OUTPUT)
+        if rec is None and shepherd_gone is None:
+            # Another shepherd holds the job's lock (a fork that answered late, after this one was
+            # started in its stead, which then found the job taken): that one is the job's.
+            found = launcher.adopt(jdir)
+            if found is not None:
+                log.warning("job %d: its shepherd is pid %d (the one started for it found it taken)",
+                            job_id, found[0])
+                handle["pid"], handle["pidfd"] = found
+                self.hooks.watch_pidfd(found[1], job_id)
+                return
         if rec is None:
             # The shepherd died without an exit record: end what is left of the job.
             oom = bool(cg and cgroups.oom_killed(cg))

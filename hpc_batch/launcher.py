@@ -82,7 +82,7 @@ class ForkServer:
     (through its pidfd) and that job's shepherd is exec'd instead.
     """
 
-    REPLY_TIMEOUT = 5.0
+    REPLY_TIMEOUT = 10.0   # a fork takes milliseconds; this is for a machine (or VM) under heavy load
 
     def __init__(self) -> None:
         self.sock: socket.socket | None = None
@@ -106,6 +106,11 @@ class ForkServer:
         parent.settimeout(self.REPLY_TIMEOUT)
         self.sock = parent
         return True
+
+    def start(self) -> None:
+        """Start the server now (at the daemon's start), so no job waits for its start-up."""
+        if self.sock is None and self.failures < 3 and not self._start():
+            self.failures += 1
 
     def stop(self) -> None:
         """Close our end (the server exits at EOF) and kill it if it is still there."""
@@ -161,6 +166,11 @@ class ForkServer:
 
 
 _FORK_SERVER = ForkServer()
+
+
+def start_fork_server() -> None:
+    """Start the fork server ahead of the first job (its interpreter start-up is paid here)."""
+    _FORK_SERVER.start()
 
 
 def stop_fork_server() -> None:
