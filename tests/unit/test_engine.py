@@ -123,8 +123,11 @@ class FakeLauncher:
     def reap(self, pid):
         pass
 
+    adoptable = None   # (pid, pidfd) a live shepherd holding the job's lock, if any
+
     def adopt(self, job_dir):
-        return None
+        found, self.adoptable = self.adoptable, None
+        return found
 
     def send_deadline(self, job_dir, deadline):
         self.deadlines.append((int(os.path.basename(job_dir)), deadline))
@@ -426,3 +429,16 @@ def test_a_failed_commit_refuses_the_turns_submits_and_holds_back_its_starts(wor
     store.commit_error = None
     eng.tick(T0 + 3)                                # the retry: committed, then spawned
     assert eng.jobs[queued].state == jobs.RUNNING and fake.spawned == [a, queued]
+
+
+def test_a_shepherd_that_found_its_job_taken_hands_it_to_the_one_that_holds_it(world):
+    eng, store, fake, hooks = world
+    job = submit(eng, cpus=1)["id"]
+    start_pending(eng)
+    # The shepherd we watch exits without an exit record; another one holds the job's lock.
+    fake.adoptable = (43210, os.open(os.devnull, os.O_RDONLY))
+    eng.shepherd_exited(job)
+    assert eng.jobs[job].state == jobs.RUNNING and eng.running[job]["pid"] == 43210
+    assert fake.orphans_killed == []
+    end(eng, store, job, code=0)               # that one ends the job as usual
+    assert eng.jobs[job].get_result().kind == jobs.EXITED
