@@ -10,8 +10,6 @@ the command without ``--``) gets None, and the caller asks docopt, which
 gives the result or the usage error. Pure: no I/O.
 """
 
-from __future__ import annotations
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -22,7 +20,7 @@ class Option:
 
     __slots__ = ("names", "takes_value", "default")
 
-    def __init__(self, names: list[str], takes_value: bool, default: str | None):
+    def __init__(self, names: "list[str]", takes_value: bool, default: "str | None"):
         self.names = names
         self.takes_value = takes_value
         self.default = default
@@ -34,7 +32,7 @@ class Option:
         return longs[0] if longs else self.names[0]
 
 
-def options(usage: str) -> list[Option]:
+def options(usage: str) -> "list[Option]":
     """The options described in *usage*'s ``Options:`` section, docopt's way.
 
     A line whose first non-blank character is ``-`` starts an option; the
@@ -69,7 +67,7 @@ def options(usage: str) -> list[Option]:
     return found
 
 
-def scan(argv: list[str], verb: str, usage: str, command_key: str = "<command>") -> dict[str, Any] | None:
+def scan(argv: "list[str]", verb: str, usage: str, command_key: str = "<command>") -> "dict[str, Any] | None":
     """docopt(*usage*, argv) for ``<verb> [options] [--] <command>...``, or None to ask docopt."""
     if not argv or argv[0] != verb:
         return None

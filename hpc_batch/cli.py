@@ -145,7 +145,6 @@ def _bulk(a, argv: list) -> dict:
 
 
 def cmd_new(conn, a) -> int:
-    from .durations import DurationError, parse_duration
     out = Out(a["--json"])
     bulk = _bulk(a, a["<command>"])
     job_env, argv = split_env(a["<command>"])
@@ -185,6 +184,7 @@ def cmd_new(conn, a) -> int:
         if not args["after"]:
             raise UsageError("--after and --after-ok take job ids or names, comma-separated")
     if a["--max-time"] is not None:
+        from .durations import DurationError, parse_duration
         try:
             args["max_time"] = parse_duration(a["--max-time"])
         except DurationError as exc:
@@ -213,7 +213,7 @@ def cmd_new(conn, a) -> int:
     r = reply["result"]
     ids = list(range(r["id"], r.get("last", r["id"]) + 1))
     if not out.json:
-        from .listing import format_mem
+        from .sizes import format_mem
         how = "assigned by default" if r.get("mem_assigned") else "requested"
         where = f"output to {r['output']}" if r.get("output") else "output discarded"
         if "count" in r:

@@ -46,8 +46,8 @@ from .jobs import (
     exit_column,
     move,
 )
-from .listing import format_mem
 from .protocol import JobSetting, NewJob
+from .sizes import format_mem
 from .store import is_disk_full
 from .userio import log_name
 

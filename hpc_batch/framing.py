@@ -7,17 +7,15 @@ socket: callers feed bytes in and take frames out (the h11 way), which keeps
 the daemon's event loop and the client's blocking calls on one codec.
 """
 
-from __future__ import annotations
+from shepherd.jsoncodec import dumps_wire, loads
 
-import struct
-
-from shepherd.records import dumps_wire, loads
-
+# Annotations are strings and typing is imported for the checker only: this is on the
+# path of every dispatch, where typing (and __future__, and struct) would cost start-up time.
 TYPE_CHECKING = False
-if TYPE_CHECKING:   # typing costs a client start-up several ms; only the checker needs it
+if TYPE_CHECKING:
     from typing import Any
 
-HEADER = struct.Struct(">I")
+HEADER_SIZE = 4           # the length, big-endian
 MAX_FRAME = 4 << 20       # requests: a forwarded environment plus a long argv fits
 MAX_REPLY = 256 << 20     # replies: a listing of a very long queue fits
 
@@ -26,12 +24,12 @@ class FrameError(Exception):
     """The peer sent bytes that are not a valid frame (corrupt or oversized)."""
 
 
-def encode(obj: dict[str, Any], limit: int = MAX_FRAME) -> bytes:
+def encode(obj: "dict[str, Any]", limit: int = MAX_FRAME) -> bytes:
     """Serialise one message as a frame; lone surrogates survive (output bytes)."""
     body = dumps_wire(obj).encode("ascii")
     if len(body) > limit:
         raise FrameError(f"message of {len(body)} bytes exceeds the {limit}-byte frame limit")
-    return HEADER.pack(len(body)) + body
+    return len(body).to_bytes(HEADER_SIZE, "big") + body
 
 
 class Decoder:
@@ -48,27 +46,26 @@ class Decoder:
     @property
     def expected(self) -> int:
         """Bytes of the frame being received (header included), or 0 between frames."""
-        if len(self._buf) < HEADER.size:
-            return HEADER.size if self._buf else 0
-        size: int = HEADER.unpack_from(self._buf)[0]
-        return HEADER.size + size
+        if len(self._buf) < HEADER_SIZE:
+            return HEADER_SIZE if self._buf else 0
+        return HEADER_SIZE + int.from_bytes(self._buf[:HEADER_SIZE], "big")
 
     @property
     def pending(self) -> int:
         """Bytes buffered but not yet returned as a message (a truncated frame at EOF)."""
         return len(self._buf)
 
-    def next(self) -> dict[str, Any] | None:
+    def next(self) -> "dict[str, Any] | None":
         """Return the next complete message, or None if more bytes are needed."""
-        if len(self._buf) < HEADER.size:
+        if len(self._buf) < HEADER_SIZE:
             return None
-        (size,) = HEADER.unpack_from(self._buf)
+        size = int.from_bytes(self._buf[:HEADER_SIZE], "big")
         if size > self._max:
             raise FrameError(f"frame of {size} bytes exceeds the {self._max}-byte limit")
-        end = HEADER.size + size
+        end = HEADER_SIZE + size
         if len(self._buf) < end:
             return None
-        body = bytes(self._buf[HEADER.size:end])
+        body = bytes(self._buf[HEADER_SIZE:end])
         del self._buf[:end]
         try:
             obj = loads(body.decode("utf-8"))

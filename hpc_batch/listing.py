@@ -14,22 +14,12 @@ from __future__ import annotations
 import time
 
 from .durations import format_clock, format_duration
+from .sizes import format_mem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:   # dispatch new formats its line with this module: keep typing off that path
     from typing import Any
 
-GiB = 1 << 30
-MiB = 1 << 20
-
-
-def format_mem(n: int | None) -> str:
-    """Compact memory size: ``32G``, ``1.5G``, ``512M``."""
-    if n is None:
-        return "-"
-    if n >= GiB:
-        return f"{n // GiB}G" if n % GiB == 0 else f"{n / GiB:.1f}G"
-    return f"{max(1, round(n / MiB))}M"
 
 
 def format_start(started: float, now: float) -> str:

@@ -4,8 +4,6 @@ Kept apart from ``protocol`` (the validated payload types the daemon uses) so
 the client, which runs on every submit, imports only this and ``framing``.
 """
 
-from __future__ import annotations
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:   # the client imports this on every submit; typing would cost it several ms
     from typing import Any
@@ -28,21 +26,21 @@ REFUSALS = {
 }
 
 
-def request(op: str, **args: Any) -> dict[str, Any]:
+def request(op: str, **args: "Any") -> "dict[str, Any]":
     """Build a request message."""
     return {"v": VERSION, "op": op, "args": args}
 
 
-def ok(**result: Any) -> dict[str, Any]:
+def ok(**result: "Any") -> "dict[str, Any]":
     """Build a success reply."""
     return {"v": VERSION, "ok": True, "result": result}
 
 
-def error(message: str, code: str = "refused") -> dict[str, Any]:
+def error(message: str, code: str = "refused") -> "dict[str, Any]":
     """Build an error reply; *message* is shown to the user as is, *code* is one of REFUSALS."""
     return {"v": VERSION, "ok": False, "error": message, "code": code}
 
 
-def event(kind: str, **data: Any) -> dict[str, Any]:
+def event(kind: str, **data: "Any") -> "dict[str, Any]":
     """Build one frame of a streamed reply (attach)."""
     return {"v": VERSION, "ok": True, "event": kind, **data}

@@ -129,5 +129,5 @@ def format_status(st: dict[str, Any]) -> list[str]:
 
 
 def _mem(n: int) -> str:
-    from .listing import format_mem
+    from .sizes import format_mem
     return format_mem(n) if n else "0"

@@ -353,7 +353,7 @@ class Server:
                     conn.decoder.feed(data)
                     if conn.decoder.pending and conn.partial_since is None:
                         conn.partial_since = conn.last
-                    if (conn.decoder.pending > framing.MAX_FRAME + framing.HEADER.size
+                    if (conn.decoder.pending > framing.MAX_FRAME + framing.HEADER_SIZE
                             or (conn.decoder.expected > CHUNK
                                 and self._pending_of(conn.caller.uid) > PENDING_PER_USER)):
                         self._over_limit(conn)

@@ -7,6 +7,8 @@ One parser for every size the client and the daemon accept (``--max-mem``,
 
 _SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?"
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+GiB = 1 << 30
+MiB = 1 << 20
 
 
 class SizeError(ValueError):
@@ -24,3 +26,12 @@ def parse_size(text: str, default_unit: str = "G", allow_zero: bool = False) -> 
     if value < 0 or (value == 0 and not allow_zero):
         raise SizeError(f"{text!r}: must be more than zero")
     return value
+
+
+def format_mem(n: int | None) -> str:
+    """Compact memory size: ``32G``, ``1.5G``, ``512M`` (``-`` for none)."""
+    if n is None:
+        return "-"
+    if n >= GiB:
+        return f"{n // GiB}G" if n % GiB == 0 else f"{n / GiB:.1f}G"
+    return f"{max(1, round(n / MiB))}M"
