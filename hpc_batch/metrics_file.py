@@ -23,6 +23,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from shepherd import records
+
 from . import __version__
 from .ratelog import RateLimited
 
@@ -68,31 +70,12 @@ def check(path: str) -> str:
 
 
 def write_atomic(path: str, data: bytes) -> None:
-    """Replace *path* with *data* in one rename; raises OSError and leaves the old file on failure."""
+    """Replace *path* with *data* in one rename (0644, whatever the umask: node_exporter reads it
+    as its own user); raises OSError and leaves the old file on failure."""
     directory, name = os.path.split(path)
     # Not *.prom, so the collector never reads it; the pid keeps two daemons apart.
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(tmp, flags, 0o644)
-    except FileExistsError:
-        os.unlink(tmp)   # left by a write that died half way (a reload keeps the pid); unlink never follows
-        fd = os.open(tmp, flags, 0o644)
-    try:
-        try:
-            os.fchmod(fd, 0o644)   # whatever the umask: node_exporter reads it as its own user
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    records.write_atomic(path, data, 0o644, durable=False, exclusive=True,
+                         tmp=os.path.join(directory, f".{name}.{os.getpid()}.tmp"))
 
 
 class MetricsFile:

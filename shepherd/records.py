@@ -49,16 +49,25 @@ OUTPUT = "output"
 INFO = "info.json"
 
 
-def write_atomic(path: str, data: bytes, mode: int = 0o600, durable: bool = True, prepare=None) -> None:
+def write_atomic(path: str, data: bytes, mode: int = 0o600, durable: bool = True, prepare=None,
+                 tmp: str | None = None, exclusive: bool = False) -> None:
     """Replace *path* with *data* atomically; on failure the old file is untouched.
 
     *durable* adds the fsyncs (file, then directory) for records that must
     survive a power cut. *prepare*, if given, is called with the temporary
     file's descriptor before the rename (to set its owner or ACL), so the
-    file never appears under its name with the wrong permissions.
+    file never appears under its name with the wrong permissions. *tmp*
+    names the temporary file (default ``<path>.tmp.<pid>``); *exclusive*
+    creates it with O_EXCL (removing a stale one first), for a directory
+    others may write in, where a planted hard link must not be truncated.
     """
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    tmp = tmp or f"{path}.tmp.{os.getpid()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
+    try:
+        fd = os.open(tmp, flags, mode)
+    except FileExistsError:
+        os.unlink(tmp)   # left by a write that died half way (a pid is reused); unlink never follows
+        fd = os.open(tmp, flags, mode)
     try:
         try:
             os.fchmod(fd, mode)
