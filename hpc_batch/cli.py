@@ -112,7 +112,7 @@ def job_refs(words, most: int = 100_000) -> list:
     return refs
 
 
-def _bulk(a, argv: list) -> dict:
+def _bulk(a) -> dict:
     """The request fields of --array / --commands (empty without them)."""
     if a.get("--commands") is None and a.get("--array") is None:
         return {}
@@ -146,7 +146,7 @@ def _bulk(a, argv: list) -> dict:
 
 def cmd_new(conn, a) -> int:
     out = Out(a["--json"])
-    bulk = _bulk(a, a["<command>"])
+    bulk = _bulk(a)
     job_env, argv = split_env(a["<command>"])
     if not argv and "commands" not in bulk:
         raise UsageError("no command given: put it after '--', e.g. dispatch new -- echo hello")

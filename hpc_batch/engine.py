@@ -327,9 +327,7 @@ class Engine:
                       output=output, umask=req.umask, name=req.name, after=sorted(set(after)),
                       after_ok=req.after_ok, state=WAITING if after else QUEUED,
                       array=None if not bulk else {"first": first, "index": index, "limit": req.array_limit})
-            job_env = req.job_env if not bulk else dict(req.job_env, HPC_BATCH_ARRAY_INDEX=str(index),
-                                                        HPC_BATCH_ARRAY_JOB_ID=str(first))
-            made.append((job, {"forward": req.env, "job_env": job_env, "base": req.base_env}))
+            made.append((job, {"forward": req.env, "job_env": req.job_env, "base": req.base_env}))
         self._persist_new(made)
         self.next_id = first + len(made)
         for job, _ in made:
@@ -366,9 +364,6 @@ class Engine:
             reply.update(last=first + len(made) - 1, count=len(made), starting=len(starting),
                          limit=req.array_limit)
         return reply
-
-    def _save(self, job: Job, durable: bool = True) -> None:
-        self.store.save_job(job, durable=durable)
 
     def _persist_new(self, made: list) -> None:
         """Write new jobs' records and stage them for this turn's commit; refuse (nothing kept) on failure.
@@ -517,6 +512,9 @@ class Engine:
         env.update(stored.get("job_env") or {})
         # Set by the daemon and never overridden: without masking the GPU list is how a job is held to its GPUs.
         env["HPC_BATCH_JOB_ID"] = str(job.id)
+        if job.array is not None:   # from the record, not stored per job: a bulk submit's jobs share one environment
+            env["HPC_BATCH_ARRAY_INDEX"] = str(job.array["index"])
+            env["HPC_BATCH_ARRAY_JOB_ID"] = str(job.array["first"])
         env["CUDA_VISIBLE_DEVICES"] = self._visible_devices((job.alloc or {}).get("gpus", []))
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"   # CUDA numbers GPUs as nvidia-smi does
         return env
@@ -567,7 +565,7 @@ class Engine:
             self._finish(job, Result(ERROR, note=str(exc)), now)
             return
         try:
-            self._save(job)
+            self.store.save_job(job)
         except OSError as exc:
             self._requeue(job, cg, exc, now)
             return
@@ -797,7 +795,7 @@ class Engine:
         try:
             # Durable only when no exit record stands behind it (errors decided here).
             has_record = os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT))
-            self._save(job, durable=not has_record)
+            self.store.save_job(job, durable=not has_record)
         except OSError as exc:
             log.error("job %d: cannot record its end (%s); will retry", job.id, exc)
             self.unsaved.add(job.id)
@@ -836,7 +834,7 @@ class Engine:
                 self.waiting.discard(job_id)
                 move(job, QUEUED, now)
                 try:
-                    self._save(job)
+                    self.store.save_job(job)
                 except OSError as exc:
                     log.error("job %d: cannot record that it is queued (%s); will retry", job.id, exc)
                     self.unsaved.add(job.id)
@@ -872,7 +870,7 @@ class Engine:
                 self.unsaved.discard(job_id)
                 continue
             try:
-                self._save(self.jobs[job_id])
+                self.store.save_job(self.jobs[job_id])
                 self.unsaved.discard(job_id)
             except OSError:
                 pass
@@ -919,7 +917,7 @@ class Engine:
                 raise Refused(f"a max time of {format_duration(new)} is past the largest this daemon keeps")
             old, job.max_time = job.max_time, new
             try:
-                self._save(job)
+                self.store.save_job(job)
             except OSError as exc:
                 job.max_time = old
                 raise Refused(f"cannot store the change ({exc.strerror}); nothing changed, try again later",
@@ -960,7 +958,7 @@ class Engine:
         if job.stop_sent is None:
             job.stop_reason, job.stop_sent = reason, now
             try:
-                self._save(job)
+                self.store.save_job(job)
             except OSError as exc:
                 log.error("job %d: cannot record the stop (%s)", job.id, exc)
             log.info("job %d: %s, asking its shepherd to stop it", job.id, reason)

@@ -25,6 +25,7 @@ from shepherd import control, forkserver, records
 log = logging.getLogger("hpc-batchd")
 
 SHEPHERD = "hpc-batch-shepherd"
+SHEPHERD_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}   # and the fork server's
 
 
 def shepherd_argv(job_id: int, user: str, job_dir: str) -> tuple:
@@ -37,8 +38,7 @@ def shepherd_argv(job_id: int, user: str, job_dir: str) -> tuple:
     """
     script = os.path.join(os.path.dirname(os.path.abspath(shepherd.__file__)), SHEPHERD + ".py")
     args = ["--job", str(job_id), "--user", user, job_dir]
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-    return sys.executable, [sys.executable, "-E", "-s", "-S", script, *args], env
+    return sys.executable, [sys.executable, "-E", "-s", "-S", script, *args], dict(SHEPHERD_ENV)
 
 
 def write_launch(job_dir: str, launch: dict) -> None:
@@ -92,9 +92,8 @@ class ForkServer:
     def _start(self) -> bool:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         script = os.path.join(os.path.dirname(os.path.abspath(shepherd.__file__)), SHEPHERD + ".py")
-        _, _, env = shepherd_argv(0, "", "")
         try:
-            pid = _posix_spawn(sys.executable, forkserver.server_argv(sys.executable, script), env,
+            pid = _posix_spawn(sys.executable, forkserver.server_argv(sys.executable, script), dict(SHEPHERD_ENV),
                                extra=[(os.POSIX_SPAWN_DUP2, child.fileno(), 3)])
             self.pidfd = os.pidfd_open(pid)
         except OSError as exc:
