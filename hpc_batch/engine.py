@@ -932,19 +932,19 @@ class Engine:
             if not self.to_settle:
                 if not self.ended_deps:
                     return
-                dep_id = self.ended_deps.popleft()
-                waiters = sorted(self.dependents.pop(dep_id, ()))
+                ended = self.ended_deps.popleft()
+                waiters = sorted(self.dependents.pop(ended, ()))
                 if waiters:
-                    self.pinned[dep_id] = len(waiters)
-                    self.to_settle.extend((w, dep_id) for w in waiters)
+                    self.pinned[ended] = len(waiters)
+                    self.to_settle.extend((w, ended) for w in waiters)
                 continue
-            job_id, dep_id = self.to_settle.popleft()
-            if dep_id is not None:
-                left = self.pinned[dep_id] - 1
+            job_id, follows = self.to_settle.popleft()
+            if follows is not None:
+                left = self.pinned[follows] - 1
                 if left:
-                    self.pinned[dep_id] = left
+                    self.pinned[follows] = left
                 else:
-                    del self.pinned[dep_id]
+                    del self.pinned[follows]
             job = self.jobs.get(job_id)
             if job is None or job.state != WAITING:
                 continue
@@ -1007,7 +1007,8 @@ class Engine:
         extra = len(done) - self.cfg.keep_finished
         if extra <= 0:
             return
-        victims, spared = [], []
+        victims: list[Job] = []
+        spared: list[Job] = []
         while done and len(victims) < extra:
             job_id = heapq.heappop(done)
             # Its waiting dependents are still to look at its result: it stays until they have.
