@@ -1169,7 +1169,8 @@ class Engine:
 
 
 STOP_RETRY = 0.5   # seconds between stop requests while no shepherd reads its FIFO yet
-SETTLE_BATCH = 500   # waiting jobs looked at per call of Engine._settle (the rest: next turn)
+SETTLE_BATCH = 100   # waiting jobs settled per call of Engine._settle (the rest: next turn); each may
+                     # write a record (about 1 ms), so a turn holds the loop about 0.1 s at most
 
 
 def _request(r: dict[str, Any]) -> resources.Request:
