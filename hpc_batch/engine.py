@@ -363,6 +363,9 @@ class Engine:
             made.append((job, {"forward": req.env, "job_env": req.job_env, "base": req.base_env}))
         self._persist_new(made)
         self.next_id = first + len(made)
+        # A job it follows may have ended already: then each of them is looked at (in turns);
+        # otherwise they wait, and the first end among their dependencies looks at them.
+        look = any(self.jobs[dep].state == FINISHED for dep in after)
         for job, _ in made:
             self._add(job)
             jdir = self.store.job_dir(job.id)
@@ -374,7 +377,8 @@ class Engine:
             self.dev.add(job.id, job.uid, jdir)
             if job.state == WAITING:
                 self._wait_on(job)
-                self.to_settle.append((job.id, None))   # what it waits for may have ended already
+                if look:
+                    self.to_settle.append((job.id, None))
             else:
                 self._enqueue(job)
         if bulk:

@@ -618,3 +618,22 @@ def test_a_job_is_remembered_until_its_dependents_have_seen_how_it_ended(world):
         job = eng.jobs.get(job_id)
         assert job is None or job.result is None or job.get_result().kind != jobs.DEPENDENCY_FAILED, job_id
     assert not eng.waiting and not eng.pinned and len(eng.queued) + len(eng.running) > 1000
+
+
+def test_a_submit_after_jobs_that_already_ended_is_settled_at_once(world):
+    eng, store, fake, _ = world
+    eng.cfg.max_queued_per_user = 100
+    good = submit(eng, cpus=2)["id"]
+    start_pending(eng)
+    end(eng, store, good, code=0)
+    bad = submit(eng, cpus=2)["id"]
+    start_pending(eng)
+    end(eng, store, bad, code=2)
+    ok = submit(eng, after=(good,), after_ok=True, cpus=2)
+    doomed = submit(eng, after=(good, bad), after_ok=True, array=(1, 2))
+    settle(eng)
+    assert eng.jobs[ok["id"]].state in (jobs.QUEUED, jobs.RUNNING)
+    for job_id in (doomed["id"], doomed["last"]):
+        assert eng.jobs[job_id].get_result().kind == jobs.DEPENDENCY_FAILED
+        assert f"job {bad}" in eng.jobs[job_id].get_result().note
+    assert not eng.waiting and eng.held_by_uid.get(0, 0) == len(eng.queued)
