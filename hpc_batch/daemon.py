@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 
 from . import __version__, bounds, defaults
+from .durations import parse_duration
+from .sizes import parse_size
 
 USAGE = f"""hpc-batchd: the hpc-batch daemon (run by systemd as root).
 
@@ -112,14 +114,15 @@ class Config:
     user_name: str = ""
     metrics_file: str | None = None   # --metrics-file, absolute and checked (metrics_file.check)
     metrics_gid: int = -1             # the metrics file's group (--metrics-group, or its directory's)
-    history_per_user: int = 64 << 20
-    undelivered_max: int = 4 << 30
-    undelivered_per_user: int = 1 << 30
-    undelivered_max_age: int = 30 * 86400
+    # The flags' defaults, for a Config made without parse_args (tests): one definition, in defaults.py.
+    history_per_user: int = parse_size(defaults.HISTORY_PER_USER, "M")
+    undelivered_max: int = parse_size(defaults.UNDELIVERED_MAX, "M")
+    undelivered_per_user: int = parse_size(defaults.UNDELIVERED_PER_USER, "M")
+    undelivered_max_age: int = parse_duration(defaults.UNDELIVERED_MAX_AGE)
 
 
 def _size(flag: str, text: str, unit: str = "G", minimum: int = 0) -> int:
-    from .sizes import SizeError, parse_size
+    from .sizes import SizeError
     try:
         value = parse_size(text, unit, allow_zero=True)
     except SizeError as exc:
@@ -139,7 +142,7 @@ def parse_args(argv) -> Config:
     """Parse and validate hpc-batchd's arguments (raises ConfigError or exits for --help)."""
     from docopt import DocoptExit, docopt
 
-    from .durations import DurationError, parse_duration
+    from .durations import DurationError
     from .scheduler import POLICIES
     try:
         a = docopt(USAGE, argv=list(argv), version=f"hpc-batchd {__version__}")
@@ -185,7 +188,7 @@ def parse_args(argv) -> Config:
 
 
 def _duration(flag: str, text: str) -> int:
-    from .durations import DurationError, parse_duration
+    from .durations import DurationError
     try:
         return parse_duration(text)
     except DurationError as exc:
