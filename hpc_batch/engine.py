@@ -990,7 +990,8 @@ class Engine:
         if self.meta_dirty or self.unsaved:
             self.retry_unsaved()
             wake = now + 2 if wake is None else min(wake, now + 2)
-        wake = min(wake, self.undelivered.tick(now)) if wake is not None else self.undelivered.tick(now)
+        sweep = self.undelivered.tick(now)   # undelivered/ past its bounds, every few minutes
+        wake = sweep if wake is None else min(wake, sweep)
         due = self.store.compact_due   # the end of the turn commits, and compacts once this is due
         if due is not None:
             wake = due if wake is None else min(wake, due)
