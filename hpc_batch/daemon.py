@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 
 from . import __version__, bounds, defaults
+from .durations import parse_duration
+from .sizes import parse_size
 
 USAGE = f"""hpc-batchd: the hpc-batch daemon (run by systemd as root).
 
@@ -54,9 +56,20 @@ Options:
   --max-output-buffer SIZE Output kept for attach in the state dir; the rest
                            goes straight to the job's log file
                            [default: {defaults.MAX_OUTPUT_BUFFER}]
+  --history-per-user SIZE  Accounting lines kept per user under
+                           <state-dir>/history/ [default: {defaults.HISTORY_PER_USER}]
+  --undelivered-max SIZE   Outputs whose delivery failed, kept in all
+                           [default: {defaults.UNDELIVERED_MAX}]
+  --undelivered-per-user SIZE
+                           One user's share of those [default: {defaults.UNDELIVERED_PER_USER}]
+  --undelivered-max-age DURATION
+                           Drop an undelivered output this old
+                           [default: {defaults.UNDELIVERED_MAX_AGE}]
   --metrics-file PATH      Keep a Prometheus text file (*.prom) current at PATH,
                            for node_exporter's textfile collector; needs
                            hpc-batch[metrics]. Default: none (no metrics).
+  --metrics-group GROUP    Group that may read the metrics file (0640), e.g.
+                           node_exporter's. Default: the directory's group.
   -h --help                Show this help.
   --version                Show the version.
 """
@@ -100,10 +113,16 @@ class Config:
     admin_gid: int | None = None
     user_name: str = ""
     metrics_file: str | None = None   # --metrics-file, absolute and checked (metrics_file.check)
+    metrics_gid: int = -1             # the metrics file's group (--metrics-group, or its directory's)
+    # The flags' defaults, for a Config made without parse_args (tests): one definition, in defaults.py.
+    history_per_user: int = parse_size(defaults.HISTORY_PER_USER, "M")
+    undelivered_max: int = parse_size(defaults.UNDELIVERED_MAX, "M")
+    undelivered_per_user: int = parse_size(defaults.UNDELIVERED_PER_USER, "M")
+    undelivered_max_age: int = parse_duration(defaults.UNDELIVERED_MAX_AGE)
 
 
 def _size(flag: str, text: str, unit: str = "G", minimum: int = 0) -> int:
-    from .sizes import SizeError, parse_size
+    from .sizes import SizeError
     try:
         value = parse_size(text, unit, allow_zero=True)
     except SizeError as exc:
@@ -123,7 +142,7 @@ def parse_args(argv) -> Config:
     """Parse and validate hpc-batchd's arguments (raises ConfigError or exits for --help)."""
     from docopt import DocoptExit, docopt
 
-    from .durations import DurationError, parse_duration
+    from .durations import DurationError
     from .scheduler import POLICIES
     try:
         a = docopt(USAGE, argv=list(argv), version=f"hpc-batchd {__version__}")
@@ -139,6 +158,7 @@ def parse_args(argv) -> Config:
         raise ConfigError(f"--max-lifetime {a['--max-lifetime']!r}: at most a century", 2)
     if a["--schedule"] not in POLICIES:
         raise ConfigError(f"--schedule {a['--schedule']!r}: choose one of {', '.join(POLICIES)}", 2)
+    metrics = _metrics_file(a["--metrics-file"], a["--metrics-group"])
     return Config(
         socket=os.path.abspath(a["--socket"]),
         state_dir=os.path.abspath(a["--state-dir"]),
@@ -158,17 +178,30 @@ def parse_args(argv) -> Config:
         schedule=a["--schedule"],
         cgroups=not a["--no-cgroups"],
         gpu_mask=not a["--no-gpu-mask"],
-        metrics_file=_metrics_file(a["--metrics-file"]),
+        history_per_user=_size("--history-per-user", a["--history-per-user"], "M", 64 << 10),
+        undelivered_max=_size("--undelivered-max", a["--undelivered-max"], "M"),
+        undelivered_per_user=_size("--undelivered-per-user", a["--undelivered-per-user"], "M"),
+        undelivered_max_age=_duration("--undelivered-max-age", a["--undelivered-max-age"]),
+        metrics_file=metrics[0],
+        metrics_gid=metrics[1],
     )
 
 
-def _metrics_file(path: str | None) -> str | None:
+def _duration(flag: str, text: str) -> int:
+    from .durations import DurationError
+    try:
+        return parse_duration(text)
+    except DurationError as exc:
+        raise ConfigError(f"{flag}: {exc}", 2) from None
+
+
+def _metrics_file(path: str | None, group: str | None) -> tuple[str | None, int]:
     # Checked here, not in build(): a reload then keeps the old flags rather than exit over a bad path.
     if path is None:
-        return None
+        return None, -1
     from . import metrics_file
     try:
-        return metrics_file.check(path)
+        return metrics_file.check(path, group or defaults.METRICS_GROUP)
     except metrics_file.MetricsError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -301,7 +334,7 @@ def build(cfg: Config, inherited: dict):
     server = Server(cfg, listener)
     engine = Engine(cfg, store, machine, limits, dev, server)
     if cfg.metrics_file:
-        server.metrics = metrics_file.MetricsFile(cfg.metrics_file, engine, tally)
+        server.metrics = metrics_file.MetricsFile(cfg.metrics_file, engine, tally, cfg.metrics_gid)
     server.start(engine)
     try:
         notes = engine.recover()

@@ -24,6 +24,12 @@ MAX_JOB_SIZE = "1M"          # a job's command plus its --env, as the user sent 
 MAX_CONNECTIONS_PER_USER = 64
 MAX_PIDS = 8192              # pids.max of each job's cgroup (0: no limit)
 MAX_OUTPUT_BUFFER = "256M"   # output kept in the state dir for attach; the rest goes straight to the log
+HISTORY_PER_USER = "64M"     # one user's accounting lines, over <state-dir>/history/<user>.jsonl and its rotations
+UNDELIVERED_MAX = "4G"       # all of <state-dir>/undelivered/ (outputs whose delivery failed)
+UNDELIVERED_PER_USER = "1G"  # one user's share of it
+UNDELIVERED_MAX_AGE = "30d"  # an undelivered output older than this is dropped
+UNDELIVERED_MAX_FILES = 10000  # files in undelivered/ at most (not a flag: the bytes are the bound that matters)
+METRICS_GROUP = ""           # group that reads --metrics-file (0640); empty: the metrics directory's group
 
 # Seconds a shepherd gives the copy of a job's output to the user's log file.
 DELIVERY_LIMIT = 600.0

@@ -53,6 +53,8 @@ from .jobs import (
 from .protocol import JobSetting, NewJob
 from .sizes import format_mem
 from .store import is_disk_full
+from .undelivered import Bounds as UndeliveredBounds
+from .undelivered import Undelivered
 from .userio import log_name
 
 log = logging.getLogger("hpc-batchd")
@@ -99,7 +101,9 @@ class Engine:
         self.batch_new: set[int] = set()    # jobs submitted this turn (refused if the commit fails)
         self.to_spawn: list = []            # (job, cgroup) started this turn, spawned after the commit
         self.capped_queued = 0              # queued elements of arrays with a %N cap
-        self.history = History(os.path.join(store.root, "history.jsonl"))
+        self.history = History(store.root, cfg.history_per_user)
+        self.undelivered = Undelivered(store.root, UndeliveredBounds(
+            cfg.undelivered_max, cfg.undelivered_per_user, cfg.undelivered_max_age))
         self.next_id = 1
         self.policy_state: dict[str, Any] = {}
         self.meta_dirty = False
@@ -269,12 +273,14 @@ class Engine:
         })
         return out
 
-    def status(self, now: float) -> dict[str, Any]:
-        """``dispatch status``: the machine at a glance."""
+    def status(self, now: float, caller: Caller | None = None) -> dict[str, Any]:
+        """``dispatch status``: the machine at a glance (another's head job by id only, unless the list is public)."""
         head = None
         if self.queued:
             job = self.jobs[next(iter(self._in_order()))]
             head = {"id": job.id, "user": job.user, "name": job.name, "why": self.why(job)[1]}
+            if caller is not None and not (caller.is_admin or caller.uid == job.uid or self.cfg.list_is_public):
+                head.update(user=None, name=None, why=None)   # its request would say whose it may be
         return report.status(self.machine, self.limits, [r["alloc"] for r in self.running.values()],
                              self.cfg.schedule, len(self.queued), len(self.waiting), head)
 
@@ -1035,13 +1041,7 @@ class Engine:
             self._forget(job)
 
     def _keep_undelivered(self, job: Job) -> None:
-        src = os.path.join(self.store.job_dir(job.id), records.OUTPUT)
-        dst_dir = os.path.join(self.store.root, "undelivered")
-        try:
-            os.makedirs(dst_dir, mode=0o700, exist_ok=True)
-            os.rename(src, os.path.join(dst_dir, f"output.{job.id}.log"))
-        except OSError:
-            pass
+        self.undelivered.keep(job.id, job.user, os.path.join(self.store.job_dir(job.id), records.OUTPUT), time.time())
 
     # -- changing a job ----------------------------------------------------------
     def job_setting(self, caller: Caller, req: JobSetting, now: float) -> dict[str, Any]:
@@ -1134,6 +1134,8 @@ class Engine:
         if self.meta_dirty or self.unsaved:
             self.retry_unsaved()
             wake = now + 2 if wake is None else min(wake, now + 2)
+        sweep = self.undelivered.tick(now)   # undelivered/ past its bounds, every few minutes
+        wake = sweep if wake is None else min(wake, sweep)
         due = self.store.compact_due   # the end of the turn commits, and compacts once this is due
         if due is not None:
             wake = due if wake is None else min(wake, due)

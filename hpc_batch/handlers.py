@@ -49,7 +49,7 @@ def show(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, A
 
 def status(engine: Engine, caller: Caller, req: Status, now: float) -> dict[str, Any]:
     """``dispatch status``."""
-    return protocol.ok(**engine.status(now))
+    return protocol.ok(**engine.status(now, caller))
 
 
 def ping(engine: Engine, caller: Caller, req: Ping, now: float) -> dict[str, Any]:

@@ -123,8 +123,12 @@ def format_status(st: dict[str, Any]) -> list[str]:
     if extra["total"]:
         lines.append(f"GPUs with no NUMA node: {extra['total']} total, {extra['in_use']} in use")
     head = st.get("head")
-    lines.append(f"head: job {head['id']} ({head['user']}): {head['why']}" if head
-                 else "head: none (the queue is empty)")
+    if not head:
+        lines.append("head: none (the queue is empty)")
+    elif head.get("user") is None:   # another user's, and the list is not public
+        lines.append(f"head: job {head['id']} (another user's)")
+    else:
+        lines.append(f"head: job {head['id']} ({head['user']}): {head['why']}")
     return lines
 
 

@@ -186,8 +186,9 @@ def test_accounting_without_cgroups_and_history(daemon, scratch):
     cpu = float(words[words.index("cpu") + 1].rstrip("s"))
     peak = words[words.index("peak") + 1]
     assert cpu > 0.05 and peak.endswith("M") and int(peak[:-1]) >= 64, row
-    path = os.path.join(daemon.state_dir, "history.jsonl")
+    path = os.path.join(daemon.state_dir, "history", "root.jsonl")   # per user
     assert os.stat(path).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
     with open(path) as f:
         line = json.loads(f.read().splitlines()[-1])
     assert line["id"] == job and line["result"] == "exited" and line["code"] == 0
