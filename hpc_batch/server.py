@@ -297,8 +297,8 @@ class Server:
                 self._close(conn)
             elif not conn.held and now - conn.last > IDLE_TIMEOUT:
                 self._close(conn)
-            elif (conn.attach is not None or conn.watching) and conn.out and now - conn.last > IDLE_TIMEOUT:
-                self._close(conn)   # an attach or a watch that stopped reading
+            elif conn.out and now - conn.last > IDLE_TIMEOUT:
+                self._close(conn)   # an attach, a watch or an answered wait that stopped reading
 
     # -- connections ------------------------------------------------------------
     def _accept(self) -> None:
@@ -600,6 +600,7 @@ class Server:
         if self._over_budget(conn.caller.uid):
             self._stall(conn)   # answered when its user's unread replies drop below the budget
             return
+        conn.last = time.monotonic()   # the idle clock for reading the answer starts now
         done = []
         for job_id in conn.waiting:
             job = self.engine.jobs.get(job_id)
