@@ -347,7 +347,7 @@ class Server:
             self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
 
     def _pending_of(self, uid: int) -> int:
-        return sum(c.decoder.pending for c in self.conns.values() if c.caller.uid == uid)
+        return sum(c.decoder.pending for c in self.conns_of.get(uid, ()))
 
     def _service(self, conn: Conn, mask: int) -> None:
         if mask & selectors.EVENT_READ:
