@@ -59,6 +59,9 @@ def test_root_lists_everything_with_a_large_command_bulk_queued(daemon, users, s
     (first,) = raw_as(daemon, alice, [request("list", all=False, finished=False, after=0)], scratch)
     assert first["ok"] and first["result"]["more"] is not None, first
     assert 0 < len(first["result"]["jobs"]) < BULK + 1
+    with open(os.path.join(daemon.state_dir, "jobs", str(max(rows)), "info.json")) as f:
+        info = json.load(f)                            # the /dev/hpc-batch entry's metadata: cut too
+    assert len(info["command"]) == COMMAND_CUT and info["command_len"] == len("printf ") + BIG
     shown = daemon.ok("show", str(max(rows)))
     assert "x" * BIG in shown                          # show keeps the whole command
     assert len(daemon.rows(user=alice)) == BULK + 1     # alice's own list too
