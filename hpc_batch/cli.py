@@ -244,17 +244,26 @@ def cmd_list(conn, a) -> int:
     from .listing import format_rows
     out = Out(a["--json"])
     wanted = set(job_refs(a["<job>"])) if a["<job>"] else None
-    reply = conn().call("list", all=a["--all"], finished=a["--finished"])
-    if not reply.get("ok"):
-        return out.refused(reply, "list failed")
-    if wanted is not None:
-        reply["result"]["jobs"] = [j for j in reply["result"]["jobs"]
-                                   if j.get("id") in wanted or (j.get("name") and j["name"] in wanted)]
+    # The daemon answers in pages (a bounded reply each): ask on one connection until the last.
+    c = conn()
+    jobs: list = []
+    cursor: int | None = 0
+    while cursor is not None:
+        reply = c.call("list", all=a["--all"], finished=a["--finished"], after=cursor)
+        if not reply.get("ok"):
+            return out.refused(reply, "list failed")
+        page = reply["result"]["jobs"]
+        if wanted is not None:
+            page = [j for j in page if j.get("id") in wanted or (j.get("name") and j["name"] in wanted)]
+        jobs += page
+        more = reply["result"].get("more")
+        cursor = more if isinstance(more, int) and more > cursor else None   # a daemon before paging: one reply
+    c.close()
     if out.json:
-        out.doc({"jobs": reply["result"]["jobs"]})
+        out.doc({"jobs": jobs})
         return 0
     import time
-    for line in format_rows(reply["result"]["jobs"], time.time(), a["--finished"]):
+    for line in format_rows(jobs, time.time(), a["--finished"]):
         print(line)
     return 0
 

@@ -51,6 +51,11 @@ Options:
   --max-connections-per-user N
                            Open connections one user may hold
                            [default: {defaults.MAX_CONNECTIONS_PER_USER}]
+  --max-reply-bytes-per-user SIZE
+                           Reply bytes one user's connections may leave
+                           unread in the daemon before it reads no more of
+                           that user's requests
+                           [default: {defaults.MAX_REPLY_BYTES_PER_USER}]
   --max-pids N             pids.max of every job's cgroup; 0 for no limit
                            [default: {defaults.MAX_PIDS}]
   --max-output-buffer SIZE Output kept for attach in the state dir; the rest
@@ -105,6 +110,7 @@ class Config:
     max_queued_per_user: int = defaults.MAX_QUEUED_PER_USER
     max_job_size: int = 1 << 20
     max_connections_per_user: int = defaults.MAX_CONNECTIONS_PER_USER
+    max_reply_bytes_per_user: int = 32 << 20
     max_pids: int = defaults.MAX_PIDS
     max_output_buffer: int = 256 << 20
     gpu_mask: bool = True           # --no-gpu-mask turns it off
@@ -171,6 +177,7 @@ def parse_args(argv) -> Config:
         max_queued_per_user=_count("--max-queued-per-user", a["--max-queued-per-user"], 1),
         max_job_size=_size("--max-job-size", a["--max-job-size"], "M", 4096),
         max_connections_per_user=_count("--max-connections-per-user", a["--max-connections-per-user"], 1, 1 << 20),
+        max_reply_bytes_per_user=_size("--max-reply-bytes-per-user", a["--max-reply-bytes-per-user"], "M", 4096),
         max_pids=_count("--max-pids", a["--max-pids"]),
         max_output_buffer=_size("--max-output-buffer", a["--max-output-buffer"], "M", 4096),
         list_is_public=bool(a["--list-is-public"]),

@@ -22,6 +22,7 @@ SCHEDULE = "fifo-strict"
 MAX_QUEUED_PER_USER = 1000
 MAX_JOB_SIZE = "1M"          # a job's command plus its --env, as the user sent them
 MAX_CONNECTIONS_PER_USER = 64
+MAX_REPLY_BYTES_PER_USER = "32M"   # reply bytes one user's connections may leave unread in the daemon
 MAX_PIDS = 8192              # pids.max of each job's cgroup (0: no limit)
 MAX_OUTPUT_BUFFER = "256M"   # output kept in the state dir for attach; the rest goes straight to the log
 HISTORY_PER_USER = "64M"     # one user's accounting lines, over <state-dir>/history/<user>.jsonl and its rotations

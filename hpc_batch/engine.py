@@ -22,6 +22,7 @@ import os
 import pwd
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from shepherd import records
@@ -50,6 +51,7 @@ from .jobs import (
     exit_column,
     move,
 )
+from .jobtable import JobTable
 from .protocol import JobSetting, NewJob
 from .sizes import format_mem
 from .store import is_disk_full
@@ -78,7 +80,7 @@ class Engine:
         self.limits = limits
         self.dev = dev
         self.hooks = hooks                  # server callbacks: watch/unwatch pidfds, job events
-        self.jobs: dict[int, Job] = {}
+        self.jobs: dict[int, Job] = JobTable()   # kept in id order, all and per user, for list pages
         self.queued: dict[int, scheduler.QueuedJob] = {}   # insertion order = submission order
         self.running: dict[int, dict[str, Any]] = {}  # id -> {"pid", "pidfd", "alloc", "cgroup"}
         self.queue_sorted = True            # False once a released job was appended out of id order
@@ -203,16 +205,18 @@ class Engine:
         return f"job {job.id}: {why}"
 
     # -- queries --------------------------------------------------------------
-    def visible(self, caller, all_users: bool, finished: bool) -> list:
-        """Jobs *caller* may list, in id order."""
-        out = []
-        for job in self.jobs.values():
-            if job.state == FINISHED and not finished:
-                continue
-            if job.uid != caller.uid and not all_users:
-                continue
-            out.append(job)
-        return out
+    def visible(self, caller, all_users: bool, finished: bool, after: int = 0) -> Iterator[tuple[int, Job | None]]:
+        """The jobs *caller* may list with ids above *after*, in id order, as ``(id, job)``; job is
+        None for an id looked at and passed over (gone, or finished without *finished*), so a
+        caller can bound what one page looks at. Costs what it yields, not a scan of all jobs."""
+        uid = None if all_users else caller.uid
+        assert isinstance(self.jobs, JobTable)
+        for job_id in self.jobs.ids_after(after, uid):
+            job = self.jobs.get(job_id)
+            if job is None or (job.state == FINISHED and not finished) or (uid is not None and job.uid != uid):
+                yield job_id, None
+            else:
+                yield job_id, job
 
     def summary(self, job: Job) -> dict:
         """What ``dispatch list`` shows of a job (metadata only, never the environment)."""
@@ -220,7 +224,8 @@ class Engine:
         spread = len(alloc.get("mem_by_node", [])) > 1
         res = job.get_result()
         return {
-            "id": job.id, "user": job.user, "command": job.command, "state": job.state,
+            "id": job.id, "user": job.user, "command": job.shown[0], "command_len": job.shown[1],
+            "state": job.state,
             "submitted": job.submitted, "started": job.started, "ended": job.ended,
             "max_time": job.max_time, "mem": job.budget.get("mem"),
             "mem_assigned": job.budget.get("assigned", False), "spread": spread,
@@ -261,7 +266,8 @@ class Engine:
         res = job.get_result()
         handle = self.running.get(job.id, {})
         out.update({
-            "name": job.name, "argv": job.argv, "cwd": job.cwd, "position": position, "why": why,
+            "name": job.name, "command": job.command, "argv": job.argv, "cwd": job.cwd,   # show: the whole command
+            "position": position, "why": why,
             "request": job.request, "numa_nodes": sorted({n for n, _ in alloc.get("mem_by_node", [])}),
             "deadline": job.deadline if job.state == RUNNING else None,
             "cgroup": handle.get("cgroup"),
@@ -389,9 +395,9 @@ class Engine:
                 self._enqueue(job)
         if bulk:
             log.info("jobs %d-%d %s for %s (%d in one submit): %s", first, first + len(made) - 1,
-                     made[0][0].state, made[0][0].user, len(made), made[0][0].command)
+                     made[0][0].state, made[0][0].user, len(made), made[0][0].shown[0])
         else:
-            log.info("job %d %s for %s: %s", first, made[0][0].state, made[0][0].user, made[0][0].command)
+            log.info("job %d %s for %s: %s", first, made[0][0].state, made[0][0].user, made[0][0].shown[0])
         for job, _ in made:
             self.hooks.job_event(job.id, "submitted")
         if after:
@@ -511,7 +517,7 @@ class Engine:
 
     def _info(self, job: Job) -> dict:
         s = self.summary(job)
-        return {k: s[k] for k in ("id", "user", "command", "state", "submitted", "started", "max_time",
+        return {k: s[k] for k in ("id", "user", "command", "command_len", "state", "submitted", "started", "max_time",
                                   "mem", "mem_assigned", "exclusive", "cpus", "gpus", "output")}
 
     # -- scheduling -----------------------------------------------------------

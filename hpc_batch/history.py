@@ -7,8 +7,8 @@ older ones (``<user>.jsonl.1`` the newest of them, ``.3`` the oldest), each
 at most a quarter of the share. When the current file would pass its
 quarter the generations move down one and the oldest is dropped, so a
 user who ends many jobs only ever pushes out their own oldest lines, never
-another user's. A line's ``command`` is cut to 4 KiB (``command_bytes`` is
-its full length), so even the largest jobs leave thousands of lines per
+another user's. A line's ``command`` is cut to ``cut.COMMAND_CUT`` characters (``command_len``
+is its full length), so even the largest jobs leave thousands of lines per
 user.
 
 A user name outside ``[A-Za-z0-9._-]`` (or starting with a dot) is filed
@@ -21,7 +21,7 @@ It is a record for people and tools, not the daemon's state: a line lost in a
 crash is not re-written, and a full disk skips the line with a log message.
 
 Fields (stable): id, user, uid, name, command (as ``list`` shows it, cut to
-4 KiB), command_bytes (its full length), submitted, started, ended (epoch
+4096 characters), command_len (its full length), submitted, started, ended (epoch
 seconds), wall (s), cpu_time (s), peak_mem (bytes), state, result, exit (as
 ``list`` shows it), code, signal, note, max_time, mem, cpus, gpus, output,
 output_error.
@@ -34,8 +34,8 @@ import re
 import stat
 from typing import Any
 
+from .cut import cut_command
 from .jobs import Job, exit_column
-from .textcut import cut_command
 
 log = logging.getLogger("hpc-batchd")
 GENERATIONS = 3          # older files kept per user, besides the current one
@@ -49,10 +49,10 @@ def line_of(job: Job) -> dict[str, Any]:
     res = job.get_result()
     alloc = job.alloc or {}
     started, ended = job.started, job.ended
-    command, command_bytes = cut_command(job.argv)
+    command, command_len = cut_command(job.argv)
     return {
         "id": job.id, "user": job.user, "uid": job.uid, "name": job.name, "command": command,
-        "command_bytes": command_bytes,
+        "command_len": command_len,
         "submitted": job.submitted, "started": started, "ended": ended,
         "wall": (ended - started) if started is not None and ended is not None else None,
         "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),

@@ -51,7 +51,7 @@ def test_a_history_flood_pushes_out_only_the_flooders_own_records(daemon_factory
     with open(os.path.join(hdir, f"{alice}.jsonl")) as f:
         newest = json.loads(f.read().splitlines()[-1])
     assert newest["id"] == last and newest["result"] == "dependency-failed"
-    assert newest["command_bytes"] == len(f"true {word}") and len(newest["command"]) == 4096
+    assert newest["command_len"] == len(f"true {word}") and len(newest["command"]) == 4096
     assert as_user(bob, "ls", hdir).returncode != 0
     alive(d, bob)
 

@@ -1,4 +1,4 @@
-"""The per-user accounting history (history.py) and the command cut its lines carry (textcut.py)."""
+"""The per-user accounting history (history.py); its lines carry the command as cut.py cuts it."""
 
 import json
 import logging
@@ -8,8 +8,8 @@ import stat
 import pytest
 
 from hpc_batch import history
+from hpc_batch.cut import COMMAND_CUT
 from hpc_batch.jobs import Job, Result, move
-from hpc_batch.textcut import COMMAND_BYTES, cut_command
 
 T0 = 1_800_000_000.0
 
@@ -24,16 +24,6 @@ def finished(job_id, user, argv=("true",), uid=None):
 def lines(path):
     with open(path) as f:
         return [json.loads(line) for line in f]
-
-
-def test_cut_command_keeps_short_commands_whole_and_cuts_long_ones_on_a_character():
-    assert cut_command(["echo", "a b"]) == ("echo 'a b'", 10)
-    text, n = cut_command(["x" * 5000])
-    assert (text, n) == ("x" * COMMAND_BYTES, 5000)
-    text, n = cut_command(["é" * 3000])        # 2 bytes each, quoted: the cut falls between two
-    assert n == 6002 and len(text.encode()) == COMMAND_BYTES - 1 and text.endswith("é")
-    text, n = cut_command(["\udcff" * 3000])   # undecodable bytes of argv survive the cut
-    assert n == 9002 and set(text) <= {"\udcff", "'"} and len(text.encode("utf-8", "surrogatepass")) <= COMMAND_BYTES
 
 
 def test_each_user_has_a_file_and_a_flood_pushes_out_only_their_own(tmp_path):
@@ -51,8 +41,8 @@ def test_each_user_has_a_file_and_a_flood_pushes_out_only_their_own(tmp_path):
     alice = sum(os.path.getsize(d / n) for n in names if n.startswith("alice"))
     assert alice <= 64 << 10
     newest = lines(d / "alice.jsonl")[-1]
-    assert newest["id"] == 299 and newest["command_bytes"] == len(" ".join(huge))
-    assert len(newest["command"]) == COMMAND_BYTES
+    assert newest["id"] == 299 and newest["command_len"] == len(" ".join(huge))
+    assert len(newest["command"]) == COMMAND_CUT and newest["command"].endswith("...")
     # The generations are in order: .3 oldest, then .2, .1, the current file.
     ids = [r["id"] for n in ("alice.jsonl.3", "alice.jsonl.2", "alice.jsonl.1", "alice.jsonl") for r in lines(d / n)]
     assert ids == sorted(ids) and ids[-1] == 299
