@@ -299,6 +299,21 @@ def capacity(machine: Machine, limits: Limits) -> Capacity:
     )
 
 
+def describe_unit(machine: Machine, limits: Limits) -> str:
+    """One startup log line: the unit CPUs are handed out in, and what the reserve holds back."""
+    cap = capacity(machine, limits)
+    smt = any(len(machine.cpu_topology.siblings(c)) > 1 for n in machine.nodes for c in n.cpus)
+    if not smt:
+        unit = "one thread per core here, so --cpu counts cores"
+    elif limits.whole_cores:
+        unit = ("whole cores (--cpu-unit core): a job gets every thread of the cores it is given, "
+                "its --cpu rounded up, and no two jobs share a core")
+    else:
+        unit = "single threads (--cpu-unit thread): two jobs may run on the threads of one core"
+    held = cputopo.format_cpulist(cap.reserved_cpus) if cap.reserved_cpus else "none"
+    return f"CPU allocation: {unit}; reserved for the OS (--reserve-cpu {limits.reserve_cpu}): CPUs {held}"
+
+
 def format_bytes(n: int) -> str:
     """Human form used in messages: '32 GiB', '1.5 GiB', '512 MiB'."""
     if n >= GiB or n == 0:
