@@ -536,9 +536,12 @@ class Free:
     def _mem_key(self, node: int) -> int:
         return POOL if self.cap.pool else node
 
-    def _changed(self) -> None:
+    def _changed(self, a: Allocation) -> None:
         self._max = self._mem_max = None
-        self._room.clear()
+        for c in a.held:   # only the nodes ``a`` touched have other whole units now
+            node = self._cpu_node.get(c)
+            if node is not None:
+                self._room.pop(node, None)
 
     def take(self, a: Allocation) -> None:
         """Mark ``a`` as in use. Resources outside capacity are ignored."""
@@ -553,7 +556,7 @@ class Free:
         self.gpus.difference_update(a.gpus)
         self.running += 1
         self.exclusive = self.exclusive or a.exclusive
-        self._changed()
+        self._changed(a)
 
     def release(self, a: Allocation) -> None:
         """Give back what ``take(a)`` took."""
@@ -570,7 +573,7 @@ class Free:
         self.running -= 1
         if a.exclusive:
             self.exclusive = False  # only one exclusive job can ever run
-        self._changed()
+        self._changed(a)
         self._failed.clear()  # more is free: old failures may fit now
 
     def to_dict(self) -> dict[str, Any]:
