@@ -302,7 +302,9 @@ def capacity(machine: Machine, limits: Limits) -> Capacity:
 def describe_unit(machine: Machine, limits: Limits) -> str:
     """One startup log line: the unit CPUs are handed out in, and what the reserve holds back."""
     cap = capacity(machine, limits)
-    smt = any(len(machine.cpu_topology.siblings(c)) > 1 for n in machine.nodes for c in n.cpus)
+    # Cores whose threads the daemon may hand out, not the kernel's siblings: one outside
+    # the daemon's affinity leaves its core a single thread to allocate.
+    smt = any(len(g) > 1 for n in machine.nodes for g in machine.cpu_topology.cores(n.cpus))
     if not smt:
         unit = "one thread per core here, so --cpu counts cores"
     elif limits.whole_cores:
