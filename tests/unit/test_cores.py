@@ -256,3 +256,20 @@ def test_show_and_list_name_the_cores():
            "mem": GiB, "cpus": list(a.cpus), **report.cpu_fields(m, a.to_dict())}
     assert cpu_column(job) == "4/2c"
     assert "cores: 2 (1+41,2+42; 2 threads each)" in format_show(job, 0.0)
+
+
+def test_the_startup_line_names_the_unit_and_the_reserved_cpus():
+    m = machine("intel-2s-xeon-gold-6248")
+    line = describe_unit(m, Limits())
+    assert line.startswith("CPU allocation: whole cores (--cpu-unit core)")
+    assert line.endswith("reserved for the OS (--reserve-cpu 2): CPUs 0,40")
+    assert describe_unit(m, Limits(whole_cores=False)).endswith("(--reserve-cpu 2): CPUs 0-1")
+
+
+def test_the_daemon_flag_defaults_to_cores():
+    from hpc_batch import daemon, defaults
+    assert daemon.parse_args([]).cpu_unit == defaults.CPU_UNIT == "core"
+    assert daemon.parse_args(["--cpu-unit", "thread"]).cpu_unit == "thread"
+    with pytest.raises(daemon.ConfigError) as e:
+        daemon.parse_args(["--cpu-unit", "socket"])
+    assert e.value.status == 2 and "choose core or thread" in str(e.value)
