@@ -28,7 +28,12 @@ Usage:
 Options:
   --max-lifetime DURATION  Kill jobs running longer than this; also the default
                            and ceiling of --max-time [default: {defaults.MAX_LIFETIME}]
-  --reserve-cpu N          Cores held back for the OS [default: {defaults.RESERVE_CPU}]
+  --reserve-cpu N          CPUs held back for the OS (rounded up to whole
+                           cores, as for jobs) [default: {defaults.RESERVE_CPU}]
+  --cpu-unit UNIT          core: a job gets every thread of whole cores, and
+                           no two jobs share a core; thread: single threads
+                           are packed, siblings may go to other jobs
+                           [default: {defaults.CPU_UNIT}]
   --reserve-mem GB         Memory (GiB) held back for the OS [default: {defaults.RESERVE_MEM_GB}]
   --min-job-mem GB         Floor of an assigned memory budget [default: {defaults.MIN_JOB_MEM_GB}]
   --keep-finished N        Finished jobs remembered per user [default: {defaults.KEEP_FINISHED}]
@@ -125,6 +130,7 @@ class Config:
     undelivered_max: int = parse_size(defaults.UNDELIVERED_MAX, "M")
     undelivered_per_user: int = parse_size(defaults.UNDELIVERED_PER_USER, "M")
     undelivered_max_age: int = parse_duration(defaults.UNDELIVERED_MAX_AGE)
+    cpu_unit: str = defaults.CPU_UNIT
 
 
 def _size(flag: str, text: str, unit: str = "G", minimum: int = 0) -> int:
@@ -162,6 +168,8 @@ def parse_args(argv) -> Config:
         raise ConfigError(f"--max-lifetime: {exc}", 2) from None
     if lifetime > bounds.MAX_SECONDS:
         raise ConfigError(f"--max-lifetime {a['--max-lifetime']!r}: at most a century", 2)
+    if a["--cpu-unit"] not in defaults.CPU_UNITS:
+        raise ConfigError(f"--cpu-unit {a['--cpu-unit']!r}: choose {' or '.join(defaults.CPU_UNITS)}", 2)
     if a["--schedule"] not in POLICIES:
         raise ConfigError(f"--schedule {a['--schedule']!r}: choose one of {', '.join(POLICIES)}", 2)
     metrics = _metrics_file(a["--metrics-file"], a["--metrics-group"])
@@ -191,6 +199,7 @@ def parse_args(argv) -> Config:
         undelivered_max_age=_duration("--undelivered-max-age", a["--undelivered-max-age"]),
         metrics_file=metrics[0],
         metrics_gid=metrics[1],
+        cpu_unit=a["--cpu-unit"],
     )
 
 
@@ -336,7 +345,9 @@ def build(cfg: Config, inherited: dict):
         log.info("%s", line)
     cfg.mask_gpus = _gpu_masking(cfg, machine)
     limits = resources.Limits(reserve_cpu=cfg.reserve_cpu, reserve_mem=cfg.reserve_mem,
-                              min_job_mem=cfg.min_job_mem, per_node_memory=cfg.cgroups)
+                              min_job_mem=cfg.min_job_mem, per_node_memory=cfg.cgroups,
+                              whole_cores=cfg.cpu_unit == "core")
+    log.info("%s", resources.describe_unit(machine, limits))
     listener = _listen(cfg.socket, inherited.get("listen"))
     server = Server(cfg, listener)
     engine = Engine(cfg, store, machine, limits, dev, server)

@@ -17,6 +17,10 @@ MIN_JOB_MEM_GB = 2
 KEEP_FINISHED = 50
 ADMIN_GROUP = "wheel"
 SCHEDULE = "fifo-strict"
+# The unit --cpu and --reserve-cpu are handed out in: "core" (every thread of whole physical
+# cores, so no two jobs share a core) or "thread" (single threads, packed as before).
+CPU_UNIT = "core"
+CPU_UNITS = ("core", "thread")
 
 # Per-user bounds (daemon flags): nothing one user does may exhaust the daemon.
 MAX_QUEUED_PER_USER = 1000

@@ -231,6 +231,7 @@ class Engine:
             "mem_assigned": job.budget.get("assigned", False), "spread": spread,
             "exclusive": bool(job.request.get("exclusive")),
             "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"),
+            **report.cpu_fields(self.machine, job.alloc),
             "gpu_label": (gputopo.label(self.machine.topology, alloc.get("gpus") or ()) if job.alloc is not None
                           else gputopo.label(None, range(job.request.get("gpus") or 0))),
             "exit": exit_column(res) if job.state == FINISHED else None,

@@ -637,3 +637,35 @@ def test_a_submit_after_jobs_that_already_ended_is_settled_at_once(world):
         assert eng.jobs[job_id].get_result().kind == jobs.DEPENDENCY_FAILED
         assert f"job {bad}" in eng.jobs[job_id].get_result().note
     assert not eng.waiting and eng.held_by_uid.get(0, 0) == len(eng.queued)
+
+
+def test_a_running_job_from_a_daemon_that_did_not_know_cores_is_readopted_and_its_core_kept(world):
+    """Issue 21: a reload onto whole cores, with a job an older daemon gave one thread of a core."""
+    from pathlib import Path
+
+    from hpc_batch.discovery import read_cpu_topology, read_numa
+    eng, store, fake, hooks = world
+    tree = str(Path(__file__).resolve().parent.parent / "fixtures" / "sysfs" / "qemu-2s-smt-adjacent")
+    nodes = read_numa(tree)
+    machine = resources.Machine(nodes, cpu_topology=read_cpu_topology(tree, range(8))[0])   # cores 0+1 ... 6+7
+    old = jobs.Job(id=5, uid=0, gid=0, user="root", argv=["true"], cwd="/", submitted=T0, max_time=600,
+                   budget={"mem": 1 << 20, "assigned": False}, state=jobs.RUNNING, started=T0,
+                   alloc={"cpus": [4], "mem_by_node": [[1, 1 << 20]], "gpus": [], "exclusive": False})
+    store.records[5] = old.to_dict()
+    os.mkdir(store.job_dir(5))
+    fake.adoptable = (4242, os.open(os.devnull, os.O_RDONLY))
+    again = TurnEngine(eng.cfg, store, machine, eng.limits, devdir.DevDir(None, 0), hooks)
+    again.root_mode = True
+    again.recover()
+    assert 5 in again.running and again.jobs[5].state == jobs.RUNNING
+    ids = []
+    for _ in range(4):
+        ids.append(submit(again, cpus=1, mem=1 << 20)["id"])
+        start_pending(again)
+    got = [again.jobs[i].alloc and again.jobs[i].alloc["cpus"] for i in ids]
+    assert got == [[6, 7], [0, 1], [2, 3], None]     # CPU 5 is free, but its core runs job 5
+    shown = again.show(ROOT, 5, T0)
+    assert shown["cores"] == [[4]] and shown["held_cpus"] == [4]
+    assert again.show(ROOT, ids[0], T0)["cores"] == [[6, 7]]
+    assert again.why(again.jobs[ids[3]])[1] == ("it needs 2 CPUs (1 whole core) on one NUMA node; "
+                                                "the most free on one is 0 CPUs (0 whole cores)")
