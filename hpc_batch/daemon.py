@@ -54,6 +54,9 @@ Options:
   --max-output-buffer SIZE Output kept for attach in the state dir; the rest
                            goes straight to the job's log file
                            [default: {defaults.MAX_OUTPUT_BUFFER}]
+  --state-reserve SIZE     Free space kept on the state directory's filesystem
+                           (plus the journal's size): submits are refused below it
+                           [default: {defaults.STATE_RESERVE}]
   --metrics-file PATH      Keep a Prometheus text file (*.prom) current at PATH,
                            for node_exporter's textfile collector; needs
                            hpc-batch[metrics]. Default: none (no metrics).
@@ -94,6 +97,7 @@ class Config:
     max_connections_per_user: int = defaults.MAX_CONNECTIONS_PER_USER
     max_pids: int = defaults.MAX_PIDS
     max_output_buffer: int = 256 << 20
+    state_reserve: int = 64 << 20
     gpu_mask: bool = True           # --no-gpu-mask turns it off
     mask_gpus: bool = False         # in force: asked for, and possible (cgroups, GPUs present)
     cgroup_root: str = defaults.CGROUP_ROOT
@@ -153,6 +157,7 @@ def parse_args(argv) -> Config:
         max_connections_per_user=_count("--max-connections-per-user", a["--max-connections-per-user"], 1, 1 << 20),
         max_pids=_count("--max-pids", a["--max-pids"]),
         max_output_buffer=_size("--max-output-buffer", a["--max-output-buffer"], "M", 4096),
+        state_reserve=_size("--state-reserve", a["--state-reserve"], "M"),
         list_is_public=bool(a["--list-is-public"]),
         admin_group=a["--admin-group"],
         schedule=a["--schedule"],

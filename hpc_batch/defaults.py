@@ -24,6 +24,9 @@ MAX_JOB_SIZE = "1M"          # a job's command plus its --env, as the user sent 
 MAX_CONNECTIONS_PER_USER = 64
 MAX_PIDS = 8192              # pids.max of each job's cgroup (0: no limit)
 MAX_OUTPUT_BUFFER = "256M"   # output kept in the state dir for attach; the rest goes straight to the log
+# Free space the state filesystem keeps, beyond the journal's own size, before submits are refused:
+# room for the records, exit records and history of the jobs already taken to end, and for compaction.
+STATE_RESERVE = "64M"
 
 # Seconds a shepherd gives the copy of a job's output to the user's log file.
 DELIVERY_LIMIT = 600.0
