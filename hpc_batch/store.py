@@ -220,7 +220,7 @@ class Store:
             return None
         return (f"the state directory {self.root} has {format_mem(free)} free, less than the "
                 f"{format_mem(need)} it keeps in reserve (the admin's --state-reserve of {format_mem(reserve)} "
-                f"plus room to compact its journal); no job is taken until jobs end or are removed")
+                f"plus room to compact its journal); nothing was queued, try again once jobs have ended")
 
     # -- loading ------------------------------------------------------------------
     def load_meta(self) -> dict:
