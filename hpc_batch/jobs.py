@@ -176,11 +176,17 @@ class Job:
 
     @property
     def command(self) -> str:
-        """The command line as a shell would show it (worked out once: argv never changes)."""
-        text = self.__dict__.get("_command")
+        """The command line as a shell would show it (worked out once: argv never changes).
+
+        The elements of an --array share one argv list, and with it one text.
+        """
+        text: str | None = self.__dict__.get("_command")
         if text is None:
-            import shlex
-            text = self.__dict__["_command"] = shlex.join(self.argv)
+            global _last_joined
+            if _last_joined[0] is not self.argv:
+                import shlex
+                _last_joined = (self.argv, shlex.join(self.argv))
+            text = self.__dict__["_command"] = _last_joined[1]
         return text
 
     @property
@@ -191,6 +197,9 @@ class Job:
     def get_result(self) -> Result | None:
         return None if self.result is None else Result.from_dict(self.result)
 
+
+# The last argv joined into a command, and its text: consecutive elements of a bulk hold the same list.
+_last_joined: tuple[list[str] | None, str] = (None, "")
 
 MAX_AFTER = 64          # dependencies of one job
 MAX_NAME = 64

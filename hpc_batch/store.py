@@ -416,7 +416,7 @@ class Store:
 
     def _sweep(self) -> None:
         """Remove shared records nothing refers to, and environments no unstarted job needs."""
-        for key in [k for k, sh in self._shared.items() if sh.refs == 0]:
+        for key in [k for k, sh in self._shared.items() if not sh.refs or (sh.argv is None and not sh.unstarted)]:
             del self._shared[key]
         for directory, suffix in ((self.shared_dir, ".json"), (self.env_dir, "")):
             try:
@@ -495,8 +495,7 @@ class Store:
             sh = self._shared.get(self._key_of.get(job_id, -1))
             if sh is not None:
                 sh.unstarted -= 1
-                if not sh.unstarted:
-                    self._drop_env(sh)
+                self._let_go(sh)
         self._release.clear()
         if self.journal.wants_compaction():
             try:
@@ -612,6 +611,17 @@ class Store:
         data["batch"] = self.batch + 1
         write_atomic(os.path.join(self.shared_dir, f"{sh.key}.json"), _dump(data), durable=False)
 
+    def _let_go(self, sh: Shared) -> None:
+        """Drop what of a shared record no job needs any more: its environment once every job has
+        started, the record itself once no job holds it or, without an argv, once every job has started.
+
+        Its journal line goes at the next compaction.
+        """
+        if not sh.refs or (sh.argv is None and not sh.unstarted):
+            self._drop_shared(sh)
+        elif not sh.unstarted:
+            self._drop_env(sh)
+
     def _drop_env(self, sh: Shared) -> None:
         if sh.secret:
             _unlink(os.path.join(self.env_dir, str(sh.key)))
@@ -678,10 +688,7 @@ class Store:
             if job_id in self._unstarted:
                 self._unstarted.discard(job_id)
                 sh.unstarted -= 1
-                if not sh.unstarted:
-                    self._drop_env(sh)
-            if not sh.refs:
-                self._drop_shared(sh)   # its journal line goes at the next compaction
+            self._let_go(sh)
         if job_id in self._live:
             self._seq += 1
             self._stage(job_id, {"seq": self._seq, "drop": job_id})

@@ -223,3 +223,20 @@ def test_submits_wait_while_the_state_filesystem_is_below_its_reserve(tmp_path):
     assert s.short_of_room(0) is None
     why = s.short_of_room(1 << 62)
     assert str(tmp_path) in why and "--state-reserve" in why and "\n" not in why
+
+
+def test_commands_share_their_environment_and_a_lone_jobs_shared_record_goes_at_its_start(tmp_path):
+    s = _open(tmp_path)
+    lines = [_job(i, argv=["/bin/sh", "-c", f"echo {i}"], first=1) for i in (1, 2)]
+    s.add_jobs(lines, SECRET, None)                 # --commands: each its own argv, one environment
+    lone = _job(3)
+    s.add_jobs([lone], SECRET, None)
+    s.commit()
+    assert sorted(os.listdir(os.path.join(tmp_path, "env"))) == ["1", "3"]
+    assert b"echo 2" in _read(os.path.join(tmp_path, "jobs", "2", "job.json"))
+    for job in (*lines, lone):
+        _start(job)
+        s.save_job(job)
+    s.commit()
+    assert os.listdir(os.path.join(tmp_path, "env")) == [] and os.listdir(os.path.join(tmp_path, "shared")) == []
+    assert [j.argv[-1] for j in _reopen(tmp_path, s).load_jobs()] == ["echo 1", "echo 2", "true"]
