@@ -155,7 +155,7 @@ class Store:
         self._shared: dict[int, Shared] = {}
         self._key_of: dict[int, int] = {}  # live job -> its Shared's key
         self._unstarted: set[int] = set()  # jobs with a Shared that have not started
-        self._release: set[int] = set()    # of them, started or ended this batch: let go once it is durable
+        self._release: dict[int, Job] = {}   # of them, saved this batch: let go if started once it is durable
         self._unsynced: set[int] = set()   # env files written since the last commit, not yet fsynced
         self._meta: dict = {}
         self._loaded: tuple[dict, list] | None = None
@@ -490,7 +490,9 @@ class Store:
             self.journal.append(data + end_line(self._seq, self.batch + 1, len(self._pending)))
             self.batch += 1
             self._pending.clear()
-        for job_id in self._release:
+        for job_id, job in self._release.items():
+            if job.state in UNSTARTED:     # back in the queue: a start whose record could not be written
+                continue
             self._unstarted.discard(job_id)
             sh = self._shared.get(self._key_of.get(job_id, -1))
             if sh is not None:
@@ -644,6 +646,10 @@ class Store:
         re-collected from it. A job that started or ended lets go of its
         environment once the commit that records it is durable.
         """
+        if job.id in self._unstarted:
+            # Whether it started is decided at the commit, from the job as it is then: the commit
+            # that makes its start durable lets its environment go, not this write.
+            self._release[job.id] = job
         data = job.to_dict()
         sh = self._shared.get(self._key_of.get(job.id, -1))
         if sh is not None and sh.argv is not None and job.argv is sh.argv:
@@ -655,11 +661,6 @@ class Store:
         if durable:
             self._stage(job.id, {"seq": self._seq, "job": data})
             self._live.add(job.id)
-        if job.id in self._unstarted:
-            if job.state in UNSTARTED:
-                self._release.discard(job.id)   # back in the queue (a start that could not be made durable)
-            else:
-                self._release.add(job.id)
 
     def load_env(self, job: Job) -> dict:
         """A job's stored environment: ``base``, and ``forward`` and ``job_env`` while it has not started."""
@@ -681,7 +682,7 @@ class Store:
     def remove_job(self, job_id: int) -> None:
         """Delete a job's directory and everything in it, and forget its record."""
         shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
-        self._release.discard(job_id)
+        self._release.pop(job_id, None)
         sh = self._shared.get(self._key_of.pop(job_id, -1))
         if sh is not None:
             sh.refs -= 1

@@ -77,6 +77,24 @@ def test_a_start_the_commit_refused_keeps_the_environment(tmp_path):
     assert s.load_env(job)["forward"] == {"TOKEN": "hunter2"}
 
 
+def test_a_start_put_back_on_a_full_disk_keeps_the_environment(tmp_path, monkeypatch):
+    s = _open(tmp_path)
+    job = _add(s, 1, SECRET)
+    s.commit()
+    _start(job)
+    s.save_job(job)                          # its start is staged; then the commit fails
+
+    def full(*_):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(s, "_write_cache", full)
+    jobs.move(job, jobs.QUEUED, 1.8e9 + 2)   # the engine puts it back in the queue; that record fails too
+    with pytest.raises(OSError):
+        s.save_job(job)
+    monkeypatch.undo()
+    s.commit()                               # the next commit that succeeds
+    assert s.load_env(job)["forward"] == {"TOKEN": "hunter2"}
+
+
 def test_an_environment_survives_a_restart_until_the_start_and_is_swept_after_it(tmp_path):
     s = _open(tmp_path)
     _add(s, 1, SECRET)
