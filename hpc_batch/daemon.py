@@ -75,6 +75,9 @@ Options:
   --undelivered-max-age DURATION
                            Drop an undelivered output this old
                            [default: {defaults.UNDELIVERED_MAX_AGE}]
+  --state-reserve SIZE     Free space kept on the state directory's filesystem
+                           (plus the journal's size): submits are refused below it
+                           [default: {defaults.STATE_RESERVE}]
   --metrics-file PATH      Keep a Prometheus text file (*.prom) current at PATH,
                            for node_exporter's textfile collector; needs
                            hpc-batch[metrics]. Default: none (no metrics).
@@ -118,6 +121,7 @@ class Config:
     max_reply_bytes_per_user: int = 32 << 20
     max_pids: int = defaults.MAX_PIDS
     max_output_buffer: int = 256 << 20
+    state_reserve: int = 64 << 20
     gpu_mask: bool = True           # --no-gpu-mask turns it off
     mask_gpus: bool = False         # in force: asked for, and possible (cgroups, GPUs present)
     cgroup_root: str = defaults.CGROUP_ROOT
@@ -188,6 +192,7 @@ def parse_args(argv) -> Config:
         max_reply_bytes_per_user=_size("--max-reply-bytes-per-user", a["--max-reply-bytes-per-user"], "M", 4096),
         max_pids=_count("--max-pids", a["--max-pids"]),
         max_output_buffer=_size("--max-output-buffer", a["--max-output-buffer"], "M", 4096),
+        state_reserve=_size("--state-reserve", a["--state-reserve"], "M"),
         list_is_public=bool(a["--list-is-public"]),
         admin_group=a["--admin-group"],
         schedule=a["--schedule"],

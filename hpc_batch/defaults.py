@@ -35,6 +35,9 @@ UNDELIVERED_PER_USER = "1G"  # one user's share of it
 UNDELIVERED_MAX_AGE = "30d"  # an undelivered output older than this is dropped
 UNDELIVERED_MAX_FILES = 10000  # files in undelivered/ at most (not a flag: the bytes are the bound that matters)
 METRICS_GROUP = ""           # group that reads --metrics-file (0640); empty: the metrics directory's group
+# Free space the state filesystem keeps, beyond the journal's own size, before submits are refused:
+# room for the records, exit records and history of the jobs already taken to end, and for compaction.
+STATE_RESERVE = "64M"
 
 # Seconds a shepherd gives the copy of a job's output to the user's log file.
 DELIVERY_LIMIT = 600.0

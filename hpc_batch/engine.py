@@ -336,6 +336,9 @@ class Engine:
             raise Refused(f"the command and its environment take {format_mem(size)}, more than the "
                           f"{format_mem(self.cfg.max_job_size)} a job may carry (the admin's --max-job-size); "
                           f"submit a script instead, or drop --env", "too_large")
+        short = self.store.short_of_room(self.cfg.state_reserve)
+        if short is not None:   # compaction, and the jobs already taken, keep room to finish
+            raise Refused(short, "busy")
         elements = req.elements()
         held = self.held_by_uid.get(caller.uid, 0)
         if held + len(elements) > self.cfg.max_queued_per_user:
@@ -357,6 +360,8 @@ class Engine:
         after = [self.lookup(caller, ref).id for ref in req.after]   # unknown or another user's: refused
         first = self.next_id
         bulk = len(elements) > 1 or bool(req.array or req.commands)
+        # An --array's elements share one argv list, stored once (Store.add_jobs); --commands' differ.
+        shared_argv = list(req.argv) if req.array and not req.commands else None
         made = []
         for k, (argv, index) in enumerate(elements):
             job_id = first + k
@@ -366,20 +371,21 @@ class Engine:
                 target = req.output or req.cwd
                 output = os.path.join(target, log_name(job_id)) if req.output is None or req.output_is_dir \
                     else target
-            job = Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name, argv=list(argv),
+            job = Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name,
+                      argv=shared_argv if shared_argv is not None else list(argv),
                       cwd=req.cwd, submitted=now, max_time=max_time,
                       request=wanted,
                       budget={"mem": budget.mem, "assigned": budget.assigned},
                       output=output, umask=req.umask, name=req.name, after=sorted(set(after)),
                       after_ok=req.after_ok, state=WAITING if after else QUEUED,
                       array=None if not bulk else {"first": first, "index": index, "limit": req.array_limit})
-            made.append((job, {"forward": req.env, "job_env": req.job_env, "base": req.base_env}))
-        self._persist_new(made)
+            made.append(job)
+        self._persist_new(made, {"forward": req.env, "job_env": req.job_env, "base": req.base_env}, shared_argv)
         self.next_id = first + len(made)
         # A job it follows may have ended already: then each of them is looked at (in turns);
         # otherwise they wait, and the first end among their dependencies looks at them.
         look = any(self.jobs[dep].state == FINISHED for dep in after)
-        for job, _ in made:
+        for job in made:
             self._add(job)
             jdir = self.store.job_dir(job.id)
             try:
@@ -396,17 +402,17 @@ class Engine:
                 self._enqueue(job)
         if bulk:
             log.info("jobs %d-%d %s for %s (%d in one submit): %s", first, first + len(made) - 1,
-                     made[0][0].state, made[0][0].user, len(made), made[0][0].shown[0])
+                     made[0].state, made[0].user, len(made), made[0].shown[0])
         else:
-            log.info("job %d %s for %s: %s", first, made[0][0].state, made[0][0].user, made[0][0].shown[0])
-        for job, _ in made:
+            log.info("job %d %s for %s: %s", first, made[0].state, made[0].user, made[0].shown[0])
+        for job in made:
             self.hooks.job_event(job.id, "submitted")
         if after:
             self._settle(now)
         # Decide now, act after the reply is sent: the client does not wait for the spawn.
         self.pending = self.plan(now)
         starting = {j for j, _ in self.pending.starts} if self.pending is not None else set()
-        job = made[0][0]
+        job = made[0]
         reply = {"id": first, "state": RUNNING if first in starting else job.state, "mem": budget.mem,
                  "mem_assigned": budget.assigned, "output": job.output, "name": job.name,
                  "after": job.after, "after_ok": job.after_ok,
@@ -416,26 +422,20 @@ class Engine:
                          limit=req.array_limit)
         return reply
 
-    def _persist_new(self, made: list) -> None:
+    def _persist_new(self, made: list, env: dict, shared_argv: list | None) -> None:
         """Write new jobs' records and stage them for this turn's commit; refuse (nothing kept) on failure.
 
         However many jobs a request (or a turn of the loop) submits, they are
         made durable together, by one fsync, before any of them is acknowledged.
         """
         try:
-            for job, env in made:
-                self.store.create_job_dir(job.id, self.cfg.admin_gid)
-                self.store.save_job(job, env)
+            self.store.add_jobs(made, env, self.cfg.admin_gid, shared_argv)
         except OSError as exc:
-            ids = {job.id for job, _ in made}
-            self.store.forget(ids)
-            for job_id in ids:
-                self.store.remove_job(job_id)
             why = "the state directory's disk is full" if is_disk_full(exc) else exc.strerror
-            log.error("job %d refused: cannot persist it: %s", made[0][0].id, exc)
+            log.error("job %d refused: cannot persist it: %s", made[0].id, exc)
             raise Refused(f"cannot store the job ({why}); nothing was queued, try again later",
                           "busy") from None
-        self.batch_new.update(job.id for job, _ in made)
+        self.batch_new.update(job.id for job in made)
 
     def run_pending(self, now: float) -> None:
         """Carry out a decision made while answering a request."""
@@ -597,10 +597,7 @@ class Engine:
             return False
 
     def _job_env(self, job: Job) -> dict:
-        try:
-            stored = self.store.load_env(job.id)
-        except (OSError, ValueError):
-            stored = {}
+        stored = self.store.load_env(job)   # {} (a clean environment) when it cannot be read
         try:
             pw = pwd.getpwuid(job.uid)
             home, shell = pw.pw_dir, pw.pw_shell or "/bin/sh"
@@ -639,19 +636,15 @@ class Engine:
 
     def _start(self, job: Job, alloc, now: float) -> None:
         # Order matters for crash safety: the launch spec (with the environment)
-        # first, then the record that says "running" (which drops the
-        # environment from job.json), then the spawn, which waits for this
-        # turn's commit. A crash in between leaves either a queued job or a
-        # launch spec the next daemon can start.
+        # first, then the record that says "running", then the spawn, which
+        # waits for this turn's commit (after which the store lets go of the
+        # stored environment). A crash in between leaves either a queued job
+        # or a launch spec the next daemon can start.
         self._dequeue(job)
         jdir = self.store.job_dir(job.id)
         self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": None}
         move(job, RUNNING, now, alloc=alloc.to_dict())
         cg = None
-        try:
-            stored = self.store.load_env(job.id)
-        except (OSError, ValueError):
-            stored = {}
         try:
             if self.cfg.cgroups:
                 minors = (tuple(self.machine.gpu_minors[g] for g in alloc.gpus)
@@ -672,7 +665,7 @@ class Engine:
         except OSError as exc:
             self._requeue(job, cg, exc, now)
             return
-        self.to_spawn.append((job, cg, stored))
+        self.to_spawn.append((job, cg))
 
     def flush(self, now: float) -> set[int]:
         """End a turn of the loop: :meth:`commit_turn`, then :meth:`spawn_turn`."""
@@ -698,7 +691,7 @@ class Engine:
         """Spawn the jobs this turn started (their records are durable by now)."""
         while self.to_spawn:
             spawns, self.to_spawn = self.to_spawn, []
-            for job, cg, _ in spawns:
+            for job, cg in spawns:
                 try:
                     self._spawn(job, cg, now)
                 except Exception as exc:  # one job that cannot start must not stop the others
@@ -726,7 +719,7 @@ class Engine:
             self.dev.remove(job_id)
             self.store.remove_job(job_id)
         self.store.forget(refused)
-        for job, cg, stored in self.to_spawn:
+        for job, cg in self.to_spawn:
             if job.id in refused:
                 self._drop_cgroup(cg)
                 continue
@@ -736,7 +729,7 @@ class Engine:
             self._enqueue(job)
             try:
                 os.unlink(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
-                self.store.save_job(job, stored)   # queued again, its environment back in its record
+                self.store.save_job(job)   # queued again: the store keeps its environment
             except OSError:
                 self.unsaved.add(job.id)
         self.to_spawn = []
@@ -1143,9 +1136,6 @@ class Engine:
             wake = now + 2 if wake is None else min(wake, now + 2)
         sweep = self.undelivered.tick(now)   # undelivered/ past its bounds, every few minutes
         wake = sweep if wake is None else min(wake, sweep)
-        due = self.store.compact_due   # the end of the turn commits, and compacts once this is due
-        if due is not None:
-            wake = due if wake is None else min(wake, due)
         if self.unsettled:
             wake = now
         return wake

@@ -74,7 +74,20 @@ class MemoryStore:
 
     has_pending = False   # every save is "durable" at once here: nothing waits for a commit
     commit_error = None   # set to make the next commits fail
-    compact_due = None
+
+    def short_of_room(self, reserve):
+        return None
+
+    def add_jobs(self, new_jobs, env, gid, argv=None):
+        try:
+            for job in new_jobs:
+                self.create_job_dir(job.id, gid)
+                self.save_job(job)
+                self.env[job.id] = env
+        except OSError:   # as the real store: nothing of the submit stays
+            for job in new_jobs:
+                self.remove_job(job.id)
+            raise
 
     def commit(self, now=None):
         if self.commit_error:
@@ -83,15 +96,13 @@ class MemoryStore:
     def forget(self, job_ids):
         pass
 
-    def save_job(self, job, env=None, durable=True):
+    def save_job(self, job, durable=True):
         if self.fail_writes:
             raise OSError(28, "No space left on device")
         self.records[job.id] = job.to_dict()
-        if env is not None:
-            self.env[job.id] = env
 
-    def load_env(self, job_id):
-        return self.env.get(job_id, {})
+    def load_env(self, job):
+        return self.env.get(job.id, {})
 
     def remove_job(self, job_id):
         self.records.pop(job_id, None)
