@@ -595,9 +595,9 @@ class Engine:
         """Spawn the jobs this turn started (their records are durable by now)."""
         while self.to_spawn:
             spawns, self.to_spawn = self.to_spawn, []
-            for job, cg, _ in spawns:
+            for job, cg, stored in spawns:
                 try:
-                    self._spawn(job, cg, now)
+                    self._spawn(job, cg, stored, now)
                 except Exception as exc:  # one job that cannot start must not stop the others
                     log.exception("job %d: cannot start it", job.id)
                     self._fail(job, f"the daemon could not start it: {exc}", now)
@@ -640,11 +640,14 @@ class Engine:
         self.retry_at = now + 2.0
         return refused
 
-    def _spawn(self, job: Job, cg, now: float) -> None:
+    def _spawn(self, job: Job, cg, stored: dict, now: float) -> None:
         jdir = self.store.job_dir(job.id)
         try:
             pid, start = launcher.spawn(job.id, job.user, jdir)
         except OSError as exc:
+            if records.not_now(exc):   # out of pids or memory: no shepherd, so the command never ran
+                self._not_now(job, cg, stored, f"cannot start its shepherd yet ({exc.strerror or exc})", now)
+                return
             log.error("job %d cannot start: %s", job.id, exc)
             self._drop_cgroup(cg)
             self._finish(job, Result(ERROR, note=f"cannot start its shepherd: {exc}"), now)
@@ -670,6 +673,7 @@ class Engine:
             # The shepherd keeps the deadline itself, so it holds while the daemon is down.
             "deadline": job.deadline, "kill_grace": defaults.KILL_GRACE,
             "delivery_limit": defaults.DELIVERY_LIMIT, "max_output_buffer": self.cfg.max_output_buffer,
+            "fork_retry": defaults.FORK_RETRY,
         }
 
     def _requeue(self, job: Job, cg, exc: OSError, now: float) -> None:
@@ -685,6 +689,29 @@ class Engine:
         self._enqueue(job)
         self.queued = dict(sorted(self.queued.items()))
         self.retry_at = now + 2.0
+
+    def _not_now(self, job: Job, cg, stored: dict, why: str, now: float) -> None:
+        """A started job whose command never ran (out of pids): back to the queue, retried soon.
+
+        Its environment goes back into its record; the launch spec stays until
+        the next start replaces it, so a crash before this turn's commit leaves
+        a running job whose shepherd the next daemon starts.
+        """
+        self._drop_cgroup(cg)
+        log.warning("job %d: %s; it is queued again", job.id, why)
+        del self.running[job.id]
+        move(job, QUEUED, now)
+        self._enqueue(job)
+        self.queued = dict(sorted(self.queued.items()))
+        try:
+            self.store.save_job(job, stored)
+        except OSError:
+            self.unsaved.add(job.id)
+        try:
+            devdir.write_info(self.store.job_dir(job.id), self._info(job), job.uid, self.cfg.admin_gid)
+        except OSError:
+            pass
+        self.retry_at = now + defaults.START_RETRY
 
     def _drop_cgroup(self, cg) -> None:
         """Kill and remove a job's cgroup without waiting; a busy one is retried from the tick."""
@@ -748,6 +775,18 @@ class Engine:
             note = shepherd_gone or "its shepherd was killed before the job ended"
             self._finish(job, Result(OOM if oom else kind, note=note), now)
             return
+        if rec.not_started is not None and job.stop_reason:   # asked to stop while its shepherd retried
+            self._drop_cgroup(cg)
+            self._finish(job, Result(job.stop_reason, note=f"stopped before it could start: {rec.error}"), now)
+            return
+        if rec.not_started in records.NOT_NOW_NAMES:
+            spec = records.read_json(os.path.join(jdir, records.LAUNCH))
+            if isinstance(spec, dict) and isinstance(spec.get("env"), dict):
+                # Its shepherd could not fork it: it never ran. The environment it was to get
+                # goes back into its record (the daemon sets its own variables afresh at the start).
+                self._not_now(job, cg, {"forward": spec["env"]},
+                              f"its shepherd could not fork it ({rec.not_started})", now)
+                return
         if cg and os.path.isdir(cg):
             self._drop_cgroup(cg)
         if rec.peak_mem is not None:
