@@ -170,6 +170,9 @@ class Engine:
                 self._watch(job_id, *launcher.spawn(job_id, job.user, jdir))
                 log.info("job %d: its shepherd never started; started it now", job_id)
             except OSError as exc:
+                if records.not_now(exc):   # out of pids: look again shortly
+                    self.running[job_id]["recheck"] = time.time() + defaults.START_RETRY
+                    return
                 self._lost(job, f"its shepherd could not be started: {exc}")
         else:
             self._lost(job, "its shepherd was killed or vanished while the daemon was down")

@@ -239,9 +239,11 @@ class Supervisor:
             try:
                 return _fork()
             except OSError as exc:
-                if not records.not_now(exc) or time.time() >= give_up or interrupted():
+                if not records.not_now(exc) or time.time() >= give_up:
                     raise
-            self._wait(min(time.time() + delay, give_up))
+                self._wait(min(time.time() + delay, give_up))
+                if interrupted():   # (checked before the next try: a stop must win over a free pid)
+                    raise
             delay = min(delay * 2, 1.0)
 
     def _not_forked(self, exc: OSError) -> records.ExitRecord:

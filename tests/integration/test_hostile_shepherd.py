@@ -106,9 +106,17 @@ signal.pause()
 
 def test_out_of_pids_other_users_jobs_wait_then_run(daemon_factory, users, scratch, pids_group):
     """Alice takes every pid; bob's jobs wait in the queue, then run with their own exit codes."""
-    alice, bob = users["alice"], users["bob"]
     _set_max(pids_group, 40)
     d = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0", wrap=_inside(pids_group))
+    try:
+        _alice_takes_every_pid(d, users, scratch, pids_group)
+    except BaseException:
+        print(f"--- daemon log:\n{d.log()}")
+        raise
+
+
+def _alice_takes_every_pid(d, users, scratch, pids_group):
+    alice, bob = users["alice"], users["bob"]
     (server,) = wait_for(lambda: _fork_servers(d), what="the fork server")
     hog = os.path.join(scratch, "hog.py")
     with open(hog, "w") as f:
