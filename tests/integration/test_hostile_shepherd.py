@@ -6,8 +6,8 @@ when the kernel's pid_max or threads-max is reached (RLIMIT_NPROC would not
 do: root's forks ignore it, and the daemon, fork server and shepherds are
 root's). Either the whole daemon runs in the group (under --no-cgroups its
 fork server, shepherds and jobs with it), or one shepherd started by hand.
-Skipped where this host has no v1 pids controller (cgroup v2 hosts: the VM
-tier's cgroups tests cover that side).
+Skipped where this host has no v1 pids controller (on a cgroup v2 host the
+same would need a v2 group with pids.max; not written yet).
 """
 
 import itertools
