@@ -281,13 +281,11 @@ def cmd_kill(conn, a) -> int:
               else f"job {r['id']} cancelled (removed from the queue before it started)")
         return 0
     # Several: one connection, a request each; an already-ended job in a range is no failure.
-    # Newest first: the queued ones go before the running ones end, so the CPUs a kill frees
-    # never start a job of the same range only for it to be killed a moment later.
     from .arrays import format_ids
     c = conn()
     done: dict[str, list] = {"killed": [], "cancelled": [], "ended": []}
     status = 0
-    for ref in reversed(refs):
+    for ref in refs:
         reply = c.call("kill", id=ref)
         if reply.get("ok"):
             r = reply["result"]
@@ -297,8 +295,7 @@ def cmd_kill(conn, a) -> int:
         else:
             status = status or Out(False).refused(reply, f"kill {ref} failed")
     c.close()
-    parts = [f"{len(v)} {k if k != 'ended' else 'had already ended'} ({format_ids(v[::-1])})"
-             for k, v in done.items() if v]
+    parts = [f"{len(v)} {k if k != 'ended' else 'had already ended'} ({format_ids(v)})" for k, v in done.items() if v]
     print(f"jobs {format_ids(refs)}: {'; '.join(parts) or 'nothing to do'}")
     return status
 

@@ -42,6 +42,11 @@ STATE_RESERVE = "64M"
 # Seconds a shepherd gives the copy of a job's output to the user's log file.
 DELIVERY_LIMIT = 600.0
 
+# Seconds a shepherd retries a fork that fails for want of pids or memory (EAGAIN, ENOMEM) before
+# it gives up: a job it could not fork goes back to the queue, retried every START_RETRY seconds.
+FORK_RETRY = 10.0
+START_RETRY = 2.0
+
 # Seconds between SIGTERM and SIGKILL when a job is timed out or killed.
 KILL_GRACE = 5.0
 

@@ -196,6 +196,9 @@ class Engine:
                 self._watch(job_id, *launcher.spawn(job_id, job.user, jdir))
                 log.info("job %d: its shepherd never started; started it now", job_id)
             except OSError as exc:
+                if records.not_now(exc):   # out of pids: look again shortly
+                    self.running[job_id]["recheck"] = time.time() + defaults.START_RETRY
+                    return
                 self._lost(job, f"its shepherd could not be started: {exc}")
         else:
             self._lost(job, "its shepherd was killed or vanished while the daemon was down")
@@ -741,6 +744,9 @@ class Engine:
         try:
             pid, start = launcher.spawn(job.id, job.user, jdir)
         except OSError as exc:
+            if records.not_now(exc):   # out of pids or memory: no shepherd, so the command never ran
+                self._not_now(job, cg, f"cannot start its shepherd yet ({exc.strerror or exc})", now)
+                return
             log.error("job %d cannot start: %s", job.id, exc)
             self._drop_cgroup(cg)
             self._finish(job, Result(ERROR, note=f"cannot start its shepherd: {exc}"), now)
@@ -766,6 +772,7 @@ class Engine:
             # The shepherd keeps the deadline itself, so it holds while the daemon is down.
             "deadline": job.deadline, "kill_grace": defaults.KILL_GRACE,
             "delivery_limit": defaults.DELIVERY_LIMIT, "max_output_buffer": self.cfg.max_output_buffer,
+            "fork_retry": defaults.FORK_RETRY,
         }
 
     def _requeue(self, job: Job, cg, exc: OSError, now: float) -> None:
@@ -780,6 +787,36 @@ class Engine:
         move(job, QUEUED, now)
         self._enqueue(job)
         self.retry_at = now + 2.0
+
+    def _not_now(self, job: Job, cg, why: str, now: float) -> None:
+        """A started job whose command never ran (out of pids): back to the queue, retried soon.
+
+        The environment it was to get (its launch spec's) goes back to the
+        store, which had let go of it once the start was durable; the launch
+        spec stays until the next start replaces it, so a crash before this
+        turn's commit leaves a running job whose shepherd the next daemon starts.
+        """
+        spec = records.read_json(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
+        env = spec.get("env") if isinstance(spec, dict) else None
+        if not isinstance(env, dict):
+            self._drop_cgroup(cg)
+            self._finish(job, Result(ERROR, note=f"{why}, and its launch spec is gone"), now)
+            return
+        self._drop_cgroup(cg)
+        log.warning("job %d: %s; it is queued again", job.id, why)
+        del self.running[job.id]
+        move(job, QUEUED, now)
+        self._enqueue(job)
+        try:
+            self.store.unstart(job, env)
+            self.store.save_job(job)
+        except OSError:
+            self.unsaved.add(job.id)
+        try:
+            devdir.write_info(self.store.job_dir(job.id), self._info(job), job.uid, self.cfg.admin_gid)
+        except OSError:
+            pass
+        self.retry_at = now + defaults.START_RETRY
 
     def _drop_cgroup(self, cg) -> None:
         """Kill and remove a job's cgroup without waiting; a busy one is retried from the tick."""
@@ -842,6 +879,14 @@ class Engine:
                 job.output_error = f"its shepherd died before delivering it; the output is kept at {kept}"
             note = shepherd_gone or "its shepherd was killed before the job ended"
             self._finish(job, Result(OOM if oom else kind, note=note), now)
+            return
+        if rec.not_started is not None and job.stop_reason:   # asked to stop while its shepherd retried
+            self._drop_cgroup(cg)
+            self._finish(job, Result(job.stop_reason, note=f"stopped before it could start: {rec.error}"), now)
+            return
+        if rec.not_started in records.NOT_NOW_NAMES:
+            # Its shepherd could not fork it: it never ran, and goes back to the queue.
+            self._not_now(job, cg, rec.error or f"its shepherd could not fork it ({rec.not_started})", now)
             return
         if cg and os.path.isdir(cg):
             self._drop_cgroup(cg)

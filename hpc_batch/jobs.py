@@ -7,7 +7,8 @@ only through :func:`move`, which refuses anything the table does not list::
     waiting  -- cancelled / dependency-failed / error ---> finished
     queued   -- started ---------------------------------> running
     queued   -- cancelled / error (can never start) -----> finished
-    running  -- its start could not be written ----------> queued
+    running  -- its start could not be written, or its
+                command not forked (out of pids) --------> queued
     running  -- exited / signalled / timeout / killed /
                 oom / error / lost ----------------------> finished
 

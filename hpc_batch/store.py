@@ -667,6 +667,32 @@ class Store:
             self._stage(job.id, {"seq": self._seq, "job": data})
             self._live.add(job.id)
 
+    def unstart(self, job: Job, env: dict) -> None:
+        """A started job goes back to the queue, its command never run (out of pids): it needs an
+        environment again. *env* is the one its launch spec held, stored as forwarded.
+
+        The submit's environment may be gone already (it goes once every job has started): then
+        it is written again, fsynced by the next commit. Any job's launch environment serves its
+        submit: the daemon sets its own variables afresh at each start.
+        """
+        key = self._key_of.get(job.id, shared_key(job))
+        sh = self._shared.get(key)
+        if sh is None:   # let go of when every job had started: a record of its own again
+            sh = self._shared[key] = Shared(key, None, {}, True)
+            sh.refs = sum(1 for k in self._key_of.values() if k == key) + (job.id not in self._key_of)
+            self._key_of[job.id] = key
+        if not sh.unstarted and (sh.secret or sh.argv is None):
+            sh.secret = True
+            self._write_env(key, {"forward": env, "job_env": {}})
+            self._unsynced.add(key)
+            self._write_shared(sh)
+            self._seq += 1
+            self._stage(key, {"seq": self._seq, "shared": sh.record()})
+        self._release.pop(job.id, None)
+        if job.id not in self._unstarted:
+            self._unstarted.add(job.id)
+            sh.unstarted += 1
+
     def load_env(self, job: Job) -> dict:
         """A job's stored environment: ``base``, and ``forward`` and ``job_env`` while it has not started."""
         sh = self._shared.get(self._key_of.get(job.id, -1))

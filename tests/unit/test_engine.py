@@ -104,6 +104,9 @@ class MemoryStore:
     def load_env(self, job):
         return self.env.get(job.id, {})
 
+    def unstart(self, job, env):
+        self.env[job.id] = {"forward": env}
+
     def remove_job(self, job_id):
         self.records.pop(job_id, None)
 
@@ -120,6 +123,7 @@ class FakeLauncher:
 
     def write_launch(self, job_dir, launch):
         self.last_launch = launch
+        records.write_json(os.path.join(job_dir, records.LAUNCH), launch)   # as the real one: it stays there
 
     def spawn(self, job_id, user, job_dir):
         if self.spawn_error:
