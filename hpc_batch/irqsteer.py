@@ -1,0 +1,121 @@
+"""Interrupts off a benchmark job's CPUs: plan (pure), read, and irqbalance detection.
+
+At a benchmark job's start every IRQ whose ``/proc/irq/<n>/smp_affinity_list``
+touches a CPU the job holds (its cpuset and its held siblings) is pointed at
+the housekeeping CPUs. The writes and their undo are :mod:`kfiles` writes;
+this module decides which, and says whether irqbalance would undo them.
+"""
+
+import os
+
+from . import kfiles
+from .cputopo import format_cpulist, parse_cpulist
+
+PROC_IRQ = "proc/irq"
+# irqbalance's runtime control socket (irqbalance-ui speaks to it): one per daemon pid.
+IRQBALANCE_SOCKET_DIR = "run/irqbalance"
+IRQBALANCE_UNIT = "irqbalance.service"
+
+
+def affinity_path(irq: int) -> str:
+    """The affinity file of one IRQ, relative to the root prefix."""
+    return f"{PROC_IRQ}/{irq}/smp_affinity_list"
+
+
+def read_affinities(root: str = "/") -> dict[int, str]:
+    """Every IRQ's affinity list as the kernel shows it (IRQs without one are left out)."""
+    out: dict[int, str] = {}
+    try:
+        names = os.listdir(kfiles.join(root, PROC_IRQ))
+    except OSError:
+        return out
+    for name in names:
+        if name.isdigit():
+            text = kfiles.read(root, affinity_path(int(name)))
+            if text:
+                out[int(name)] = text
+    return out
+
+
+def plan(affinities: dict[int, str], held, housekeeping) -> list[kfiles.Write]:
+    """The writes that move every IRQ touching *held* to *housekeeping* (pure).
+
+    An IRQ already confined to housekeeping CPUs, or whose list cannot be
+    parsed, is left out; so is every IRQ when there are no housekeeping CPUs
+    outside the job (nowhere to move them).
+    """
+    held_set, target = set(held), set(housekeeping) - set(held)
+    if not target or not held_set:
+        return []
+    new = format_cpulist(sorted(target))
+    writes = []
+    for irq in sorted(affinities):
+        try:
+            cpus = set(parse_cpulist(affinities[irq]))
+        except ValueError:
+            continue
+        if cpus & held_set:
+            writes.append(kfiles.Write(affinity_path(irq), affinities[irq], new, "cpulist"))
+    return writes
+
+
+def irq_of(write: kfiles.Write) -> int:
+    """The IRQ number a write of :func:`plan` is for."""
+    return int(write.path.split("/")[2])
+
+
+def irqbalance_pids(root: str = "/") -> list[int]:
+    """Pids of running irqbalance daemons, found by a scan of /proc/<pid>/comm (no systemctl)."""
+    pids: list[int] = []
+    try:
+        names = os.listdir(kfiles.join(root, "proc"))
+    except OSError:
+        return pids
+    for name in names:
+        if name.isdigit() and kfiles.read(root, f"proc/{name}/comm") == "irqbalance":
+            pids.append(int(name))
+    return sorted(pids)
+
+
+def irqbalance_socket(root: str, pid: int) -> str | None:
+    """The control socket of irqbalance *pid*, where its version makes one."""
+    path = kfiles.join(root, f"{IRQBALANCE_SOCKET_DIR}/irqbalance{pid}.sock")
+    return path if os.path.exists(path) else None
+
+
+def ban_message(cpus) -> bytes:
+    """irqbalance's control-socket command that replaces its banned CPU list ("NULL": none)."""
+    return f"settings cpus {format_cpulist(sorted(cpus)) if cpus else 'NULL'}".encode("ascii")
+
+
+def send_ban(socket_path: str, cpus, timeout: float = 0.2) -> str | None:
+    """Tell irqbalance to keep IRQs off *cpus*; returns None, or why it could not."""
+    import socket
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(socket_path)
+        s.sendall(ban_message(cpus))
+    except OSError as exc:
+        return kfiles.why(exc)
+    finally:
+        s.close()
+    return None
+
+
+def banned_in_env(root: str = "/") -> set[int]:
+    """The CPUs the admin banned in irqbalance's environment file (IRQBALANCE_BANNED_CPULIST)."""
+    for rel in ("etc/default/irqbalance", "etc/sysconfig/irqbalance"):
+        try:
+            with open(kfiles.join(root, rel)) as f:
+                lines = f.read(65536).splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            key, sep, value = line.strip().partition("=")
+            if sep and key == "IRQBALANCE_BANNED_CPULIST":
+                try:
+                    return set(parse_cpulist(value.strip().strip("\"'")))
+                except ValueError:
+                    return set()
+    return set()

@@ -1,0 +1,176 @@
+"""Quiet cores for benchmark jobs: what a job's start changes on the machine, and its undo.
+
+At a benchmark job's start (:func:`begin`, called by the engine just before
+its shepherd is spawned, once the job's "running" record is durable):
+
+- every IRQ whose affinity touches a CPU the job holds goes to the
+  housekeeping CPUs (:mod:`irqsteer`); IRQs the kernel refuses to move
+  (EIO for managed IRQs) are recorded as unmovable;
+- under ``--cpufreq enforce`` the job's own cpufreq policies get governor
+  ``performance`` and minimum = maximum frequency, and with
+  ``--allow-turbo-off`` turbo goes off (:mod:`cpufreq`); under ``record``
+  the state is only read;
+- its cgroup becomes an isolated cpuset partition, or falls back
+  (:mod:`cpupartition`).
+
+Every planned write is persisted first, in ``<job dir>/quiet.json`` (root
+only, fsynced), so whichever daemon sees the job end (this one, one started
+after a reload or a crash) undoes it with :func:`end`: each value goes back
+only where the file still holds what hpc-batch wrote. Nothing here runs
+while the job runs.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from shepherd import records
+
+from . import cpufreq, cpupartition, irqsteer, kfiles
+from .cputopo import format_cpulist
+
+FILE = "quiet.json"
+# Tests only: "1" in the daemon's environment makes every job a benchmark job.
+TEST_KNOB = "HPC_BATCH_TEST_BENCHMARK"
+
+
+@dataclass
+class Settings:
+    """The admin's choices (daemon flags) and the root prefix of /proc, /sys, /run and /etc."""
+
+    cpufreq: str = "record"          # --cpufreq
+    allow_turbo_off: bool = False    # --allow-turbo-off
+    irqbalance_ban: bool = False     # --irqbalance-ban
+    root: str = "/"
+
+
+def irqbalance(root: str = "/") -> dict[str, Any]:
+    """Whether irqbalance runs, found cheaply: its systemd unit, its control sockets, else its process.
+
+    Returns {"active": bool, "how": str, "sockets": [paths]}. Never calls
+    systemctl; /proc is scanned only on a machine without systemd.
+    """
+    unit = kfiles.join(root, f"run/systemd/units/invocation:{irqsteer.IRQBALANCE_UNIT}")
+    sockets = []
+    try:
+        for name in sorted(os.listdir(kfiles.join(root, irqsteer.IRQBALANCE_SOCKET_DIR))):
+            pid = name[len("irqbalance"):-len(".sock")]
+            if name.startswith("irqbalance") and name.endswith(".sock") and pid.isdigit() \
+                    and kfiles.read(root, f"proc/{pid}/comm") == "irqbalance":
+                sockets.append(kfiles.join(root, f"{irqsteer.IRQBALANCE_SOCKET_DIR}/{name}"))
+    except OSError:
+        pass
+    if os.path.lexists(unit):
+        return {"active": True, "how": f"systemd unit {irqsteer.IRQBALANCE_UNIT} is active", "sockets": sockets}
+    if sockets:
+        return {"active": True, "how": "its control socket is open", "sockets": sockets}
+    if not os.path.isdir(kfiles.join(root, "run/systemd/system")):
+        pids = irqsteer.irqbalance_pids(root)
+        if pids:
+            return {"active": True, "how": f"process {pids[0]} runs", "sockets": []}
+    return {"active": False, "how": "not running", "sockets": []}
+
+
+def _persist(jdir: str, data: dict, durable: bool) -> None:
+    records.write_json(os.path.join(jdir, FILE), data, mode=0o600, durable=durable)
+
+
+def begin(jdir: str, cpus, held, housekeeping, settings: Settings, others_running: bool,
+          cgroup: str | None = None) -> dict[str, Any]:
+    """Quiet the job's CPUs; returns the job's record of what was found and done.
+
+    *cpus* is the job's cpuset, *held* every CPU it holds (cpuset and held
+    siblings), *housekeeping* where interrupts go. *others_running*: another
+    job runs, so machine-wide turbo stays as it is.
+    """
+    root = settings.root
+    irq_writes = irqsteer.plan(irqsteer.read_affinities(root), held, housekeeping)
+    freq = cpufreq.read_state(root, held)
+    freq_rec: dict[str, Any] = {"policy": settings.cpufreq, "state": freq, "turbo": freq["turbo"]}
+    freq_writes: list[kfiles.Write] = []
+    if settings.cpufreq == "enforce" and freq["policies"]:
+        freq_writes, freq_rec["notes"] = cpufreq.plan_enforce(freq)
+        turbo, freq_rec["turbo"] = cpufreq.plan_turbo(freq, settings.allow_turbo_off, others_running)
+        freq_writes += turbo
+    elif settings.cpufreq == "enforce":
+        freq_rec["notes"] = ["no cpufreq on this machine: nothing to set"]
+    else:
+        freq_rec["turbo"] = f"turbo {freq['turbo']}"
+    writes = irq_writes + freq_writes
+    saved: dict[str, Any] = {"writes": [w.to_dict() for w in writes], "cgroup": cgroup, "partition": None}
+    _persist(jdir, saved, durable=True)   # before the first change: a crash after it can be undone
+    done, refused = kfiles.apply(root, writes)
+    unmovable = {str(irqsteer.irq_of(w)): err for w, err in refused if w in irq_writes}
+    rec: dict[str, Any] = {
+        "housekeeping": format_cpulist(housekeeping),
+        "irqs": {"moved": [irqsteer.irq_of(w) for w in done if w in irq_writes],
+                 "unmovable": unmovable, "to": format_cpulist(set(housekeeping) - set(held))},
+        "cpufreq": freq_rec,
+    }
+    freq_rec["changed"] = [w.path.rsplit("/", 2)[-2:] for w in done if w in freq_writes]
+    freq_rec["refused"] = {w.path: err for w, err in refused if w in freq_writes}
+    ib = irqbalance(root)
+    rec["irqbalance"] = ib["how"] if not ib["active"] else (
+        f"active ({ib['how']}): it may move the job's IRQs back"
+        + ("" if settings.irqbalance_ban else "; the admin may pass --irqbalance-ban"))
+    if cgroup:
+        part = cpupartition.isolate(cgroup, cpus)
+        saved["partition"] = part
+        rec["partition"] = {k: part[k] for k in ("partition", "state", "reason")}
+    else:
+        rec["partition"] = {"partition": "allocation-only", "state": None, "reason": "no cgroups"}
+    saved["record"] = rec
+    _persist(jdir, saved, durable=False)   # the writes are already safe on disk; this adds the rest
+    return rec
+
+
+def ban(settings: Settings, banned) -> str:
+    """With --irqbalance-ban, tell a running irqbalance to keep IRQs off *banned* (plus the admin's own
+    IRQBALANCE_BANNED_CPULIST); returns what the record says."""
+    ib = irqbalance(settings.root)
+    if not settings.irqbalance_ban or not ib["active"]:
+        return ""
+    if not ib["sockets"]:
+        return "irqbalance has no control socket: its banned CPUs are unchanged"
+    cpus = set(banned) | irqsteer.banned_in_env(settings.root)
+    errs = [e for e in (irqsteer.send_ban(s, cpus) for s in ib["sockets"]) if e]
+    if errs:
+        return f"irqbalance did not take the banned CPUs ({errs[0]})"
+    return f"irqbalance told to ban CPUs {format_cpulist(cpus) or 'none'}"
+
+
+def pending(jdir: str) -> bool:
+    """Whether the job has changes still to undo."""
+    return os.path.exists(os.path.join(jdir, FILE))
+
+
+def end(jdir: str, settings: Settings) -> dict[str, Any] | None:
+    """Undo what :func:`begin` changed for the job, where still ours; None if nothing was pending.
+
+    Returns {"restored": n, "left": [...]} for the job's record. The file goes
+    once done, so a second call (a crash in between, then recovery) does nothing.
+    """
+    path = os.path.join(jdir, FILE)
+    if not os.path.lexists(path):
+        return None
+    saved = records.read_json(path)
+    if not isinstance(saved, dict):
+        _unlink(path)
+        return {"restored": 0, "left": ["its quiet record was unreadable: nothing restored"]}
+    writes = [kfiles.Write.from_dict(w) for w in saved.get("writes") or ()]
+    restored, left = kfiles.undo(settings.root, writes)
+    notes = [f"{w.path}: {why}" for w, why in left]
+    part = saved.get("partition")
+    if part and saved.get("cgroup"):
+        why = cpupartition.release(saved["cgroup"], part)
+        if why:
+            notes.append(why)
+    _unlink(path)
+    return {"restored": len(restored), "left": notes}
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
