@@ -122,6 +122,7 @@ class Engine:
                                     irqbalance_ban=getattr(cfg, "irqbalance_ban", False))
         self.quiet_all = os.environ.get(quiet.TEST_KNOB) == "1"   # tests: every job is a benchmark job
         self.irq_banned: dict[int, set[int]] = {}   # job -> CPUs irqbalance was told to keep IRQs off
+        self.benchmarks: dict[int, tuple[int, ...]] = {}   # running job with changes to undo -> CPUs it holds
         reserved = resources.capacity(machine, limits).reserved_cpus
         self.housekeeping_default = tuple(reserved) or tuple(
             sorted({c for n in machine.nodes for c in n.cpus}))
@@ -146,6 +147,9 @@ class Engine:
                 heapq.heappush(self.finished_by_uid.setdefault(job.uid, []), job.id)
             if job.state in (QUEUED, WAITING):
                 self.dev.add(job.id, job.uid, self.store.job_dir(job.id))
+        for job in jobs:   # first every benchmark job with changes to undo, so an end hands them over
+            if job.state == RUNNING and job.alloc is not None and quiet.pending(self.store.job_dir(job.id)):
+                self.benchmarks[job.id] = resources.Allocation.from_dict(job.alloc).held
         for job in jobs:
             if job.state == RUNNING:
                 try:
@@ -780,6 +784,7 @@ class Engine:
         undoes this when the job ends). A shortfall is recorded, never a reason not to run."""
         alloc = self.running[job.id]["alloc"]
         hk = getattr(self.cfg, "housekeeping", None) or self.housekeeping_default
+        self.benchmarks[job.id] = alloc.held
         try:
             job.quiet = quiet.begin(jdir, alloc.cpus, alloc.held, hk, self.quiet, len(self.running) > 1,
                                     cg if self.cfg.cgroups else None)
@@ -800,8 +805,10 @@ class Engine:
 
     def _unquiet(self, job: Job) -> None:
         """Undo what :meth:`_quiet` changed (where still ours), whichever daemon started the job."""
+        self.benchmarks.pop(job.id, None)
+        others = [(self.store.job_dir(i), held) for i, held in self.benchmarks.items()]
         try:
-            undone = quiet.end(self.store.job_dir(job.id), self.quiet)
+            undone = quiet.end(self.store.job_dir(job.id), self.quiet, others)
             if self.irq_banned.pop(job.id, None) is not None:
                 quiet.ban(self.quiet, set().union(*self.irq_banned.values()))
         except Exception as exc:
@@ -811,7 +818,8 @@ class Engine:
             return
         if job.quiet is not None:
             job.quiet["undone"] = undone
-        log.info("job %d: quiet cores undone: %d settings restored%s", job.id, undone["restored"],
+        log.info("job %d: quiet cores undone: %d settings restored, %d handed to running benchmark jobs%s",
+                 job.id, undone["restored"], undone.get("handed", 0),
                  f"; left alone: {'; '.join(undone['left'])}" if undone["left"] else "")
 
     def _launch_spec(self, job: Job, alloc, cg) -> dict:

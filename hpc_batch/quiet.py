@@ -16,8 +16,10 @@ its shepherd is spawned, once the job's "running" record is durable):
 Every planned write is persisted first, in ``<job dir>/quiet.json`` (root
 only, fsynced), so whichever daemon sees the job end (this one, one started
 after a reload or a crash) undoes it with :func:`end`: each value goes back
-only where the file still holds what hpc-batch wrote. Nothing here runs
-while the job runs.
+only where the file still holds what hpc-batch wrote. An undo that would
+put interrupts back on another running benchmark job's CPUs (or turbo back
+on under it) is handed to that job instead. Nothing here runs while the
+job runs.
 """
 
 import os
@@ -27,9 +29,11 @@ from typing import Any
 from shepherd import records
 
 from . import cpufreq, cpupartition, irqsteer, kfiles
-from .cputopo import format_cpulist
+from .cputopo import format_cpulist, parse_cpulist
 
 FILE = "quiet.json"
+# Switches that act on every CPU: undone by the last benchmark job out.
+MACHINE_WIDE = (cpufreq.NO_TURBO, cpufreq.BOOST)
 # Tests only: "1" in the daemon's environment makes every job a benchmark job.
 TEST_KNOB = "HPC_BATCH_TEST_BENCHMARK"
 
@@ -144,11 +148,15 @@ def pending(jdir: str) -> bool:
     return os.path.exists(os.path.join(jdir, FILE))
 
 
-def end(jdir: str, settings: Settings) -> dict[str, Any] | None:
+def end(jdir: str, settings: Settings, others=()) -> dict[str, Any] | None:
     """Undo what :func:`begin` changed for the job, where still ours; None if nothing was pending.
 
-    Returns {"restored": n, "left": [...]} for the job's record. The file goes
-    once done, so a second call (a crash in between, then recovery) does nothing.
+    *others* lists the other running benchmark jobs as (job dir, CPUs held).
+    A change whose undo would land on one of them (an IRQ whose old affinity
+    includes its CPUs, machine-wide turbo) is handed over to that job's file
+    instead, so the last job out puts it back. Returns {"restored": n,
+    "handed": n, "left": [...]} for the job's record. The file goes once done,
+    so a second call (a crash in between, then recovery) does nothing.
     """
     path = os.path.join(jdir, FILE)
     if not os.path.lexists(path):
@@ -156,9 +164,23 @@ def end(jdir: str, settings: Settings) -> dict[str, Any] | None:
     saved = records.read_json(path)
     if not isinstance(saved, dict):
         _unlink(path)
-        return {"restored": 0, "left": ["its quiet record was unreadable: nothing restored"]}
+        return {"restored": 0, "handed": 0, "left": ["its quiet record was unreadable: nothing restored"]}
     writes = [kfiles.Write.from_dict(w) for w in saved.get("writes") or ()]
-    restored, left = kfiles.undo(settings.root, writes)
+    handed: dict[str, list[kfiles.Write]] = {}
+    mine: list[kfiles.Write] = []
+    for w in writes:
+        heir = _heir(w, others)
+        if heir is not None and kfiles.same(w.kind, kfiles.read(settings.root, w.path), w.new):
+            handed.setdefault(heir, []).append(w)
+        else:
+            mine.append(w)
+    count = 0
+    for heir, ws in handed.items():
+        if _hand_over(heir, ws):
+            count += len(ws)
+        else:
+            mine.extend(ws)   # that job's changes are already undone: undo these here
+    restored, left = kfiles.undo(settings.root, mine)
     notes = [f"{w.path}: {why}" for w, why in left]
     part = saved.get("partition")
     if part and saved.get("cgroup"):
@@ -166,7 +188,35 @@ def end(jdir: str, settings: Settings) -> dict[str, Any] | None:
         if why:
             notes.append(why)
     _unlink(path)
-    return {"restored": len(restored), "left": notes}
+    return {"restored": len(restored), "handed": count, "left": notes}
+
+
+def _heir(w: kfiles.Write, others) -> str | None:
+    """The other running benchmark job whose CPUs undoing *w* would disturb, if any."""
+    if not others:
+        return None
+    if w.path in MACHINE_WIDE:
+        return others[0][0]
+    if w.kind == "cpulist":
+        try:
+            old = set(parse_cpulist(w.old))
+        except ValueError:
+            return None
+        for other_dir, held in others:
+            if old & set(held):
+                return other_dir
+    return None
+
+
+def _hand_over(jdir: str, writes: list[kfiles.Write]) -> bool:
+    """Add *writes* to another job's quiet file (durably, before ours goes); False if it has none."""
+    path = os.path.join(jdir, FILE)
+    saved = records.read_json(path)
+    if not isinstance(saved, dict):
+        return False
+    saved["writes"] = list(saved.get("writes") or ()) + [w.to_dict() for w in writes]
+    _persist(jdir, saved, durable=True)
+    return True
 
 
 def _unlink(path: str) -> None:

@@ -9,6 +9,7 @@ a benchmark job until ``dispatch new --benchmark`` exists.
 
 import json
 import os
+import signal
 
 import pytest
 from conftest import exit_of, wait_for
@@ -88,7 +89,7 @@ def test_benchmark_job_moves_irqs_and_puts_them_back(daemon_factory, users, scra
     assert exit_of(d.wait_finished(job)) == "0"
     _check_restored(irqs, moved)
     after = json.loads(d.ok("show", "--json", str(job)))["quiet"]
-    assert after["undone"] == {"restored": len(moved), "left": []}
+    assert after["undone"] == {"restored": len(moved), "handed": 0, "left": []}
     assert not os.path.exists(os.path.join(d.state_dir, "jobs", str(job), quiet.FILE))
 
 
@@ -127,3 +128,16 @@ def test_job_ends_while_daemon_is_down(daemon_factory, users, scratch, irqs):
     d.start()                  # recovery collects the job and undoes its changes
     assert exit_of(d.wait_finished(job)) == "0"
     _check_restored(irqs, moved)
+
+
+def test_reload_keeps_irqs_moved(daemon_factory, users, scratch, irqs):
+    d = daemon_factory(env=BENCH)
+    job, flag, show = _start(d, scratch)
+    moved = _check_moved(irqs, show)
+    d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: d.log().count("ready on") >= 2, what="the reload")
+    _check_moved(irqs, show)
+    open(flag, "w").close()
+    assert exit_of(d.wait_finished(job)) == "0"
+    _check_restored(irqs, moved)
+

@@ -53,7 +53,7 @@ def test_begin_moves_and_end_restores(tree, tmp_path):
     assert aff(root, 0) == "0" and aff(root, 123) == "6-7" and aff(root, 130) == "0-3"
     assert os.stat(os.path.join(jdir, quiet.FILE)).st_mode & 0o777 == 0o600
     undone = quiet.end(jdir, quiet.Settings(root=root))
-    assert undone == {"restored": 5, "left": []}
+    assert undone == {"restored": 5, "handed": 0, "left": []}
     assert irqsteer.read_affinities(root) == before
     assert not quiet.pending(jdir) and quiet.end(jdir, quiet.Settings(root=root)) is None
 
@@ -102,6 +102,27 @@ def test_restore_after_a_crash_midway(tree, tmp_path, monkeypatch):
     undone = quiet.end(jdir, quiet.Settings(root=root))   # a new daemon: it knows only the file
     assert undone["restored"] == 2 and undone["left"] == []
     assert all(aff(root, i) == v for i, v in ((8, "0-7"), (9, "0-7"), (120, "0-7"), (121, "4")))
+
+
+def test_undo_that_would_disturb_another_benchmark_job_is_handed_over(tree, tmp_path):
+    root = tree("intel-pstate-turbo")
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    s = quiet.Settings(cpufreq="enforce", allow_turbo_off=True, root=root)
+    ra = quiet.begin(str(a), (4,), (4, 5), (0, 1), s, others_running=False)
+    rb = quiet.begin(str(b), (6,), (6, 7), (0, 1), s, others_running=True)
+    assert ra["irqs"]["moved"] == [8, 9, 120, 121, 122] and rb["irqs"]["moved"] == [123]
+    assert ra["cpufreq"]["turbo"] == "turbo off (intel_pstate/no_turbo)"
+    assert rb["cpufreq"]["turbo"] == "turbo off (as found)"
+    # A ends first: IRQs 8, 9 and 120 were on 0-7 (B's CPUs too), and turbo is machine-wide.
+    undone = quiet.end(str(a), s, others=[(str(b), (6, 7))])
+    assert undone["handed"] == 4 and undone["left"] == []
+    assert aff(root, 121) == "4" and aff(root, 8) == "0-1" and kfiles.read(root, cpufreq.NO_TURBO) == "1"
+    assert pol(root, 4, "scaling_governor") == "powersave"
+    undone = quiet.end(str(b), s)   # the last one out puts everything back
+    assert undone["left"] == [] and aff(root, 8) == "0-7" and aff(root, 123) == "6-7"
+    assert kfiles.read(root, cpufreq.NO_TURBO) == "0"
 
 
 def test_real_recording_parses():
