@@ -10,7 +10,7 @@ tool) wins.
 
 import errno
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from .cputopo import parse_cpulist
 
@@ -26,7 +26,7 @@ class Write:
 
     def to_dict(self) -> dict:
         """JSON-safe form (the job's quiet file)."""
-        return asdict(self)
+        return {"path": self.path, "old": self.old, "new": self.new, "kind": self.kind}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Write":

@@ -14,12 +14,17 @@ its shepherd is spawned, once the job's "running" record is durable):
   (:mod:`cpupartition`).
 
 Every planned write is persisted first, in ``<job dir>/quiet.json`` (root
-only, fsynced), so whichever daemon sees the job end (this one, one started
+only), so whichever daemon sees the job end (this one, one started
 after a reload or a crash) undoes it with :func:`end`: each value goes back
 only where the file still holds what hpc-batch wrote. An undo that would
 put interrupts back on another running benchmark job's CPUs (or turbo back
 on under it) is handed to that job instead. Nothing here runs while the
 job runs.
+
+The file is written without fsync: what it undoes is kernel state, which a
+reboot resets anyway, and a daemon that crashes leaves the file in the page
+cache for the next one. It carries the boot id, so a file that outlived a
+reboot undoes nothing (the values it would compare are the new boot's).
 """
 
 import os
@@ -52,7 +57,7 @@ def irqbalance(root: str = "/") -> dict[str, Any]:
     """Whether irqbalance runs, found cheaply: its systemd unit, its control sockets, else its process.
 
     Returns {"active": bool, "how": str, "sockets": [paths]}. Never calls
-    systemctl; /proc is scanned only on a machine without systemd.
+    systemctl; /proc is scanned only on a machine without systemd, and at most once a minute.
     """
     unit = kfiles.join(root, f"run/systemd/units/invocation:{irqsteer.IRQBALANCE_UNIT}")
     sockets = []
@@ -69,14 +74,37 @@ def irqbalance(root: str = "/") -> dict[str, Any]:
     if sockets:
         return {"active": True, "how": "its control socket is open", "sockets": sockets}
     if not os.path.isdir(kfiles.join(root, "run/systemd/system")):
-        pids = irqsteer.irqbalance_pids(root)
-        if pids:
-            return {"active": True, "how": f"process {pids[0]} runs", "sockets": []}
+        pid = _scanned(root)
+        if pid is not None:
+            return {"active": True, "how": f"process {pid} runs", "sockets": []}
     return {"active": False, "how": "not running", "sockets": []}
 
 
-def _persist(jdir: str, data: dict, durable: bool) -> None:
-    records.write_json(os.path.join(jdir, FILE), data, mode=0o600, durable=durable)
+_SCANS: dict[str, tuple[float, int | None]] = {}   # root -> (when /proc was last scanned, irqbalance's pid)
+RESCAN = 60.0   # seconds between scans of /proc for an irqbalance not found last time
+
+
+def _scanned(root: str) -> int | None:
+    """irqbalance's pid from a scan of /proc, at most once a minute (a pid found is checked each time)."""
+    import time
+    now = time.monotonic()
+    when, pid = _SCANS.get(root, (None, None))
+    if pid is not None and kfiles.read(root, f"proc/{pid}/comm") == "irqbalance":
+        return pid
+    if when is not None and pid is None and now - when < RESCAN:
+        return None
+    pids = irqsteer.irqbalance_pids(root)
+    _SCANS[root] = (now, pids[0] if pids else None)
+    return pids[0] if pids else None
+
+
+def _persist(jdir: str, data: dict) -> None:
+    records.write_json(os.path.join(jdir, FILE), data, mode=0o600, durable=False)
+
+
+def boot_id(root: str = "/") -> str | None:
+    """This boot's id (kernel state from another boot is not ours to undo)."""
+    return kfiles.read(root, "proc/sys/kernel/random/boot_id")
 
 
 def begin(jdir: str, cpus, held, housekeeping, settings: Settings, others_running: bool,
@@ -101,8 +129,9 @@ def begin(jdir: str, cpus, held, housekeeping, settings: Settings, others_runnin
     else:
         freq_rec["turbo"] = f"turbo {freq['turbo']}"
     writes = irq_writes + freq_writes
-    saved: dict[str, Any] = {"writes": [w.to_dict() for w in writes], "cgroup": cgroup, "partition": None}
-    _persist(jdir, saved, durable=True)   # before the first change: a crash after it can be undone
+    saved: dict[str, Any] = {"boot": boot_id(root), "writes": [w.to_dict() for w in writes],
+                             "cgroup": cgroup, "partition": None}
+    _persist(jdir, saved)   # before the first change: a crash after it can be undone
     done, refused = kfiles.apply(root, writes)
     unmovable = {str(irqsteer.irq_of(w)): err for w, err in refused if w in irq_writes}
     rec: dict[str, Any] = {
@@ -120,11 +149,10 @@ def begin(jdir: str, cpus, held, housekeeping, settings: Settings, others_runnin
     if cgroup:
         part = cpupartition.isolate(cgroup, cpus)
         saved["partition"] = part
+        _persist(jdir, saved)   # what release() takes back out of the parent's exclusive CPUs
         rec["partition"] = {k: part[k] for k in ("partition", "state", "reason")}
     else:
         rec["partition"] = {"partition": "allocation-only", "state": None, "reason": "no cgroups"}
-    saved["record"] = rec
-    _persist(jdir, saved, durable=False)   # the writes are already safe on disk; this adds the rest
     return rec
 
 
@@ -165,6 +193,9 @@ def end(jdir: str, settings: Settings, others=()) -> dict[str, Any] | None:
     if not isinstance(saved, dict):
         _unlink(path)
         return {"restored": 0, "handed": 0, "left": ["its quiet record was unreadable: nothing restored"]}
+    if saved.get("boot") != boot_id(settings.root):
+        _unlink(path)
+        return {"restored": 0, "handed": 0, "left": ["the machine rebooted since: nothing to restore"]}
     writes = [kfiles.Write.from_dict(w) for w in saved.get("writes") or ()]
     handed: dict[str, list[kfiles.Write]] = {}
     mine: list[kfiles.Write] = []
@@ -215,7 +246,7 @@ def _hand_over(jdir: str, writes: list[kfiles.Write]) -> bool:
     if not isinstance(saved, dict):
         return False
     saved["writes"] = list(saved.get("writes") or ()) + [w.to_dict() for w in writes]
-    _persist(jdir, saved, durable=True)
+    _persist(jdir, saved)
     return True
 
 

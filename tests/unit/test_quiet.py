@@ -125,6 +125,20 @@ def test_undo_that_would_disturb_another_benchmark_job_is_handed_over(tree, tmp_
     assert kfiles.read(root, cpufreq.NO_TURBO) == "0"
 
 
+def test_file_from_another_boot_undoes_nothing(tree, tmp_path):
+    root, jdir = tree("intel-pstate-turbo"), str(tmp_path)
+    os.makedirs(os.path.join(root, "proc/sys/kernel/random"))
+    boot = os.path.join(root, "proc/sys/kernel/random/boot_id")
+    with open(boot, "w") as f:
+        f.write("1111\n")
+    quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)
+    with open(boot, "w") as f:
+        f.write("2222\n")
+    undone = quiet.end(jdir, quiet.Settings(root=root))
+    assert undone["restored"] == 0 and "rebooted" in undone["left"][0] and aff(root, 8) == "0-1"
+    assert not quiet.pending(jdir)
+
+
 def test_real_recording_parses():
     root = os.path.join(FIXTURES, "dev-container-real")
     affs = irqsteer.read_affinities(root)
