@@ -74,9 +74,9 @@ def irqbalance(root: str = "/") -> dict[str, Any]:
     if sockets:
         return {"active": True, "how": "its control socket is open", "sockets": sockets}
     if not os.path.isdir(kfiles.join(root, "run/systemd/system")):
-        pid = _scanned(root)
-        if pid is not None:
-            return {"active": True, "how": f"process {pid} runs", "sockets": []}
+        found = _scanned(root)
+        if found is not None:
+            return {"active": True, "how": f"process {found} runs", "sockets": []}
     return {"active": False, "how": "not running", "sockets": []}
 
 
@@ -88,11 +88,13 @@ def _scanned(root: str) -> int | None:
     """irqbalance's pid from a scan of /proc, at most once a minute (a pid found is checked each time)."""
     import time
     now = time.monotonic()
-    when, pid = _SCANS.get(root, (None, None))
-    if pid is not None and kfiles.read(root, f"proc/{pid}/comm") == "irqbalance":
-        return pid
-    if when is not None and pid is None and now - when < RESCAN:
-        return None
+    last = _SCANS.get(root)
+    if last is not None:
+        when, pid = last
+        if pid is not None and kfiles.read(root, f"proc/{pid}/comm") == "irqbalance":
+            return pid
+        if pid is None and now - when < RESCAN:
+            return None
     pids = irqsteer.irqbalance_pids(root)
     _SCANS[root] = (now, pids[0] if pids else None)
     return pids[0] if pids else None
