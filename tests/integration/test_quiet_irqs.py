@@ -85,6 +85,8 @@ def test_benchmark_job_moves_irqs_and_puts_them_back(daemon_factory, users, scra
     moved = _check_moved(irqs, show)
     assert show["quiet"]["irqbalance"] in ("not running",) or show["quiet"]["irqbalance"].startswith("active")
     assert show["quiet"]["cpufreq"]["policy"] == "record"
+    shown = d.ok("show", str(job))
+    assert f"interrupts: {len(moved)} moved to CPUs 0" in shown and "frequency: record" in shown
     open(flag, "w").close()
     assert exit_of(d.wait_finished(job)) == "0"
     _check_restored(irqs, moved)

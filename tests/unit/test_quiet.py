@@ -139,6 +139,27 @@ def test_file_from_another_boot_undoes_nothing(tree, tmp_path):
     assert not quiet.pending(jdir)
 
 
+def test_show_lines(tree, tmp_path, monkeypatch):
+    root, jdir = tree("intel-pstate-turbo"), str(tmp_path)
+    real = kfiles.write
+
+    def managed(r, rel, value):
+        if rel == irqsteer.affinity_path(120):
+            raise OSError(errno.EIO, "Input/output error")
+        real(r, rel, value)
+    monkeypatch.setattr(kfiles, "write", managed)
+    rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(cpufreq="enforce", root=root), False)
+    rec["undone"] = quiet.end(jdir, quiet.Settings(root=root))
+    lines = dict(quiet.describe(rec))
+    assert lines["interrupts"] == "4 moved to CPUs 0-1; unmovable: 120 (EIO)"
+    assert lines["irqbalance"] == "not running"
+    assert lines["cpu partition"] == "allocation-only: no cgroups"
+    assert lines["frequency"] == ("enforce: driver intel_pstate, governor powersave, 4 settings changed; "
+                                  "turbo on (--allow-turbo-off not given)")
+    assert lines["undone at its end"] == "8 restored"
+    assert quiet.describe(None) == [] and quiet.describe({"error": "boom"}) == [("quiet cores", "not set up: boom")]
+
+
 def test_real_recording_parses():
     root = os.path.join(FIXTURES, "dev-container-real")
     affs = irqsteer.read_affinities(root)
