@@ -84,18 +84,28 @@ def irqbalance_socket(root: str, pid: int) -> str | None:
 
 
 def ban_message(cpus) -> bytes:
-    """irqbalance's control-socket command that replaces its banned CPU list ("NULL": none)."""
+    """irqbalance's control-socket command that replaces its banned CPU list.
+
+    "NULL" drops the list, and irqbalance goes back to its own choice (its
+    environment's IRQBALANCE_BANNED_CPULIST, else isolated and nohz_full CPUs).
+    """
     return f"settings cpus {format_cpulist(sorted(cpus)) if cpus else 'NULL'}".encode("ascii")
 
 
 def send_ban(socket_path: str, cpus, timeout: float = 0.2) -> str | None:
-    """Tell irqbalance to keep IRQs off *cpus*; returns None, or why it could not."""
+    """Tell irqbalance to keep IRQs off *cpus*; returns None, or why it could not.
+
+    irqbalance takes commands only with the sender's credentials attached
+    (SCM_CREDENTIALS, uid 0), as irqbalance-ui sends them.
+    """
     import socket
+    import struct
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
+    creds = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
     try:
         s.connect(socket_path)
-        s.sendall(ban_message(cpus))
+        s.sendmsg([ban_message(cpus)], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
     except OSError as exc:
         return kfiles.why(exc)
     finally:
@@ -103,8 +113,14 @@ def send_ban(socket_path: str, cpus, timeout: float = 0.2) -> str | None:
     return None
 
 
-def banned_in_env(root: str = "/") -> set[int]:
-    """The CPUs the admin banned in irqbalance's environment file (IRQBALANCE_BANNED_CPULIST)."""
+def base_banned(root: str = "/") -> set[int]:
+    """The CPUs irqbalance bans by its own choice, which a command's list replaces.
+
+    As irqbalance decides: IRQBALANCE_BANNED_CPUS (a hex mask, deprecated) or
+    IRQBALANCE_BANNED_CPULIST from its environment file, else the kernel's
+    isolated and nohz_full CPUs.
+    """
+    env: dict[str, str] = {}
     for rel in ("etc/default/irqbalance", "etc/sysconfig/irqbalance"):
         try:
             with open(kfiles.join(root, rel)) as f:
@@ -113,9 +129,21 @@ def banned_in_env(root: str = "/") -> set[int]:
             continue
         for line in lines:
             key, sep, value = line.strip().partition("=")
-            if sep and key == "IRQBALANCE_BANNED_CPULIST":
-                try:
-                    return set(parse_cpulist(value.strip().strip("\"'")))
-                except ValueError:
-                    return set()
-    return set()
+            if sep and key.startswith("IRQBALANCE_BANNED_CPU"):
+                env[key] = value.strip().strip("\"'")
+        break
+    try:
+        if env.get("IRQBALANCE_BANNED_CPUS"):
+            mask = int(env["IRQBALANCE_BANNED_CPUS"].replace(",", ""), 16)
+            return {bit for bit in range(mask.bit_length()) if mask >> bit & 1}
+        if env.get("IRQBALANCE_BANNED_CPULIST"):
+            return set(parse_cpulist(env["IRQBALANCE_BANNED_CPULIST"]))
+    except ValueError:
+        return set()
+    out: set[int] = set()
+    for name in ("isolated", "nohz_full"):
+        try:
+            out |= set(parse_cpulist(kfiles.read(root, f"sys/devices/system/cpu/{name}") or ""))
+        except ValueError:
+            pass
+    return out

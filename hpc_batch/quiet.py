@@ -159,18 +159,19 @@ def begin(jdir: str, cpus, held, housekeeping, settings: Settings, others_runnin
 
 
 def ban(settings: Settings, banned) -> str:
-    """With --irqbalance-ban, tell a running irqbalance to keep IRQs off *banned* (plus the admin's own
-    IRQBALANCE_BANNED_CPULIST); returns what the record says."""
+    """With --irqbalance-ban, tell a running irqbalance to keep IRQs off *banned*, the CPUs of the
+    running benchmark jobs, as well as those it bans by its own choice; with none, hand it back
+    its own choice. Returns what the job's record says."""
     ib = irqbalance(settings.root)
     if not settings.irqbalance_ban or not ib["active"]:
         return ""
     if not ib["sockets"]:
         return "irqbalance has no control socket: its banned CPUs are unchanged"
-    cpus = set(banned) | irqsteer.banned_in_env(settings.root)
+    cpus = set(banned) | irqsteer.base_banned(settings.root) if banned else set()
     errs = [e for e in (irqsteer.send_ban(s, cpus) for s in ib["sockets"]) if e]
     if errs:
         return f"irqbalance did not take the banned CPUs ({errs[0]})"
-    return f"irqbalance told to ban CPUs {format_cpulist(cpus) or 'none'}"
+    return f"irqbalance told to ban CPUs {format_cpulist(cpus)}" if cpus else "irqbalance back to its own banned CPUs"
 
 
 def describe(rec: dict[str, Any] | None) -> list[tuple[str, str]]:

@@ -4,6 +4,7 @@ import errno
 import os
 import shutil
 import socket
+import struct
 import tempfile
 import threading
 
@@ -348,14 +349,19 @@ def test_irqbalance_recorded_and_banned_only_when_opted_in(tmp_path):
     sock_dir = os.path.join(root, irqsteer.IRQBALANCE_SOCKET_DIR)
     os.makedirs(sock_dir)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)   # as irqbalance does
     server.bind(os.path.join(sock_dir, "irqbalance321.sock"))
     server.listen(1)
     got = []
 
     def serve():
-        conn, _ = server.accept()
-        got.append(conn.recv(100))
-        conn.close()
+        for _ in range(2):
+            conn, _ = server.accept()
+            data, anc, _, _ = conn.recvmsg(100, socket.CMSG_SPACE(12))
+            uid = [struct.unpack("iII", d)[1] for lvl, typ, d in anc
+                   if (lvl, typ) == (socket.SOL_SOCKET, socket.SCM_CREDENTIALS)]
+            got.append((data, uid))   # irqbalance ignores a command without uid 0 credentials
+            conn.close()
     t = threading.Thread(target=serve)
     t.start()
     rec = quiet.begin(str(tmp_path), (4,), (4, 5), (0, 1), quiet.Settings(root=root), False)
@@ -363,7 +369,25 @@ def test_irqbalance_recorded_and_banned_only_when_opted_in(tmp_path):
     assert "--irqbalance-ban" in rec["irqbalance"]
     assert quiet.ban(quiet.Settings(root=root), {4, 5}) == ""   # not opted in: irqbalance untouched
     note = quiet.ban(quiet.Settings(root=root, irqbalance_ban=True), {4, 5})
+    last = quiet.ban(quiet.Settings(root=root, irqbalance_ban=True), set())
     t.join(10)
     server.close()
     shutil.rmtree(short)
-    assert got == [b"settings cpus 4-5,7"] and note == "irqbalance told to ban CPUs 4-5,7"
+    assert got == [(b"settings cpus 4-5,7", [0]), (b"settings cpus NULL", [0])]
+    assert note == "irqbalance told to ban CPUs 4-5,7" and last == "irqbalance back to its own banned CPUs"
+
+
+def test_irqbalance_own_choice(tmp_path):
+    root = str(tmp_path)
+    os.makedirs(os.path.join(root, "sys/devices/system/cpu"))
+    for name, value in (("isolated", "2-3"), ("nohz_full", "3,5")):
+        with open(os.path.join(root, f"sys/devices/system/cpu/{name}"), "w") as f:
+            f.write(value + "\n")
+    assert irqsteer.base_banned(root) == {2, 3, 5}
+    os.makedirs(os.path.join(root, "etc/sysconfig"))
+    with open(os.path.join(root, "etc/sysconfig/irqbalance"), "w") as f:
+        f.write("IRQBALANCE_BANNED_CPULIST=8-9\n")
+    assert irqsteer.base_banned(root) == {8, 9}
+    with open(os.path.join(root, "etc/sysconfig/irqbalance"), "w") as f:
+        f.write('IRQBALANCE_BANNED_CPUS="00000001,0000ff00"\nIRQBALANCE_BANNED_CPULIST=8-9\n')
+    assert irqsteer.base_banned(root) == set(range(8, 16)) | {32}
