@@ -149,7 +149,10 @@ class Engine:
                 self.dev.add(job.id, job.uid, self.store.job_dir(job.id))
         for job in jobs:   # first every benchmark job with changes to undo, so an end hands them over
             if job.state == RUNNING and job.alloc is not None and quiet.pending(self.store.job_dir(job.id)):
-                self.benchmarks[job.id] = resources.Allocation.from_dict(job.alloc).held
+                try:
+                    self.benchmarks[job.id] = resources.Allocation.from_dict(job.alloc).held
+                except (KeyError, TypeError, ValueError):
+                    pass   # a record the daemon cannot re-adopt fails below, and its end undoes its changes
         for job in jobs:
             if job.state == RUNNING:
                 try:
