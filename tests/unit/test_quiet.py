@@ -391,3 +391,18 @@ def test_irqbalance_own_choice(tmp_path):
     with open(os.path.join(root, "etc/sysconfig/irqbalance"), "w") as f:
         f.write('IRQBALANCE_BANNED_CPUS="00000001,0000ff00"\nIRQBALANCE_BANNED_CPULIST=8-9\n')
     assert irqsteer.base_banned(root) == set(range(8, 16)) | {32}
+
+
+# -- daemon flags -------------------------------------------------------------
+def test_daemon_flags():
+    from hpc_batch import daemon, defaults
+    cfg = daemon.parse_args([])
+    assert (cfg.cpufreq, cfg.allow_turbo_off, cfg.irqbalance_ban) == (defaults.CPUFREQ, False, False)
+    assert defaults.CPUFREQ == "record"
+    cfg = daemon.parse_args(["--cpufreq", "enforce", "--allow-turbo-off", "--irqbalance-ban"])
+    assert (cfg.cpufreq, cfg.allow_turbo_off, cfg.irqbalance_ban) == ("enforce", True, True)
+    for argv, needle in ((["--cpufreq", "pin"], "choose record or enforce"),
+                         (["--allow-turbo-off"], "needs --cpufreq enforce")):
+        with pytest.raises(daemon.ConfigError) as e:
+            daemon.parse_args(argv)
+        assert e.value.status == 2 and needle in str(e.value)
