@@ -78,6 +78,24 @@ def read_state(root: str, cpus) -> dict[str, Any]:
     return state
 
 
+def summarize(state: dict[str, Any]) -> dict[str, Any]:
+    """A :func:`read_state` record grouped for the job's record (pure): policies with the same
+    settings become one entry with their CPUs as a cpulist, and EPB maps each value to its CPUs,
+    so a 128-CPU job's record stays a few lines."""
+    from .cputopo import format_cpulist
+    groups: dict[tuple, list[int]] = {}
+    for p in state.get("policies", {}).values():
+        key = tuple(sorted((k, v) for k, v in p.items() if k != "cpus"))
+        groups.setdefault(key, []).extend(p["cpus"])
+    epb: dict[str, list[int]] = {}
+    for cpu, value in state.get("epb", {}).items():
+        epb.setdefault(value, []).append(int(cpu))
+    out = {k: v for k, v in state.items() if k not in ("policies", "epb")}
+    out["policies"] = [{"cpus": format_cpulist(cpus), **dict(key)} for key, cpus in groups.items()]
+    out["epb"] = {value: format_cpulist(cpus) for value, cpus in epb.items()}
+    return out
+
+
 def turbo_summary(state: dict[str, Any]) -> str:
     """"on", "off" or "unknown" for the job's CPUs, from a :func:`read_state` record."""
     if state.get("no_turbo") is not None:

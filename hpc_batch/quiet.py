@@ -120,7 +120,8 @@ def begin(jdir: str, cpus, held, housekeeping, settings: Settings, others_runnin
     root = settings.root
     irq_writes = irqsteer.plan(irqsteer.read_affinities(root), held, housekeeping)
     freq = cpufreq.read_state(root, held)
-    freq_rec: dict[str, Any] = {"policy": settings.cpufreq, "state": freq, "turbo": freq["turbo"]}
+    freq_rec: dict[str, Any] = {"policy": settings.cpufreq, "state": cpufreq.summarize(freq),
+                                "turbo": freq["turbo"]}
     freq_writes: list[kfiles.Write] = []
     if settings.cpufreq == "enforce" and freq["policies"]:
         freq_writes, freq_rec["notes"] = cpufreq.plan_enforce(freq)
@@ -201,7 +202,7 @@ def describe(rec: dict[str, Any] | None) -> list[tuple[str, str]]:
     freq = rec.get("cpufreq") or {}
     if freq:
         st = freq.get("state") or {}
-        govs = sorted({p.get("scaling_governor") for p in (st.get("policies") or {}).values()} - {None})
+        govs = sorted({p.get("scaling_governor") for p in st.get("policies") or ()} - {None})
         text = f"{freq.get('policy')}: driver {st.get('driver') or 'none'}"
         if govs:
             text += f", governor {'/'.join(govs)}"

@@ -5,6 +5,21 @@ Needs root that can write /proc/irq/*/smp_affinity_list (skipped otherwise) and 
 least 2 CPUs: the daemon reserves CPU 0 for the OS (the housekeeping CPU by default)
 and gives the job the rest. The test knob HPC_BATCH_TEST_BENCHMARK=1 makes every job
 a benchmark job until ``dispatch new --benchmark`` exists.
+
+What this host cannot show (cgroup v1 here, no cpufreq, no irqbalance), for the VM
+tier (tests/system) to check on a guest with cgroup v2:
+- a benchmark job's cgroup reads ``cpuset.cpus.partition`` = ``isolated`` (kernel 6.7
+  or later), its CPUs are in ``hpc-batch/cpuset.cpus.exclusive`` while it runs and out
+  of it after; ``/sys/fs/cgroup/cpuset.cpus.isolated`` lists them while it runs;
+- the fallback: with a sibling that claims the CPUs exclusively (or an older kernel),
+  the record says ``exclusive`` with the kernel's ``isolated invalid (<reason>)``;
+- the virtio IRQs of the guest move to the housekeeping CPUs and come back, across a
+  ``systemctl restart hpc-batch`` and a ``kill -9`` mid-job, and with two benchmark
+  jobs whose IRQs overlap, the one that ends first hands them over (nothing returns to
+  the other's CPUs until it ends);
+- with irqbalance running (its unit active), the record says so; with
+  ``--irqbalance-ban``, ``irqbalance`` answers ``setup`` on its socket with the job's
+  CPUs in its BANNED mask while the job runs, and its own choice after.
 """
 
 import json

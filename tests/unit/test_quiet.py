@@ -177,11 +177,13 @@ def test_record_reads_intel_pstate(tree, tmp_path):
     assert f["policy"] == "record" and f["turbo"] == "turbo on" and f["changed"] == []
     st = f["state"]
     assert st["driver"] == "intel_pstate" and st["no_turbo"] == "0" and st["intel_pstate"] == "active"
-    assert st["amd_pstate"] is None and st["epb"] == {"4": "6", "5": "6"}
-    p4 = st["policies"]["policy4"]
-    assert p4["scaling_governor"] == "powersave" and p4["scaling_min_freq"] == "400000"
-    assert p4["energy_performance_preference"] == "balance_performance" and p4["shared"] is False
-    assert set(st["policies"]) == {"policy4", "policy5"}
+    assert st["amd_pstate"] is None and st["epb"] == {"6": "4-5"}
+    assert len(st["policies"]) == 1   # policies 4 and 5 alike: one entry
+    p = st["policies"][0]
+    assert p["cpus"] == "4-5" and p["scaling_governor"] == "powersave" and p["scaling_min_freq"] == "400000"
+    assert p["energy_performance_preference"] == "balance_performance" and p["shared"] is False
+    full = cpufreq.read_state(root, (4, 5))
+    assert set(full["policies"]) == {"policy4", "policy5"} and full["epb"] == {"4": "6", "5": "6"}
     assert {p: pol(root, 4, p) for p in before} == before
 
 
@@ -247,7 +249,7 @@ def test_enforce_without_cpufreq(tmp_path):
     (tmp_path / "root").mkdir()
     rec = quiet.begin(str(tmp_path), (1,), (1,), (0,), quiet.Settings(cpufreq="enforce", root=str(tmp_path / "root")),
                       others_running=False)
-    assert rec["cpufreq"]["state"]["policies"] == {} and "no cpufreq" in rec["cpufreq"]["notes"][0]
+    assert rec["cpufreq"]["state"]["policies"] == [] and "no cpufreq" in rec["cpufreq"]["notes"][0]
 
 
 # -- isolated partition -------------------------------------------------------
