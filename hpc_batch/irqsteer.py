@@ -77,12 +77,6 @@ def irqbalance_pids(root: str = "/") -> list[int]:
     return sorted(pids)
 
 
-def irqbalance_socket(root: str, pid: int) -> str | None:
-    """The control socket of irqbalance *pid*, where its version makes one."""
-    path = kfiles.join(root, f"{IRQBALANCE_SOCKET_DIR}/irqbalance{pid}.sock")
-    return path if os.path.exists(path) else None
-
-
 def ban_message(cpus) -> bytes:
     """irqbalance's control-socket command that replaces its banned CPU list.
 
