@@ -34,6 +34,19 @@ Options:
                            no two jobs share a core; thread: single threads
                            are packed, siblings may go to other jobs
                            [default: {defaults.CPU_UNIT}]
+  --cpufreq POLICY         What a benchmark job's start does to the frequency
+                           of its CPUs: record (read it into the job's record)
+                           or enforce (also governor performance and minimum
+                           frequency = maximum on the job's own cpufreq
+                           policies; undone when it ends)
+                           [default: {defaults.CPUFREQ}]
+  --allow-turbo-off        With --cpufreq enforce, turn turbo off for a
+                           benchmark job: per-policy boost always, the
+                           machine-wide switch only while no other job runs.
+  --irqbalance-ban         When irqbalance runs, tell it (its control socket)
+                           to keep IRQs off benchmark jobs' CPUs while they
+                           run; without it irqbalance is only detected and
+                           the job's record says it may undo the IRQ moves.
   --reserve-mem GB         Memory (GiB) held back for the OS [default: {defaults.RESERVE_MEM_GB}]
   --min-job-mem GB         Floor of an assigned memory budget [default: {defaults.MIN_JOB_MEM_GB}]
   --keep-finished N        Finished jobs remembered per user [default: {defaults.KEEP_FINISHED}]
@@ -135,6 +148,9 @@ class Config:
     undelivered_per_user: int = parse_size(defaults.UNDELIVERED_PER_USER, "M")
     undelivered_max_age: int = parse_duration(defaults.UNDELIVERED_MAX_AGE)
     cpu_unit: str = defaults.CPU_UNIT
+    cpufreq: str = defaults.CPUFREQ
+    allow_turbo_off: bool = False
+    irqbalance_ban: bool = False
 
 
 def _size(flag: str, text: str, unit: str = "G", minimum: int = 0) -> int:
@@ -174,6 +190,10 @@ def parse_args(argv) -> Config:
         raise ConfigError(f"--max-lifetime {a['--max-lifetime']!r}: at most a century", 2)
     if a["--cpu-unit"] not in defaults.CPU_UNITS:
         raise ConfigError(f"--cpu-unit {a['--cpu-unit']!r}: choose {' or '.join(defaults.CPU_UNITS)}", 2)
+    if a["--cpufreq"] not in defaults.CPUFREQ_POLICIES:
+        raise ConfigError(f"--cpufreq {a['--cpufreq']!r}: choose {' or '.join(defaults.CPUFREQ_POLICIES)}", 2)
+    if a["--allow-turbo-off"] and a["--cpufreq"] != "enforce":
+        raise ConfigError("--allow-turbo-off needs --cpufreq enforce", 2)
     if a["--schedule"] not in POLICIES:
         raise ConfigError(f"--schedule {a['--schedule']!r}: choose one of {', '.join(POLICIES)}", 2)
     metrics = _metrics_file(a["--metrics-file"], a["--metrics-group"])
@@ -205,6 +225,9 @@ def parse_args(argv) -> Config:
         metrics_file=metrics[0],
         metrics_gid=metrics[1],
         cpu_unit=a["--cpu-unit"],
+        cpufreq=a["--cpufreq"],
+        allow_turbo_off=bool(a["--allow-turbo-off"]),
+        irqbalance_ban=bool(a["--irqbalance-ban"]),
     )
 
 

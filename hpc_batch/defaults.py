@@ -21,6 +21,10 @@ SCHEDULE = "fifo-strict"
 # cores, so no two jobs share a core) or "thread" (single threads, packed as before).
 CPU_UNIT = "core"
 CPU_UNITS = ("core", "thread")
+# What a benchmark job's start does to the CPU frequency of its CPUs: "record" reads and records
+# it, "enforce" also sets governor performance and minimum = maximum frequency (undone at its end).
+CPUFREQ = "record"
+CPUFREQ_POLICIES = ("record", "enforce")
 
 # Per-user bounds (daemon flags): nothing one user does may exhaust the daemon.
 MAX_QUEUED_PER_USER = 1000

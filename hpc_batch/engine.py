@@ -27,7 +27,7 @@ from typing import Any
 
 from shepherd import records
 
-from . import bounds, cgroups, defaults, dependencies, devdir, gputopo, launcher, report, resources, scheduler
+from . import bounds, cgroups, defaults, dependencies, devdir, gputopo, launcher, quiet, report, resources, scheduler
 from .access import Caller
 from .durations import format_duration
 from .history import History
@@ -115,6 +115,17 @@ class Engine:
         self.resched = False                # something freed resources: schedule on the next tick
         self.retry_at: float | None = None  # when to retry starts that failed to write
         self.root_mode = os.geteuid() == 0
+        # Benchmark jobs' quiet cores (IRQs, frequency, partition): the admin's flags, and where
+        # interrupts go when no housekeeping CPUs are named: the CPUs reserved for the OS.
+        self.quiet = quiet.Settings(cpufreq=getattr(cfg, "cpufreq", "record"),
+                                    allow_turbo_off=getattr(cfg, "allow_turbo_off", False),
+                                    irqbalance_ban=getattr(cfg, "irqbalance_ban", False))
+        self.quiet_all = os.environ.get(quiet.TEST_KNOB) == "1"   # tests: every job is a benchmark job
+        self.irq_banned: dict[int, set[int]] = {}   # job -> CPUs irqbalance was told to keep IRQs off
+        self.benchmarks: dict[int, tuple[int, ...]] = {}   # running job with changes to undo -> CPUs it holds
+        reserved = resources.capacity(machine, limits).reserved_cpus
+        self.housekeeping_default = tuple(reserved) or tuple(
+            sorted({c for n in machine.nodes for c in n.cpus}))
 
     # -- start-up -------------------------------------------------------------
     def recover(self) -> list:
@@ -136,6 +147,12 @@ class Engine:
                 heapq.heappush(self.finished_by_uid.setdefault(job.uid, []), job.id)
             if job.state in (QUEUED, WAITING):
                 self.dev.add(job.id, job.uid, self.store.job_dir(job.id))
+        for job in jobs:   # first every benchmark job with changes to undo, so an end hands them over
+            if job.state == RUNNING and job.alloc is not None and quiet.pending(self.store.job_dir(job.id)):
+                try:
+                    self.benchmarks[job.id] = resources.Allocation.from_dict(job.alloc).held
+                except (KeyError, TypeError, ValueError):
+                    pass   # a record the daemon cannot re-adopt fails below, and its end undoes its changes
         for job in jobs:
             if job.state == RUNNING:
                 try:
@@ -164,6 +181,8 @@ class Engine:
             pid, fd = found
             self.running[job.id] = {"pid": pid, "pidfd": fd, "alloc": alloc, "cgroup": cg}
             self.hooks.watch_pidfd(fd, job.id)
+            if job.quiet and job.quiet.get("irqbalance_banned"):
+                self.irq_banned[job.id] = set(job.quiet["irqbalance_banned"])
             # A change of max time the last daemon could not pass on before it died.
             self._send_deadline(job, time.time())
             return f"job {job.id}: re-adopted shepherd pid {pid}"
@@ -277,7 +296,7 @@ class Engine:
             "cgroup": handle.get("cgroup"),
             "wall": (job.ended or now) - job.started if job.started is not None else None,
             "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
-            "after": job.after, "after_ok": job.after_ok,
+            "after": job.after, "after_ok": job.after_ok, "quiet": job.quiet,
             "note": res.note if res else None, "code": res.code if res else None,
             "signal": res.signal if res else None,
         })
@@ -741,6 +760,8 @@ class Engine:
 
     def _spawn(self, job: Job, cg, now: float) -> None:
         jdir = self.store.job_dir(job.id)
+        if self.quiet_all or job.request.get("benchmark"):
+            self._quiet(job, jdir, cg)
         try:
             pid, start = launcher.spawn(job.id, job.user, jdir)
         except OSError as exc:
@@ -759,6 +780,49 @@ class Engine:
         alloc = self.running[job.id]["alloc"]
         log.info("job %d started: cpus %s, mem %d, gpus %s", job.id, list(alloc.cpus), alloc.mem, list(alloc.gpus))
         self.hooks.job_event(job.id, "started")
+
+    def _quiet(self, job: Job, jdir: str, cg) -> None:
+        """Quiet a benchmark job's CPUs (its record is durable as running, so any later daemon
+        undoes this when the job ends). A shortfall is recorded, never a reason not to run."""
+        alloc = self.running[job.id]["alloc"]
+        hk = getattr(self.cfg, "housekeeping", None) or self.housekeeping_default
+        self.benchmarks[job.id] = alloc.held
+        try:
+            job.quiet = quiet.begin(jdir, alloc.cpus, alloc.held, hk, self.quiet, len(self.running) > 1,
+                                    cg if self.cfg.cgroups else None)
+            if self.quiet.irqbalance_ban:
+                self.irq_banned[job.id] = set(alloc.held)
+                job.quiet["irqbalance_ban"] = quiet.ban(self.quiet, set().union(*self.irq_banned.values()))
+                job.quiet["irqbalance_banned"] = list(alloc.held)
+        except Exception as exc:  # the machine's settings must never stop the daemon
+            log.exception("job %d: cannot quiet its CPUs", job.id)
+            job.quiet = {"error": str(exc)}
+        moved = (job.quiet.get("irqs") or {}).get("moved") or []
+        log.info("job %d: benchmark: %d IRQs moved to CPUs %s, %s", job.id, len(moved),
+                 (job.quiet.get("irqs") or {}).get("to"), (job.quiet.get("cpufreq") or {}).get("turbo"))
+        try:
+            self.store.save_job(job)
+        except OSError:
+            self.unsaved.add(job.id)
+
+    def _unquiet(self, job: Job) -> None:
+        """Undo what :meth:`_quiet` changed (where still ours), whichever daemon started the job."""
+        self.benchmarks.pop(job.id, None)
+        others = [(self.store.job_dir(i), held) for i, held in self.benchmarks.items()]
+        try:
+            undone = quiet.end(self.store.job_dir(job.id), self.quiet, others)
+            if self.irq_banned.pop(job.id, None) is not None:
+                quiet.ban(self.quiet, set().union(*self.irq_banned.values()))
+        except Exception as exc:
+            log.exception("job %d: cannot undo its quiet cores", job.id)
+            undone = {"restored": 0, "left": [str(exc)]}
+        if undone is None:
+            return
+        if job.quiet is not None:
+            job.quiet["undone"] = undone
+        log.info("job %d: quiet cores undone: %d settings restored, %d handed to running benchmark jobs%s",
+                 job.id, undone["restored"], undone.get("handed", 0),
+                 f"; left alone: {'; '.join(undone['left'])}" if undone["left"] else "")
 
     def _launch_spec(self, job: Job, alloc, cg) -> dict:
         """What the shepherd needs, all of it: it cannot ask the daemon anything later."""
@@ -803,6 +867,8 @@ class Engine:
             self._finish(job, Result(ERROR, note=f"{why}, and its launch spec is gone"), now)
             return
         self._drop_cgroup(cg)
+        if job.id in self.benchmarks:
+            self._unquiet(job)     # its cores are quieted afresh at its next start
         log.warning("job %d: %s; it is queued again", job.id, why)
         del self.running[job.id]
         move(job, QUEUED, now)
@@ -939,6 +1005,8 @@ class Engine:
         self._unwait(job)
         move(job, FINISHED, now, result)
         handle = self.running.pop(job.id, None)
+        if handle is not None:
+            self._unquiet(job)
         try:
             # Durable only when no exit record stands behind it (errors decided here).
             has_record = os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT))

@@ -108,6 +108,7 @@ class Job:
     after: list[int] = field(default_factory=list)         # --after / --after-ok: jobs it starts after
     after_ok: bool = False                                 # ... and only if they exited 0
     array: dict[str, Any] | None = None                    # element of a bulk submit: first, index, limit
+    quiet: dict[str, Any] | None = None                    # benchmark job: IRQs, cpufreq, partition (quiet.py)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form for the state file."""

@@ -143,6 +143,8 @@ def format_show(job: dict[str, Any], now: float) -> list[str]:
             text = str(value)
         if text:
             lines.append(f"{label}: {one_line(text)}")
+    from .quiet import describe
+    lines += [f"{label}: {one_line(text)}" for label, text in describe(job.get("quiet"))]
     return lines
 
 
