@@ -21,6 +21,9 @@ SCHEDULE = "fifo-strict"
 # cores, so no two jobs share a core) or "thread" (single threads, packed as before).
 CPU_UNIT = "core"
 CPU_UNITS = ("core", "thread")
+# CPUs for the daemon, its shepherds and steered interrupts, never given to benchmark jobs:
+# "auto" (the --reserve-cpu CPUs, else the lowest CPU's core), "none", or a CPU list.
+HOUSEKEEPING_CPUS = "auto"
 
 # Per-user bounds (daemon flags): nothing one user does may exhaust the daemon.
 MAX_QUEUED_PER_USER = 1000
@@ -35,6 +38,10 @@ UNDELIVERED_PER_USER = "1G"  # one user's share of it
 UNDELIVERED_MAX_AGE = "30d"  # an undelivered output older than this is dropped
 UNDELIVERED_MAX_FILES = 10000  # files in undelivered/ at most (not a flag: the bytes are the bound that matters)
 METRICS_GROUP = ""           # group that reads --metrics-file (0640); empty: the metrics directory's group
+
+# Seconds between two readings of the swap and throttle counters while a --benchmark=strict job
+# waits: "rising" means they rose between two readings this far apart.
+BENCH_PROBE_INTERVAL = 1.0
 
 # Seconds a shepherd gives the copy of a job's output to the user's log file.
 DELIVERY_LIMIT = 600.0
