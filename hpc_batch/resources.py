@@ -907,7 +907,8 @@ class Free:
             chosen, short = room[:n], 1   # no cache is free of others: hold what of them is free
         short += sum(1 for r, held in chosen if len(held) < len(self.cap.cpu_topology.siblings(r)))
         mine = {c for _, held in chosen for c in held}
-        neighbours = {c for r, _ in chosen for c in _llc(self.cap, r) if c not in mine and self._is_free(c)}
+        neighbours = {c for r, _ in chosen for c in _llc(self.cap, r)
+                      if c not in mine and self._is_free(c) and c not in self.cap.housekeeping}
         return [r for r, _ in chosen], [h for _, h in chosen], sorted(neighbours), short
 
     def _fit_bench(self, req: Request, n: int, mem: int, local_only: bool) -> Allocation | None:
