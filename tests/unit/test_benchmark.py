@@ -88,7 +88,6 @@ def test_held_siblings_are_never_in_another_jobs_cpuset_and_housekeeping_never_g
     rng = random.Random(seed)
     for whole_cores in (True, False):
         lim = limits(m, reserve=rng.choice((0, 2)), whole_cores=whole_cores)
-        hk_cores = {c for h in lim.housekeeping for c in m.cpu_topology.siblings(h)}
         running: list[tuple[Request, Allocation]] = []
         placed = 0
         for _ in range(300):
