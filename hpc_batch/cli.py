@@ -168,8 +168,9 @@ def _bench_args(a) -> dict:
 
 
 def bare_benchmark(argv: list) -> list:
-    """``--benchmark`` written alone (before the command) as ``--benchmark=warn``: docopt knows no
-    option whose value may be left out."""
+    """``--benchmark`` written alone (before the command) as ``--benchmark=warn``, and
+    ``--benchmark strict`` as ``--benchmark=strict``: docopt knows no option whose value may be
+    left out."""
     from .argscan import options
     takes = {n for o in options(SUBCOMMANDS["new"]) if o.takes_value for n in o.names}
     out = list(argv)
@@ -179,7 +180,10 @@ def bare_benchmark(argv: list) -> list:
         if word == "--" or not word.startswith("-"):
             break
         if word == "--benchmark":
-            out[i] = "--benchmark=warn"
+            if i + 1 < len(out) and out[i + 1] in ("warn", "strict"):   # --benchmark strict
+                out[i:i + 2] = [f"--benchmark={out[i + 1]}"]
+            else:
+                out[i] = "--benchmark=warn"
         elif word in takes:
             i += 1   # its value follows
         i += 1

@@ -350,6 +350,8 @@ def test_unquiet_looks_at_the_cpus_asked_about():
 def test_a_bare_benchmark_flag_means_warn_and_the_options_are_checked():
     argv = cli.bare_benchmark(["new", "--max-time", "1h", "--benchmark", "--cpu", "2", "--", "x", "--benchmark"])
     assert argv == ["new", "--max-time", "1h", "--benchmark=warn", "--cpu", "2", "--", "x", "--benchmark"]
+    assert cli.bare_benchmark(["new", "--benchmark", "strict", "x"]) == ["new", "--benchmark=strict", "x"]
+    assert cli.bare_benchmark(["new", "--benchmark", "--", "warn"]) == ["new", "--benchmark=warn", "--", "warn"]
     assert cli._bench_args({"--benchmark": "strict", "--whole-l3": True, "--aslr": "off", "--thp": "on"}) == {
         "benchmark": "strict", "whole_l3": True, "aslr": "off"}
     with pytest.raises(cli.UsageError, match="--whole-l3 goes with --benchmark"):
