@@ -561,7 +561,7 @@ class Engine:
             return None
         running = [scheduler.RunningJob(jid, r["alloc"], (self.jobs[jid].deadline or now))
                    for jid, r in self.running.items()]
-        return scheduler.schedule(self.cfg.schedule, self._eligible(), running,
+        return scheduler.schedule(self.cfg.schedule, self._eligible(now), running,
                                   self.machine, self.limits, self.policy_state, now)
 
     def apply(self, decision: scheduler.Decision, now: float) -> None:
@@ -579,7 +579,7 @@ class Engine:
                 log.exception("job %d: cannot start it", job_id)
                 self._fail(job, f"the daemon could not start it: {exc}", now)
 
-    def _eligible(self) -> list:
+    def _eligible(self, now: float) -> list:
         """The queue, less elements of an array already running its %N at once.
 
         They wait without holding up the jobs behind them, as a Slurm array's
@@ -587,7 +587,7 @@ class Engine:
         """
         queue = self._in_order()
         # Strict benchmark jobs wait while the machine is not quiet, holding up nobody behind them.
-        hold = self._quiet_hold(time.time()) if self.strict_queued else None
+        hold = self._quiet_hold(now) if self.strict_queued else None
         if not self.capped_queued and hold is None:
             return list(queue.values())
         room = self._array_room()
