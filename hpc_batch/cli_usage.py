@@ -72,7 +72,7 @@ Options:
   --numa-local-mem  Wait for one NUMA node that fits the whole budget rather
                     than spreading it over nodes.
   --numa-local-gpu  Take CPUs only on the NUMA node the job's GPUs hang off.
-  --benchmark MODE   Benchmark mode: warn (what a bare --benchmark means) or
+  --benchmark MODE  Benchmark mode: warn (what a bare --benchmark means) or
                     strict. The job's --cpu N counts physical cores: its
                     cpuset holds ONE thread of each, and their other threads
                     are held idle (no job runs there). Cores touching the
@@ -164,7 +164,9 @@ Options:
 
 SHOW_USAGE = """Everything about one job: command, user, name, state, why it waits and its
 place in the queue, CPUs, NUMA nodes, GPUs, memory budget, max time and
-deadline, cgroup, output, start and end, result, CPU time and peak memory.
+deadline, cgroup, output, start and end, result, CPU time and peak memory;
+for a --benchmark job the CPUs it holds idle and every way the machine fell
+short; whether ASLR and transparent huge pages were on.
 
 Usage:
   dispatch show [--json] <job>

@@ -587,7 +587,7 @@ class Free:
         }
         self._max: int | None = None
         self._mem_max: tuple[int, int] | None = None
-        self._failed: set[tuple[int, int, bool]] = set()
+        self._failed: set[tuple[object, ...]] = set()   # shapes that did not fit since the last release
         self._room: dict[int, list[tuple[int, ...]]] = {}   # node -> its whole free units, lowest first
 
     @classmethod
@@ -736,7 +736,14 @@ class Free:
         if n > self.max_cpus() or mem > self.mem_max(local_only):
             return None
         if req.benchmark:
-            return self._fit_bench(req, n, mem, local_only)
+            # As below: a shape that failed keeps failing until something is released.
+            bkey = (n, mem, local_only, req.benchmark, req.whole_l3)
+            if req.gpus == 0 and bkey in self._failed:
+                return None
+            a = self._fit_bench(req, n, mem, local_only)
+            if a is None and req.gpus == 0:
+                self._failed.add(bkey)
+            return a
         if req.numa_local_gpu:
             return self._fit_near_gpus(req, n, mem, local_only)
         gpus = self._gpus_for(req)
