@@ -475,8 +475,9 @@ def _check_benchmark(req: Request, n: int, cap: Capacity) -> None:
     if req.benchmark not in ("warn", "strict"):
         raise RequestError(f"--benchmark {req.benchmark!r}: choose warn or strict")
     strict = req.benchmark == "strict"
-    hk = (f" (CPUs {cputopo.format_cpulist(cap.housekeeping)} and their cores are kept for housekeeping)"
-          if cap.housekeeping else "")
+    one = len(cap.housekeeping) == 1
+    hk = (f" (CPU{'' if one else 's'} {cputopo.format_cpulist(cap.housekeeping)} and "
+          f"{'its core is' if one else 'their cores are'} kept for housekeeping)" if cap.housekeeping else "")
     if req.exclusive and req.cpus is None:
         if cap.bench_max(False) == 0:
             raise RequestError(f"--benchmark can never fit: no core here is free of housekeeping CPUs{hk}")
