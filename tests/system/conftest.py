@@ -184,8 +184,7 @@ def _boot(name, guest_image, workdir, **shape):
         g.start()
         yield g
     finally:
-        g.close()
-        _state["guests"].pop(name, None)
+        g.close()   # it stays in _state: its serial log is still of use
 
 
 @pytest.fixture(scope="session")
