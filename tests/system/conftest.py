@@ -18,6 +18,11 @@ Session fixtures, in the order they happen:
                   and by hand, the way an admin would, when it does not
                   (or when HPC_BATCH_SYSTEM_INSTALL=by-hand)
 ``guest_users``   real users (alice, bob) made with useradd
+``smt_guest``     a second guest shape, with SMT: 8 CPUs as 2 sockets (one
+                  NUMA node each) of 2 cores of 2 threads, an Intel CPU
+                  model, the project installed and started and the same
+                  users; booted only when a test asks for it, after the
+                  first guest is gone (modules that use it run last)
 
 Every test under tests/system gets the ``system`` marker, and a
 ``timeout`` marker with ``func_only=True`` unless it has its own: the
@@ -32,6 +37,7 @@ guest's work directory with serial.log and qemu.log is kept under pytest's
 basetemp and named in the terminal summary.
 """
 
+import contextlib
 import glob
 import os
 import re
@@ -62,7 +68,16 @@ ENTRY_POINTS = ("dispatch", "hpc-batchd", "hpc-batch-shepherd",
 ADMIN_GROUP_CANDIDATES = ("wheel", "sudo", "adm")
 TEST_USERS = ("alice", "bob")
 
-_state = {"guest": None, "workdir": None, "failed": False, "notes": []}
+# The SMT guest: two sockets, each a NUMA node of two cores of two threads.
+SMT_SHAPE = {"nodes": 2, "cpus_per_node": 4, "threads_per_core": 2,
+             "mem_per_node_mb": 2048, "cpu_model": "Haswell-v1"}
+
+# Session guests by fixture name; each is powered off after the last test
+# that uses it.
+GUEST_FIXTURES = ("guest", "smt_guest")
+
+_state = {"guests": {}, "workdirs": {}, "last_item": {}, "failed": False,
+          "notes": []}
 
 
 def _note(msg):
@@ -85,14 +100,24 @@ def pytest_configure(config):
 
 # --- markers ------------------------------------------------------------------
 
+def _uses(item, name):
+    return name in getattr(item, "fixturenames", ())
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    # The session guest is powered off right after the last test that uses
+    # Modules that use the SMT guest run after all others (in their own
+    # order), so the two session guests are never up at once.
+    smt_modules = {item.module for item in items
+                   if getattr(item, "module", None) is not None
+                   and _uses(item, "smt_guest")}
+    items.sort(key=lambda item: getattr(item, "module", None) in smt_modules)
+    # Each session guest is powered off right after the last test that uses
     # it, not at the end of the session: modules that boot guests of their
     # own should not share two cores with an idle one.
-    users = [i for i, item in enumerate(items)
-             if "guest" in getattr(item, "fixturenames", ())]
-    _state["last_guest_item"] = items[users[-1]].nodeid if users else None
+    for name in GUEST_FIXTURES:
+        users = [item for item in items if _uses(item, name)]
+        _state["last_item"][name] = users[-1].nodeid if users else None
     for item in items:
         path = str(getattr(item, "path", None) or item.fspath)
         if not path.startswith(HERE + os.sep):
@@ -147,25 +172,48 @@ def project_wheel(request, tmp_path_factory):
     return wheels[0]
 
 
+@contextlib.contextmanager
+def _boot(name, guest_image, workdir, **shape):
+    """A session guest, booted and known to the report hooks as ``name``;
+    powered off (and QEMU killed) when the block ends, however it ends."""
+    _state["workdirs"][name] = str(workdir)
+    g = Guest(guest_image, str(workdir), boot_timeout=BOOT_TIMEOUT,
+              lifetime=GUEST_LIFETIME, log=_note, **shape)
+    _state["guests"][name] = g
+    try:
+        g.start()
+        yield g
+    finally:
+        g.close()   # it stays in _state: its serial log is still of use
+
+
 @pytest.fixture(scope="session")
 def guest(guest_image, tmp_path_factory):
     """The booted guest; powered off (and QEMU killed) at the end."""
-    workdir = tmp_path_factory.mktemp("vm")
-    _state["workdir"] = str(workdir)
-    g = Guest(guest_image, str(workdir), nodes=2, cpus_per_node=2,
-              mem_per_node_mb=2048, boot_timeout=BOOT_TIMEOUT,
-              lifetime=GUEST_LIFETIME, log=_note)
-    _state["guest"] = g
-    try:
-        g.start()
-    except BaseException:
-        g.close()
-        raise
-    try:
+    with _boot("guest", guest_image, tmp_path_factory.mktemp("vm"),
+               nodes=2, cpus_per_node=2, mem_per_node_mb=2048) as g:
         yield g
-    finally:
-        g.close()
-        _state["guest"] = None
+
+
+@pytest.fixture(scope="session")
+def smt_guest(guest_image, project_wheel, request, tmp_path_factory):
+    """The SMT guest (SMT_SHAPE), booted, with the project installed, its
+    service active and the test users made; powered off at the end.
+
+    Tests set the daemon's flags with guestlib.start_daemon.  The project is
+    installed by hand, the quicker way under TCG: the installer is tested on
+    the first guest."""
+    with _boot("smt_guest", guest_image, tmp_path_factory.mktemp("vm-smt"),
+               **SMT_SHAPE) as g:
+        done = install_project(g, project_wheel, str(request.config.rootpath),
+                               by_hand=True)
+        if g.run("systemctl is-active hpc-batch", timeout=60).out.strip() \
+                != "active":
+            pytest.fail("hpc-batch is not active in the SMT guest after "
+                        "installing it %s\n%s"
+                        % (done["method"], g.unit_report("hpc-batch")))
+        make_users(g)
+        yield g
 
 
 def _admin_group(guest):
@@ -209,7 +257,14 @@ def installed(guest, project_wheel, request):
     The fixture does not fail when the service does not come up: that is
     what test_service_active reports, with the journal.
     """
-    rootdir = str(request.config.rootpath)
+    return install_project(guest, project_wheel,
+                           str(request.config.rootpath))
+
+
+def install_project(guest, project_wheel, rootdir, by_hand=False):
+    """Install the wheel into a booted guest and start the service (see
+    ``installed``, which returns what this does); ``by_hand`` skips the
+    installer."""
     for rel in ("hpc_batch/daemon.py", "hpc_batch/cli.py"):
         if not os.path.isfile(os.path.join(rootdir, rel)):
             pytest.fail("%s is missing: nothing to install in the guest" % rel)
@@ -234,7 +289,7 @@ def installed(guest, project_wheel, request):
     start = None
     # HPC_BATCH_SYSTEM_INSTALL=by-hand skips the installer (to check the
     # manual path, or to get past a broken installer).
-    by_hand = os.environ.get("HPC_BATCH_SYSTEM_INSTALL") == "by-hand"
+    by_hand = by_hand or os.environ.get("HPC_BATCH_SYSTEM_INSTALL") == "by-hand"
     if not by_hand and guest.run(["test", "-x", installer], timeout=30).rc == 0:
         start = guest.run([installer, "--no-pip", "--admin-group",
                            admin_group], timeout=600,
@@ -257,6 +312,11 @@ def installed(guest, project_wheel, request):
 @pytest.fixture(scope="session")
 def guest_users(guest):
     """Real, unprivileged users in the guest, with home directories."""
+    return make_users(guest)
+
+
+def make_users(guest):
+    """Make TEST_USERS in ``guest`` (those missing); returns their names."""
     for user in TEST_USERS:
         guest.run(f"id -u {user} >/dev/null 2>&1 || useradd -m -s /bin/bash {user}"
                   , timeout=60, check=True)
@@ -276,9 +336,9 @@ def _tail(path, lines=60):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     yield
-    g = _state["guest"]
-    if g is not None and item.nodeid == _state.get("last_guest_item"):
-        g.close()
+    for name, g in list(_state["guests"].items()):
+        if item.nodeid == _state["last_item"].get(name):
+            g.close()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -291,26 +351,28 @@ def pytest_runtest_makereport(item, call):
     if not path.startswith(HERE + os.sep):
         return
     _state["failed"] = True
-    g = _state["guest"]
-    if g is None or "guest" not in getattr(item, "fixturenames", ()):
-        return
-    report.sections.append(("guest serial log (%s)" % g.serial_log,
-                            g.serial_tail(100)))
-    if g.alive() and "installed" in getattr(item, "fixturenames", ()):
-        report.sections.append(("hpc-batch service in the guest",
-                                g.unit_report("hpc-batch")))
+    for name, g in list(_state["guests"].items()):
+        if not _uses(item, name):
+            continue
+        report.sections.append(("%s serial log (%s)" % (name, g.serial_log),
+                                g.serial_tail(100)))
+        # The SMT guest is always installed; the first only with `installed`.
+        if g.alive() and (name != "guest" or _uses(item, "installed")):
+            report.sections.append(("hpc-batch service in %s" % name,
+                                    g.unit_report("hpc-batch")))
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not _state["notes"] and not _state["workdir"]:
+    if not _state["notes"] and not _state["workdirs"]:
         return
     terminalreporter.section("system tier")
     for line in _state["notes"]:
         terminalreporter.write_line(line)
-    if _state["workdir"]:
+    for name, workdir in _state["workdirs"].items():
         terminalreporter.write_line(
-            "guest work dir (serial.log, qemu.log): %s" % _state["workdir"])
+            "%s work dir (serial.log, qemu.log): %s" % (name, workdir))
         if _state["failed"]:
-            terminalreporter.write_line("--- end of the guest serial log ---")
+            terminalreporter.write_line("--- end of the %s serial log ---"
+                                        % name)
             terminalreporter.write_line(_tail(os.path.join(
-                _state["workdir"], "serial.log"), 60))
+                workdir, "serial.log"), 60))

@@ -142,3 +142,87 @@ def daemon_cmdline(guest) -> str:
 
 def job_cgroup(job) -> str:
     return f"/sys/fs/cgroup/hpc-batch/job-{job}"
+
+
+# --- the daemon's flags and the guest's CPU topology (the SMT guest's tests) -----------------
+
+def start_daemon(guest, *flags, how="restart") -> str:
+    """Run the daemon with *flags* (a drop-in, as set_flags does), applied by *how* (restart or
+    reload), and wait until it answers; returns its journal from then on (its start-up lines).
+
+    Flags already in place with the daemon active are left as they are (no restart), and the
+    journal of the last start is returned instead, so each test may ask for the flags it needs.
+    """
+    conf = f"{DROPIN_DIR}/50-test-flags.conf"
+    wanted = " ".join(flags)
+    current = guest.run(f"cat {conf} 2>/dev/null | sed -n 's/^ExecStart=.*--admin-group [^ ]* //p'",
+                        timeout=30).out.strip()
+    active = guest.run("systemctl is-active hpc-batch", timeout=30).out.strip() == "active"
+    if current == wanted and active and how == "restart":
+        return last_start_log(guest)
+    cursor = guest.run("journalctl -u hpc-batch -n 1 -o cat --no-pager --show-cursor "
+                       "| sed -n 's/^-- cursor: //p'", timeout=60).out.strip()
+    set_flags(guest, flags, how=how)
+    since = f"--after-cursor={shlex.quote(cursor)}" if cursor else ""
+    return guest.run(f"journalctl -u hpc-batch -o cat --no-pager {since}", timeout=60, check=True).out
+
+
+def last_start_log(guest) -> str:
+    """The daemon's journal from its last start (or reload) on: from the last 'CPU topology:' line."""
+    out = guest.run("journalctl -u hpc-batch -o cat --no-pager", timeout=60, check=True).out
+    at = out.rfind("CPU topology:")
+    return out[at:] if at >= 0 else out
+
+
+def parse_cpulist(text) -> frozenset:
+    """'0-3,8' (the kernel's list format) as a set of CPU numbers."""
+    cpus = set()
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(cpus)
+
+
+class CpuTopology:
+    """The guest's CPUs as its sysfs says: threads of each core, packages, NUMA nodes, caches."""
+
+    SCRIPT = r"""
+cd /sys/devices/system/cpu || exit 1
+for d in cpu[0-9]*; do
+    [ -d "$d/topology" ] || continue
+    printf 'cpu %s %s %s\n' "${d#cpu}" "$(cat $d/topology/thread_siblings_list)" \
+        "$(cat $d/topology/physical_package_id)"
+    for c in $d/cache/index*; do
+        [ -d "$c" ] && printf 'cache %s %s %s %s\n' "${d#cpu}" "$(cat $c/level)" "$(cat $c/type)" \
+            "$(cat $c/shared_cpu_list)"
+    done
+done
+for n in /sys/devices/system/node/node[0-9]*; do printf 'node %s %s\n' "${n##*node}" "$(cat $n/cpulist)"; done
+"""
+
+    def __init__(self, guest):
+        self.core_of = {}       # cpu -> frozenset of its core's threads (thread_siblings_list)
+        self.package_of = {}    # cpu -> physical_package_id
+        self.node_cpus = {}     # NUMA node -> frozenset of CPUs
+        self.caches = set()     # (level, type, frozenset of CPUs sharing it)
+        for line in guest.run(self.SCRIPT, timeout=60, check=True).out.splitlines():
+            kind, *words = line.split()
+            if kind == "cpu":
+                cpu = int(words[0])
+                self.core_of[cpu] = parse_cpulist(words[1])
+                self.package_of[cpu] = int(words[2])
+            elif kind == "cache":
+                self.caches.add((int(words[1]), words[2], parse_cpulist(words[3])))
+            elif kind == "node":
+                self.node_cpus[int(words[0])] = parse_cpulist(words[1])
+        self.cpus = sorted(self.core_of)
+        self.cores = sorted(set(self.core_of.values()), key=min)
+        self.node_of = {c: n for n, cpus in self.node_cpus.items() for c in cpus}
+
+    def cores_of(self, cpus) -> set:
+        """The cores (sibling sets) that any of *cpus* is a thread of."""
+        return {self.core_of[c] for c in cpus}
+
+    def node_cores(self, node) -> list:
+        return [core for core in self.cores if core <= self.node_cpus[node]]

@@ -6,7 +6,11 @@
 
 The guest is the image that ``build-image`` caches, booted under QEMU TCG
 (KVM does not work on the machines this runs on) with ``nodes`` NUMA nodes
-of ``cpus_per_node`` CPUs and ``mem_per_node_mb`` MiB each.  The root disk
+of ``cpus_per_node`` CPUs and ``mem_per_node_mb`` MiB each, one socket a
+node.  ``threads_per_core=2`` gives every core two threads (SMT); it needs
+an Intel ``cpu_model`` such as Haswell-v1, since under TCG the default
+``max`` model hides the siblings from the guest (its kernel then sees one
+thread per core).  The root disk
 is opened with ``snapshot=on``, so the cached image is never written and
 every boot starts from the same state.
 
@@ -124,12 +128,18 @@ class Guest:
 
     def __init__(self, image_dir, workdir, nodes=2, cpus_per_node=2,
                  mem_per_node_mb=2048, boot_timeout=600, lifetime=3600,
-                 accel=None, log=None):
+                 accel=None, log=None, threads_per_core=1, cpu_model="max"):
+        if cpus_per_node % threads_per_core:
+            raise ValueError("cpus_per_node (%d) is not a multiple of "
+                             "threads_per_core (%d)"
+                             % (cpus_per_node, threads_per_core))
         self.image_dir = os.path.abspath(image_dir)
         self.workdir = os.path.abspath(workdir)
         self.nodes = nodes
         self.cpus_per_node = cpus_per_node
         self.mem_per_node_mb = mem_per_node_mb
+        self.threads_per_core = threads_per_core
+        self.cpu_model = cpu_model
         self.boot_timeout = boot_timeout
         self.lifetime = lifetime
         self.accel = accel or os.environ.get("HPC_BATCH_VM_ACCEL",
@@ -171,10 +181,11 @@ class Guest:
         mem = self.nodes * self.mem_per_node_mb
         argv = [
             QEMU, "-name", "hpc-batch-test",
-            "-accel", self.accel, "-cpu", "max", "-machine", "q35",
+            "-accel", self.accel, "-cpu", self.cpu_model, "-machine", "q35",
             "-m", "%dM" % mem,
-            "-smp", "%d,sockets=%d,cores=%d,threads=1"
-            % (cpus, self.nodes, self.cpus_per_node),
+            "-smp", "%d,sockets=%d,cores=%d,threads=%d"
+            % (cpus, self.nodes, self.cpus_per_node // self.threads_per_core,
+               self.threads_per_core),
         ]
         for n in range(self.nodes):
             first = n * self.cpus_per_node
