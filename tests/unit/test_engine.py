@@ -12,152 +12,14 @@ import os
 import pwd
 
 import pytest
+from enginefakes import ROOT, T0, FakeLauncher, Hooks, MemoryStore, TurnEngine, make_config, make_machine
 
-from hpc_batch import defaults, devdir, jobs, resources
+from hpc_batch import defaults, devdir, jobs
 from hpc_batch import engine as engine_mod
 from hpc_batch.access import Caller
-from hpc_batch.daemon import Config
 from hpc_batch.engine import Engine, Refused
 from hpc_batch.protocol import NewJob
 from shepherd import records
-
-ROOT = Caller(uid=0, gid=0, pid=1, name="root", is_admin=True)
-T0 = 1_800_000_000.0
-
-
-class TurnEngine(Engine):
-    """The engine as the server's loop drives it: each call below is a turn, ended by flush()."""
-
-    def _turn(name):
-        def call(self, *args, **kw):
-            result = getattr(Engine, name)(self, *args, **kw)
-            self.flush(T0)
-            return result
-        return call
-
-    tick = _turn("tick")
-    run_pending = _turn("run_pending")
-    shepherd_exited = _turn("shepherd_exited")
-    schedule = _turn("schedule")
-    kill = _turn("kill")
-    job_setting = _turn("job_setting")
-
-
-class MemoryStore:
-    """The engine's view of --state-dir, in memory (job dirs are real: shepherd records live there)."""
-
-    def __init__(self, base):
-        self.root = str(base)
-        self.records = {}
-        self.env = {}
-        self.meta = {}
-        self.notes = []
-        self.fail_writes = False
-
-    def load_meta(self):
-        return dict(self.meta)
-
-    def load_jobs(self):
-        return [jobs.Job.from_dict(r) for _, r in sorted(self.records.items())]
-
-    def highest_quarantined_id(self):
-        return 0
-
-    def save_meta(self, meta):
-        self.meta = dict(meta)
-
-    def job_dir(self, job_id):
-        return os.path.join(self.root, str(job_id))
-
-    def create_job_dir(self, job_id, gid):
-        os.mkdir(self.job_dir(job_id))
-
-    has_pending = False   # every save is "durable" at once here: nothing waits for a commit
-    commit_error = None   # set to make the next commits fail
-    compact_due = None
-
-    def commit(self, now=None):
-        if self.commit_error:
-            raise self.commit_error
-
-    def forget(self, job_ids):
-        pass
-
-    def save_job(self, job, env=None, durable=True):
-        if self.fail_writes:
-            raise OSError(28, "No space left on device")
-        self.records[job.id] = job.to_dict()
-        if env is not None:
-            self.env[job.id] = env
-
-    def load_env(self, job_id):
-        return self.env.get(job_id, {})
-
-    def remove_job(self, job_id):
-        self.records.pop(job_id, None)
-
-
-class FakeLauncher:
-    """Records what the engine asks of shepherds; starts nothing."""
-
-    def __init__(self):
-        self.spawned, self.stops, self.orphans_killed, self.deadlines = [], [], [], []
-        self.spawn_error = None
-        self.stop_error = None
-        self.listening = True
-        self._next = 40000
-
-    def write_launch(self, job_dir, launch):
-        self.last_launch = launch
-
-    def spawn(self, job_id, user, job_dir):
-        if self.spawn_error:
-            raise self.spawn_error
-        self.spawned.append(job_id)
-        self._next += 1
-        return self._next, None
-
-    def open_pidfd(self, pid, start):
-        return os.open(os.devnull, os.O_RDONLY)   # a real descriptor the engine may close
-
-    def reap(self, pid):
-        pass
-
-    adoptable = None   # (pid, pidfd) a live shepherd holding the job's lock, if any
-
-    def adopt(self, job_dir):
-        found, self.adoptable = self.adoptable, None
-        return found
-
-    def send_deadline(self, job_dir, deadline):
-        self.deadlines.append((int(os.path.basename(job_dir)), deadline))
-        return self.listening
-
-    def request_stop(self, job_dir, reason):
-        if self.stop_error:
-            raise self.stop_error
-        self.stops.append((int(os.path.basename(job_dir)), reason))
-        return self.listening
-
-    def kill_orphaned_job(self, job_dir):
-        self.orphans_killed.append(int(os.path.basename(job_dir)))
-        return True
-
-
-class Hooks:
-    """The server's side: pidfds watched and job events."""
-
-    def __init__(self):
-        self.watched, self.events = {}, []
-
-    def watch_pidfd(self, fd, job_id):
-        self.watched[fd] = job_id
-
-    def unwatch_pidfd(self, fd):
-        self.watched.pop(fd, None)
-
-    def job_event(self, job_id, kind):
-        self.events.append((job_id, kind))
 
 
 @pytest.fixture
@@ -165,12 +27,8 @@ def world(tmp_path, monkeypatch):
     fake = FakeLauncher()
     monkeypatch.setattr(engine_mod, "launcher", fake)
     store = MemoryStore(tmp_path)
-    cfg = Config(socket="/x", state_dir=str(tmp_path), dev_dir=None, max_lifetime=3600, reserve_cpu=0,
-                 reserve_mem=0, min_job_mem=1 << 20, keep_finished=50, list_is_public=False,
-                 admin_group="root", schedule="fifo-strict", cgroups=False, max_queued_per_user=3,
-                 max_job_size=1 << 16, user_name="root", admin_gid=0)
-    machine = resources.Machine(nodes=(resources.Node(0, (0, 1), 8 << 30),))
-    limits = resources.Limits(reserve_cpu=0, reserve_mem=0, min_job_mem=1 << 20, per_node_memory=False)
+    cfg = make_config(tmp_path)
+    machine, limits = make_machine()
     hooks = Hooks()
     eng = TurnEngine(cfg, store, machine, limits, devdir.DevDir(None, 0), hooks)
     eng.root_mode = True
