@@ -5,6 +5,7 @@ test (test_engine_states.py). Job directories are real (under a scratch
 directory): shepherd records live there and the engine reads them.
 """
 
+import json
 import os
 import pwd
 import shutil
@@ -96,7 +97,8 @@ class MemoryStore:
     def save_job(self, job, env=None, durable=True):
         if self.fail_writes:
             raise OSError(28, "No space left on device")
-        self.records[job.id] = job.to_dict()
+        # A copy through JSON, as the real store's: job.to_dict() (dataclasses.asdict) is ten times slower.
+        self.records[job.id] = json.loads(json.dumps({k: v for k, v in vars(job).items() if not k.startswith("_")}))
         if env is not None:
             self.env[job.id] = env
 
