@@ -215,6 +215,7 @@ class EngineStates(RuleBasedStateMachine):
         self.fail_commit = False
         self.fail_spawn = False
         self.known: dict[int, Known] = {}
+        self.unsettled: set[int] = set()   # jobs with dependencies whose outcome may still change
         self.history_at = 0          # bytes of history.jsonl read so far
         self.ends: dict[int, dict] = {}   # id -> its history line, for jobs not yet accepted or refused
 
@@ -302,6 +303,9 @@ class EngineStates(RuleBasedStateMachine):
                     continue
                 assert k.kind is None, f"job {rec['id']} ended twice: {k.kind}, then {rec['result']}"
                 k.kind, k.code, k.ended_step = rec["result"], rec["code"], self.step
+        self._evictions()
+
+    def _evictions(self) -> None:
         for job_id, k in self.known.items():
             if k.evicted or job_id in self.eng.jobs:
                 continue
@@ -312,9 +316,12 @@ class EngineStates(RuleBasedStateMachine):
         for job_id in job_ids:
             assert job_id not in self.known, f"job {job_id}'s id was given out twice"
             k = self.known[job_id] = Known(**fields)
+            if k.after:
+                self.unsettled.add(job_id)
             rec = self.ends.pop(job_id, None)
             if rec is not None:
                 k.kind, k.code, k.ended_step = rec["result"], rec["code"], self.step
+        self._evictions()   # some may have ended and gone already
 
     # -- rules ---------------------------------------------------------------------------------------
     @initialize(target=jobs, cap=st.sampled_from([2000, 5]), keep=st.sampled_from([3, 50]),
@@ -388,6 +395,7 @@ class EngineStates(RuleBasedStateMachine):
         """dispatch new [--name] [--array 1-COUNT[%LIMIT]] [--after[-ok] REFS]: COUNT 0 is a plain submit."""
         return multiple(*self._submit(user, count, limit, name, after, after_ok, cpus, max_time))
 
+    @precondition(lambda self: self.eng is not None and len(self.eng.jobs) < FAN_OUT * 3 // 2)   # two at once at most
     @rule(target=jobs, user=users, on=refs, after_ok=st.booleans(), limit=st.sampled_from([None, 2]))
     def fan_out(self, user, on, after_ok, limit):
         """dispatch new --array 1-FAN_OUT[%LIMIT] --after[-ok] ON: many dependents of one job, in one request."""
@@ -486,85 +494,76 @@ class EngineStates(RuleBasedStateMachine):
     @invariant()
     def check(self):
         """All of them, after every step (one line in a failing example's listing)."""
-        self.engine_never_swallowed_an_exception()
-        self.indexes_agree_with_the_jobs()
-        self.no_job_lost_or_counted_twice()
-        self.caps_hold()
+        assert not self.swallowed.caught, f"the engine caught and logged: {self.swallowed.caught[:3]}"
+        by_state = self.jobs_agree_with_indexes_store_and_model()
         self.dependencies_decided()
-        self.running_jobs_fit()
+        self.running_jobs_fit(by_state[RUNNING])
         self.nothing_left_startable()
 
-    def engine_never_swallowed_an_exception(self):
-        assert not self.swallowed.caught, f"the engine caught and logged: {self.swallowed.caught[:3]}"
-
-    def indexes_agree_with_the_jobs(self):
+    def jobs_agree_with_indexes_store_and_model(self) -> dict:
+        """One pass over the jobs: indexes, counts, caps, the store's records, the model; returns ids by state."""
         eng = self.eng
         ix = indexes(eng)
+        cfg_caps = caps(self.cfg)
         by_state: dict[str, set] = {WAITING: set(), QUEUED: set(), RUNNING: set(), FINISHED: set()}
+        counted: dict[int, int] = {}
+        held = [dict() for _ in cfg_caps]
+        done: dict[int, set] = {}
+        newest: dict = {}
+        capped = 0
+        records = self.store.records
         for job_id, job in eng.jobs.items():
+            state, uid = job.state, job.uid
             assert job_id == job.id
-            by_state[job.state].add(job_id)
+            by_state[state].add(job_id)
+            if state in ix.counted_states:
+                counted[uid] = counted.get(uid, 0) + 1
+            for (states, _), n in zip(cfg_caps, held):
+                if state in states:
+                    n[uid] = n.get(uid, 0) + 1
+            if state == FINISHED:
+                done.setdefault(uid, set()).add(job_id)
+            elif state == QUEUED and job.array is not None and job.array.get("limit"):
+                capped += 1
+            if job.name is not None:
+                newest[uid, job.name] = max(newest.get((uid, job.name), 0), job_id)
+            # The store holds what the engine holds (a record whose write failed is retried: eng.unsaved).
+            assert job_id in records, f"job {job_id} has no record in the store"
+            assert records[job_id]["state"] == state or job_id in eng.unsaved, f"job {job_id}'s record is stale"
+            # No job lost, none counted twice: every job was accepted once, and is finished iff history says so.
+            k = self.known.get(job_id)
+            assert k is not None, f"job {job_id} was never accepted"
+            assert not k.evicted, f"job {job_id} came back after it was evicted"
+            assert (state == FINISHED) == (k.kind is not None), f"job {job_id} is {state} but history says {k.kind}"
+            if k.kind is not None:
+                assert job.get_result().kind == k.kind, f"job {job_id}: {job.get_result().kind}, history {k.kind}"
+        assert len(records) == len(eng.jobs), f"the store keeps records of {set(records) - set(eng.jobs)}"
         assert len(ix.queue) == len(set(ix.queue)), "a job queued twice"
         assert set(ix.queue) == by_state[QUEUED], f"queue index off by {set(ix.queue) ^ by_state[QUEUED]}"
         assert ix.queue == sorted(ix.queue), "the queue is not in submission order"
         assert ix.waiting == by_state[WAITING], f"waiting index off by {ix.waiting ^ by_state[WAITING]}"
         assert ix.running == by_state[RUNNING], f"running index off by {ix.running ^ by_state[RUNNING]}"
-        counted: dict[int, int] = {}
-        for job in eng.jobs.values():
-            if job.state in ix.counted_states:
-                counted[job.uid] = counted.get(job.uid, 0) + 1
         assert ix.counted == counted, f"per-user counts {ix.counted}, jobs say {counted}"
         if ix.capped_queued is not None:
-            capped = sum(1 for i in by_state[QUEUED] if (eng.jobs[i].array or {}).get("limit"))
             assert ix.capped_queued == capped, f"capped queued {ix.capped_queued}, jobs say {capped}"
         if ix.names is not None:
-            newest: dict = {}
-            for job in eng.jobs.values():
-                if job.name is not None:
-                    key = (job.uid, job.name)
-                    newest[key] = max(newest.get(key, 0), job.id)
             assert ix.names == newest, "the name index disagrees with the jobs"
         if ix.finished is not None:
-            done: dict = {}
-            for job_id in by_state[FINISHED]:
-                done.setdefault(eng.jobs[job_id].uid, set()).add(job_id)
             assert {u: set(i) for u, i in ix.finished.items() if i} == done, "the finished index disagrees"
         assert not eng.to_spawn and not eng.batch_new, "a turn ended with work left in it"
-        assert set(self.store.records) == set(eng.jobs), \
-            f"store and engine disagree on {set(self.store.records) ^ set(eng.jobs)}"
-        for job_id, job in eng.jobs.items():
-            if job_id not in eng.unsaved:
-                assert self.store.records[job_id]["state"] == job.state, f"job {job_id}'s record is stale"
-
-    def no_job_lost_or_counted_twice(self):
-        for job_id, job in self.eng.jobs.items():
-            k = self.known.get(job_id)
-            assert k is not None, f"job {job_id} was never accepted"
-            assert not k.evicted, f"job {job_id} came back after it was evicted"
-            assert (job.state == FINISHED) == (k.kind is not None), \
-                f"job {job_id} is {job.state} but history says {k.kind}"
-            if k.kind is not None:
-                assert job.get_result().kind == k.kind, f"job {job_id}: {job.get_result().kind} vs history {k.kind}"
-
-    def caps_hold(self):
-        for states, limit in caps(self.cfg):
-            held: dict[int, int] = {}
-            for job in self.eng.jobs.values():
-                if job.state in states:
-                    held[job.uid] = held.get(job.uid, 0) + 1
-            over = {uid: n for uid, n in held.items() if n > limit}
+        for (states, limit), n in zip(cfg_caps, held):
+            over = {uid: c for uid, c in n.items() if c > limit}
             assert not over, f"users hold more {'+'.join(states)} jobs than the cap of {limit}: {over}"
-        done: dict[int, int] = {}
-        for job in self.eng.jobs.values():
-            if job.state == FINISHED:
-                done[job.uid] = done.get(job.uid, 0) + 1
-        assert all(n <= self.cfg.keep_finished for n in done.values()), \
-            f"more finished jobs kept than --keep-finished {self.cfg.keep_finished}: {done}"
+        kept = {uid: len(ids) for uid, ids in done.items()}
+        assert all(n <= self.cfg.keep_finished for n in kept.values()), \
+            f"more finished jobs kept than --keep-finished {self.cfg.keep_finished}: {kept}"
+        return by_state
 
     def dependencies_decided(self):
-        for job_id, k in self.known.items():
-            if not k.after:
-                continue
+        """Waiting means a followed job has not ended; a failed --after-ok job fails its dependents, only it."""
+        settled = []
+        for job_id in self.unsettled:
+            k = self.known[job_id]
             deps = [self.known.get(d) for d in k.after]
             failed = [d for d, dk in zip(k.after, deps) if dk is not None and dk.kind is not None and not dk.ok]
             unended = [d for d, dk in zip(k.after, deps) if dk is not None and dk.kind is None]
@@ -584,13 +583,16 @@ class EngineStates(RuleBasedStateMachine):
                 assert k.after_ok and failed, \
                     f"job {job_id} ended dependency-failed, but every job it followed ({list(k.after)}) " \
                     f"exited 0 (evicted since: {[d for d, dk in zip(k.after, deps) if dk and dk.evicted]})"
+            if k.kind is not None and not unended:
+                settled.append(job_id)     # it and all it follows have ended: nothing here can change
+        self.unsettled.difference_update(settled)
 
-    def running_jobs_fit(self):
+    def running_jobs_fit(self, running: set):
+        """No CPU given twice, and no array runs more than its %N."""
         cpus: list = []
         per_array: dict[int, int] = {}
-        for job_id in self.eng.running:
-            handle = self.eng.running[job_id]
-            cpus += list(handle["alloc"].cpus)
+        for job_id in running:
+            cpus += list(self.eng.running[job_id]["alloc"].cpus)
             k = self.known[job_id]
             if k.limit:
                 per_array[k.first] = per_array.get(k.first, 0) + 1
