@@ -15,18 +15,23 @@ job is a line on its shepherd's control FIFO. An error while acting on one
 job ends that job (as ``error``, with the reason), never the daemon.
 """
 
+import bisect
+import heapq
 import logging
 import os
 import pwd
 import time
+from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from shepherd import records
 
-from . import bounds, cgroups, defaults, dependencies, devdir, gputopo, launcher, report, resources, scheduler
+from . import bounds, cgroups, defaults, dependencies, devdir, gputopo, launcher, quiet, report, resources, scheduler
 from .access import Caller
 from .durations import format_duration
 from .history import History
+from .jobnames import split_ref
 from .jobs import (
     CANCELLED,
     DEPENDENCY_FAILED,
@@ -46,9 +51,12 @@ from .jobs import (
     exit_column,
     move,
 )
+from .jobtable import JobTable
 from .protocol import JobSetting, NewJob
 from .sizes import format_mem
 from .store import is_disk_full
+from .undelivered import Bounds as UndeliveredBounds
+from .undelivered import Undelivered
 from .userio import log_name
 
 log = logging.getLogger("hpc-batchd")
@@ -72,18 +80,32 @@ class Engine:
         self.limits = limits
         self.dev = dev
         self.hooks = hooks                  # server callbacks: watch/unwatch pidfds, job events
-        self.jobs: dict[int, Job] = {}
+        self.jobs: dict[int, Job] = JobTable()   # kept in id order, all and per user, for list pages
         self.queued: dict[int, scheduler.QueuedJob] = {}   # insertion order = submission order
         self.running: dict[int, dict[str, Any]] = {}  # id -> {"pid", "pidfd", "alloc", "cgroup"}
-        self.queued_by_uid: dict[int, int] = {}   # per-user count, for --max-queued-per-user
+        self.queue_sorted = True            # False once a released job was appended out of id order
+        # Every job a user holds (queued, %N-held or waiting) counts toward --max-queued-per-user.
+        self.held_by_uid: dict[int, int] = {}
         self.stale_cgroups: set[str] = set()  # job cgroups still busy when their job ended
         self.waiting: set[int] = set()      # jobs held by --after / --after-ok
+        # Indexes, so that no event costs a scan of every job (a daemon may hold 100,000):
+        self.dependents: dict[int, set[int]] = {}   # job -> the waiting jobs that name it in --after
+        self.names: dict[tuple[int, str], list[int]] = {}   # (uid, name) -> its jobs' ids, ascending
+        self.user_ids: dict[str, int] = {}  # user name -> uid, for USER:NAME references
+        self.finished_by_uid: dict[int, list[int]] = {}   # uid -> heap of its finished jobs' ids
+        # Waiting jobs to look at again, and ended jobs whose dependents are still to be looked at:
+        # settled a bounded number per turn, so releasing 10,000 dependents never stalls the loop.
+        self.to_settle: deque[tuple[int, int | None]] = deque()   # (waiting job, the ended job it follows)
+        self.ended_deps: deque[int] = deque()
+        self.pinned: dict[int, int] = {}    # ended job -> its dependents still to look at: never evicted before
         # Group commit: what this turn of the loop changed is made durable at its end, in one
         # fsync (Store.commit), before replies go out and before started jobs are spawned.
         self.batch_new: set[int] = set()    # jobs submitted this turn (refused if the commit fails)
         self.to_spawn: list = []            # (job, cgroup) started this turn, spawned after the commit
         self.capped_queued = 0              # queued elements of arrays with a %N cap
-        self.history = History(os.path.join(store.root, "history.jsonl"))
+        self.history = History(store.root, cfg.history_per_user)
+        self.undelivered = Undelivered(store.root, UndeliveredBounds(
+            cfg.undelivered_max, cfg.undelivered_per_user, cfg.undelivered_max_age))
         self.next_id = 1
         self.policy_state: dict[str, Any] = {}
         self.meta_dirty = False
@@ -93,6 +115,17 @@ class Engine:
         self.resched = False                # something freed resources: schedule on the next tick
         self.retry_at: float | None = None  # when to retry starts that failed to write
         self.root_mode = os.geteuid() == 0
+        # Benchmark jobs' quiet cores (IRQs, frequency, partition): the admin's flags, and where
+        # interrupts go when no housekeeping CPUs are named: the CPUs reserved for the OS.
+        self.quiet = quiet.Settings(cpufreq=getattr(cfg, "cpufreq", "record"),
+                                    allow_turbo_off=getattr(cfg, "allow_turbo_off", False),
+                                    irqbalance_ban=getattr(cfg, "irqbalance_ban", False))
+        self.quiet_all = os.environ.get(quiet.TEST_KNOB) == "1"   # tests: every job is a benchmark job
+        self.irq_banned: dict[int, set[int]] = {}   # job -> CPUs irqbalance was told to keep IRQs off
+        self.benchmarks: dict[int, tuple[int, ...]] = {}   # running job with changes to undo -> CPUs it holds
+        reserved = resources.capacity(machine, limits).reserved_cpus
+        self.housekeeping_default = tuple(reserved) or tuple(
+            sorted({c for n in machine.nodes for c in n.cpus}))
 
     # -- start-up -------------------------------------------------------------
     def recover(self) -> list:
@@ -105,13 +138,21 @@ class Engine:
         self.next_id = max(self.saved_floor, top + 1)
         notes = list(self.store.notes)
         for job in jobs:
-            self.jobs[job.id] = job
+            self._add(job)
             if job.state == QUEUED:
                 self._enqueue(job)
             elif job.state == WAITING:
-                self.waiting.add(job.id)
+                self._wait_on(job)
+            elif job.state == FINISHED:
+                heapq.heappush(self.finished_by_uid.setdefault(job.uid, []), job.id)
             if job.state in (QUEUED, WAITING):
                 self.dev.add(job.id, job.uid, self.store.job_dir(job.id))
+        for job in jobs:   # first every benchmark job with changes to undo, so an end hands them over
+            if job.state == RUNNING and job.alloc is not None and quiet.pending(self.store.job_dir(job.id)):
+                try:
+                    self.benchmarks[job.id] = resources.Allocation.from_dict(job.alloc).held
+                except (KeyError, TypeError, ValueError):
+                    pass   # a record the daemon cannot re-adopt fails below, and its end undoes its changes
         for job in jobs:
             if job.state == RUNNING:
                 try:
@@ -119,8 +160,10 @@ class Engine:
                 except Exception as exc:  # one record the daemon cannot act on must not stop it
                     log.exception("job %d: cannot re-adopt it", job.id)
                     self.running.pop(job.id, None)
-                    self._finish(job, Result(ERROR, note=f"the daemon could not re-adopt it: {exc}"), time.time())
-        self._release_waiting(time.time())   # jobs they waited for may have ended meanwhile
+                    self._fail(job, f"the daemon could not re-adopt it: {exc}", time.time())
+        # The jobs they wait for may have ended meanwhile: look at every waiting job again, a
+        # bounded number per turn (start-up never works through them all before serving).
+        self.to_settle.extend((job_id, None) for job_id in sorted(self.waiting))
         self.dev.prune(set(self.queued) | set(self.running) | self.waiting)
         if self.cfg.cgroups:
             gone = cgroups.prune(self.cfg.cgroup_root, set(self.running))
@@ -138,6 +181,8 @@ class Engine:
             pid, fd = found
             self.running[job.id] = {"pid": pid, "pidfd": fd, "alloc": alloc, "cgroup": cg}
             self.hooks.watch_pidfd(fd, job.id)
+            if job.quiet and job.quiet.get("irqbalance_banned"):
+                self.irq_banned[job.id] = set(job.quiet["irqbalance_banned"])
             # A change of max time the last daemon could not pass on before it died.
             self._send_deadline(job, time.time())
             return f"job {job.id}: re-adopted shepherd pid {pid}"
@@ -170,6 +215,9 @@ class Engine:
                 self._watch(job_id, *launcher.spawn(job_id, job.user, jdir))
                 log.info("job %d: its shepherd never started; started it now", job_id)
             except OSError as exc:
+                if records.not_now(exc):   # out of pids: look again shortly
+                    self.running[job_id]["recheck"] = time.time() + defaults.START_RETRY
+                    return
                 self._lost(job, f"its shepherd could not be started: {exc}")
         else:
             self._lost(job, "its shepherd was killed or vanished while the daemon was down")
@@ -179,16 +227,18 @@ class Engine:
         return f"job {job.id}: {why}"
 
     # -- queries --------------------------------------------------------------
-    def visible(self, caller, all_users: bool, finished: bool) -> list:
-        """Jobs *caller* may list, in id order."""
-        out = []
-        for job in self.jobs.values():
-            if job.state == FINISHED and not finished:
-                continue
-            if job.uid != caller.uid and not all_users:
-                continue
-            out.append(job)
-        return out
+    def visible(self, caller, all_users: bool, finished: bool, after: int = 0) -> Iterator[tuple[int, Job | None]]:
+        """The jobs *caller* may list with ids above *after*, in id order, as ``(id, job)``; job is
+        None for an id looked at and passed over (gone, or finished without *finished*), so a
+        caller can bound what one page looks at. Costs what it yields, not a scan of all jobs."""
+        uid = None if all_users else caller.uid
+        assert isinstance(self.jobs, JobTable)
+        for job_id in self.jobs.ids_after(after, uid):
+            job = self.jobs.get(job_id)
+            if job is None or (job.state == FINISHED and not finished) or (uid is not None and job.uid != uid):
+                yield job_id, None
+            else:
+                yield job_id, job
 
     def summary(self, job: Job) -> dict:
         """What ``dispatch list`` shows of a job (metadata only, never the environment)."""
@@ -196,12 +246,14 @@ class Engine:
         spread = len(alloc.get("mem_by_node", [])) > 1
         res = job.get_result()
         return {
-            "id": job.id, "user": job.user, "command": job.command, "state": job.state,
+            "id": job.id, "user": job.user, "command": job.shown[0], "command_len": job.shown[1],
+            "state": job.state,
             "submitted": job.submitted, "started": job.started, "ended": job.ended,
             "max_time": job.max_time, "mem": job.budget.get("mem"),
             "mem_assigned": job.budget.get("assigned", False), "spread": spread,
             "exclusive": bool(job.request.get("exclusive")),
             "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"),
+            **report.cpu_fields(self.machine, job.alloc),
             "gpu_label": (gputopo.label(self.machine.topology, alloc.get("gpus") or ()) if job.alloc is not None
                           else gputopo.label(None, range(job.request.get("gpus") or 0))),
             "exit": exit_column(res) if job.state == FINISHED else None,
@@ -216,7 +268,7 @@ class Engine:
             return None, dependencies.evaluate(job, self.jobs.get)[1]
         if job.state != QUEUED:
             return None, None
-        order = list(self.queued)
+        order = list(self._in_order())
         position = order.index(job.id) + 1
         if job.array is not None and job.array.get("limit") and \
                 self._array_room().get(job.array["first"], 1) <= 0:
@@ -237,41 +289,57 @@ class Engine:
         res = job.get_result()
         handle = self.running.get(job.id, {})
         out.update({
-            "name": job.name, "argv": job.argv, "cwd": job.cwd, "position": position, "why": why,
+            "name": job.name, "command": job.command, "argv": job.argv, "cwd": job.cwd,   # show: the whole command
+            "position": position, "why": why,
             "request": job.request, "numa_nodes": sorted({n for n, _ in alloc.get("mem_by_node", [])}),
             "deadline": job.deadline if job.state == RUNNING else None,
             "cgroup": handle.get("cgroup"),
             "wall": (job.ended or now) - job.started if job.started is not None else None,
             "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
-            "after": job.after, "after_ok": job.after_ok,
+            "after": job.after, "after_ok": job.after_ok, "quiet": job.quiet,
             "note": res.note if res else None, "code": res.code if res else None,
             "signal": res.signal if res else None,
         })
         return out
 
-    def status(self, now: float) -> dict[str, Any]:
-        """``dispatch status``: the machine at a glance."""
+    def status(self, now: float, caller: Caller | None = None) -> dict[str, Any]:
+        """``dispatch status``: the machine at a glance (another's head job by id only, unless the list is public)."""
         head = None
         if self.queued:
-            job = self.jobs[next(iter(self.queued))]
+            job = self.jobs[next(iter(self._in_order()))]
             head = {"id": job.id, "user": job.user, "name": job.name, "why": self.why(job)[1]}
+            if caller is not None and not (caller.is_admin or caller.uid == job.uid or self.cfg.list_is_public):
+                head.update(user=None, name=None, why=None)   # its request would say whose it may be
         return report.status(self.machine, self.limits, [r["alloc"] for r in self.running.values()],
                              self.cfg.schedule, len(self.queued), len(self.waiting), head)
 
     def lookup(self, caller: Caller, ref: int | str) -> Job:
-        """The job *caller* names by id or --name, or Refused (no such job / belongs to another user).
+        """The job *caller* names by id, NAME or USER:NAME, or Refused.
 
-        A name means the caller's newest job of that name (an admin's: anyone's).
+        A NAME means the caller's own newest job of that name, for admins too;
+        an admin names another user's job by id or as USER:NAME. A job the
+        caller may not see is refused as not found, exactly like a job that
+        does not exist, unless --list-is-public lets everyone see it anyway.
         """
         if isinstance(ref, str):
-            named = [j for j in self.jobs.values() if j.name == ref and (j.uid == caller.uid or caller.is_admin)]
-            if not named:
+            split = split_ref(ref)
+            if split is None:
                 raise Refused(f"no job named {ref!r}", "not_found")
-            return max(named, key=lambda j: j.id)
-        job = self.jobs.get(ref)
-        if job is None:
-            raise Refused(f"no such job: {ref}", "not_found")
+            user, name = split
+            uid = caller.uid if user is None else self.user_ids.get(user)
+            ids = self.names.get((uid, name)) if uid is not None else None
+            if not ids:
+                raise Refused(f"no job named {ref!r}", "not_found")
+            job = self.jobs[ids[-1]]
+        else:
+            found = self.jobs.get(ref)
+            if found is None:
+                raise Refused(f"no such job: {ref}", "not_found")
+            job = found
         if job.uid != caller.uid and not caller.is_admin:
+            if not self.cfg.list_is_public:
+                raise Refused(f"no such job: {ref}" if isinstance(ref, int) else f"no job named {ref!r}",
+                              "not_found")
             raise Refused(f"job {ref} belongs to another user", "forbidden")
         return job
 
@@ -290,13 +358,16 @@ class Engine:
             raise Refused(f"the command and its environment take {format_mem(size)}, more than the "
                           f"{format_mem(self.cfg.max_job_size)} a job may carry (the admin's --max-job-size); "
                           f"submit a script instead, or drop --env", "too_large")
+        short = self.store.short_of_room(self.cfg.state_reserve)
+        if short is not None:   # compaction, and the jobs already taken, keep room to finish
+            raise Refused(short, "busy")
         elements = req.elements()
-        queued = self.queued_by_uid.get(caller.uid, 0)
-        if queued + len(elements) > self.cfg.max_queued_per_user:
-            many = f"these {len(elements)} jobs would make {queued + len(elements)}" if len(elements) > 1 else \
-                f"you already have {queued}"
-            raise Refused(f"{many} queued, more than the {self.cfg.max_queued_per_user} one user may have "
-                          f"(the admin's --max-queued-per-user); wait for some to start", "queue_full")
+        held = self.held_by_uid.get(caller.uid, 0)
+        if held + len(elements) > self.cfg.max_queued_per_user:
+            many = f"these {len(elements)} jobs would make {held + len(elements)}" if len(elements) > 1 else \
+                f"you already have {held}"
+            raise Refused(f"{many} queued or waiting, more than the {self.cfg.max_queued_per_user} one user may "
+                          f"have (the admin's --max-queued-per-user); wait for some to start", "queue_full")
         wanted = {"cpus": req.cpus, "mem": req.mem, "gpus": req.gpus, "exclusive": req.exclusive,
                   "numa_local": req.numa_local, "numa_local_gpu": req.numa_local_gpu, "gpu_link": req.gpu_link}
         request = _request(wanted)
@@ -311,6 +382,8 @@ class Engine:
         after = [self.lookup(caller, ref).id for ref in req.after]   # unknown or another user's: refused
         first = self.next_id
         bulk = len(elements) > 1 or bool(req.array or req.commands)
+        # An --array's elements share one argv list, stored once (Store.add_jobs); --commands' differ.
+        shared_argv = list(req.argv) if req.array and not req.commands else None
         made = []
         for k, (argv, index) in enumerate(elements):
             job_id = first + k
@@ -320,18 +393,22 @@ class Engine:
                 target = req.output or req.cwd
                 output = os.path.join(target, log_name(job_id)) if req.output is None or req.output_is_dir \
                     else target
-            job = Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name, argv=list(argv),
+            job = Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name,
+                      argv=shared_argv if shared_argv is not None else list(argv),
                       cwd=req.cwd, submitted=now, max_time=max_time,
                       request=wanted,
                       budget={"mem": budget.mem, "assigned": budget.assigned},
                       output=output, umask=req.umask, name=req.name, after=sorted(set(after)),
                       after_ok=req.after_ok, state=WAITING if after else QUEUED,
                       array=None if not bulk else {"first": first, "index": index, "limit": req.array_limit})
-            made.append((job, {"forward": req.env, "job_env": req.job_env, "base": req.base_env}))
-        self._persist_new(made)
+            made.append(job)
+        self._persist_new(made, {"forward": req.env, "job_env": req.job_env, "base": req.base_env}, shared_argv)
         self.next_id = first + len(made)
-        for job, _ in made:
-            self.jobs[job.id] = job
+        # A job it follows may have ended already: then each of them is looked at (in turns);
+        # otherwise they wait, and the first end among their dependencies looks at them.
+        look = any(self.jobs[dep].state == FINISHED for dep in after)
+        for job in made:
+            self._add(job)
             jdir = self.store.job_dir(job.id)
             try:
                 devdir.create_output(jdir, job.uid, self.cfg.admin_gid)
@@ -340,22 +417,24 @@ class Engine:
                 pass
             self.dev.add(job.id, job.uid, jdir)
             if job.state == WAITING:
-                self.waiting.add(job.id)
+                self._wait_on(job)
+                if look:
+                    self.to_settle.append((job.id, None))
             else:
                 self._enqueue(job)
         if bulk:
             log.info("jobs %d-%d %s for %s (%d in one submit): %s", first, first + len(made) - 1,
-                     made[0][0].state, made[0][0].user, len(made), made[0][0].command)
+                     made[0].state, made[0].user, len(made), made[0].shown[0])
         else:
-            log.info("job %d %s for %s: %s", first, made[0][0].state, made[0][0].user, made[0][0].command)
-        for job, _ in made:
+            log.info("job %d %s for %s: %s", first, made[0].state, made[0].user, made[0].shown[0])
+        for job in made:
             self.hooks.job_event(job.id, "submitted")
         if after:
-            self._release_waiting(now)     # its jobs may have ended already
+            self._settle(now)
         # Decide now, act after the reply is sent: the client does not wait for the spawn.
         self.pending = self.plan(now)
         starting = {j for j, _ in self.pending.starts} if self.pending is not None else set()
-        job = made[0][0]
+        job = made[0]
         reply = {"id": first, "state": RUNNING if first in starting else job.state, "mem": budget.mem,
                  "mem_assigned": budget.assigned, "output": job.output, "name": job.name,
                  "after": job.after, "after_ok": job.after_ok,
@@ -365,26 +444,20 @@ class Engine:
                          limit=req.array_limit)
         return reply
 
-    def _persist_new(self, made: list) -> None:
+    def _persist_new(self, made: list, env: dict, shared_argv: list | None) -> None:
         """Write new jobs' records and stage them for this turn's commit; refuse (nothing kept) on failure.
 
         However many jobs a request (or a turn of the loop) submits, they are
         made durable together, by one fsync, before any of them is acknowledged.
         """
         try:
-            for job, env in made:
-                self.store.create_job_dir(job.id, self.cfg.admin_gid)
-                self.store.save_job(job, env)
+            self.store.add_jobs(made, env, self.cfg.admin_gid, shared_argv)
         except OSError as exc:
-            ids = {job.id for job, _ in made}
-            self.store.forget(ids)
-            for job_id in ids:
-                self.store.remove_job(job_id)
             why = "the state directory's disk is full" if is_disk_full(exc) else exc.strerror
-            log.error("job %d refused: cannot persist it: %s", made[0][0].id, exc)
+            log.error("job %d refused: cannot persist it: %s", made[0].id, exc)
             raise Refused(f"cannot store the job ({why}); nothing was queued, try again later",
                           "busy") from None
-        self.batch_new.update(job.id for job, _ in made)
+        self.batch_new.update(job.id for job in made)
 
     def run_pending(self, now: float) -> None:
         """Carry out a decision made while answering a request."""
@@ -392,12 +465,60 @@ class Engine:
         if decision is not None:
             self.apply(decision, now)
 
+    def _add(self, job: Job) -> None:
+        """A job the engine now knows (submitted or loaded): into its indexes."""
+        self.jobs[job.id] = job
+        self.user_ids[job.user] = job.uid
+        if job.name is not None:
+            ids = self.names.setdefault((job.uid, job.name), [])
+            if ids and ids[-1] > job.id:
+                bisect.insort(ids, job.id)
+            else:
+                ids.append(job.id)
+
+    def _forget(self, job: Job) -> None:
+        """A job the engine no longer knows (evicted, or its submit refused): out of its indexes."""
+        self.jobs.pop(job.id, None)
+        self.dependents.pop(job.id, None)
+        if job.name is not None:
+            ids = self.names.get((job.uid, job.name))
+            if ids is not None:
+                i = bisect.bisect_left(ids, job.id)
+                if i < len(ids) and ids[i] == job.id:
+                    del ids[i]
+                if not ids:
+                    del self.names[(job.uid, job.name)]
+
+    def _hold(self, uid: int, n: int) -> None:
+        left = self.held_by_uid.get(uid, 0) + n
+        if left > 0:
+            self.held_by_uid[uid] = left
+        else:
+            self.held_by_uid.pop(uid, None)
+
+    def _wait_on(self, job: Job) -> None:
+        """Hold a job on its --after jobs: it is looked at again when one of them ends."""
+        if job.id not in self.waiting:
+            self.waiting.add(job.id)
+            self._hold(job.uid, 1)
+        for dep_id in job.after:
+            dep = self.jobs.get(dep_id)
+            if dep is not None and dep.state != FINISHED:   # an ended one is looked at when it settles
+                self.dependents.setdefault(dep_id, set()).add(job.id)
+
+    def _unwait(self, job: Job) -> None:
+        if job.id in self.waiting:
+            self.waiting.discard(job.id)
+            self._hold(job.uid, -1)
+
     def _enqueue(self, job: Job) -> None:
         r = job.request
         if job.id not in self.queued:
-            self.queued_by_uid[job.uid] = self.queued_by_uid.get(job.uid, 0) + 1
+            self._hold(job.uid, 1)
             if job.array is not None and job.array.get("limit"):
                 self.capped_queued += 1
+            if self.queued and next(reversed(self.queued)) > job.id:
+                self.queue_sorted = False   # its place is its submission order: sorted before the next use
         self.queued[job.id] = scheduler.QueuedJob(
             id=job.id,
             request=_request(r),
@@ -408,15 +529,18 @@ class Engine:
         del self.queued[job.id]
         if job.array is not None and job.array.get("limit"):
             self.capped_queued -= 1
-        left = self.queued_by_uid.get(job.uid, 1) - 1
-        if left > 0:
-            self.queued_by_uid[job.uid] = left
-        else:
-            self.queued_by_uid.pop(job.uid, None)
+        self._hold(job.uid, -1)
+
+    def _in_order(self) -> dict[int, scheduler.QueuedJob]:
+        """The queue in submission (id) order: sorted once after jobs were put back out of order."""
+        if not self.queue_sorted:
+            self.queued = dict(sorted(self.queued.items()))
+            self.queue_sorted = True
+        return self.queued
 
     def _info(self, job: Job) -> dict:
         s = self.summary(job)
-        return {k: s[k] for k in ("id", "user", "command", "state", "submitted", "started", "max_time",
+        return {k: s[k] for k in ("id", "user", "command", "command_len", "state", "submitted", "started", "max_time",
                                   "mem", "mem_assigned", "exclusive", "cpus", "gpus", "output")}
 
     # -- scheduling -----------------------------------------------------------
@@ -457,11 +581,12 @@ class Engine:
         They wait without holding up the jobs behind them, as a Slurm array's
         throttled tasks do. Without capped arrays queued this is the queue as is.
         """
+        queue = self._in_order()
         if not self.capped_queued:
-            return list(self.queued.values())
+            return list(queue.values())
         room = self._array_room()
         eligible = []
-        for q in self.queued.values():
+        for q in queue.values():
             a = self.jobs[q.id].array
             if a is not None and a.get("limit"):
                 left = room.get(a["first"], a["limit"])
@@ -494,10 +619,7 @@ class Engine:
             return False
 
     def _job_env(self, job: Job) -> dict:
-        try:
-            stored = self.store.load_env(job.id)
-        except (OSError, ValueError):
-            stored = {}
+        stored = self.store.load_env(job)   # {} (a clean environment) when it cannot be read
         try:
             pw = pwd.getpwuid(job.uid)
             home, shell = pw.pw_dir, pw.pw_shell or "/bin/sh"
@@ -536,19 +658,15 @@ class Engine:
 
     def _start(self, job: Job, alloc, now: float) -> None:
         # Order matters for crash safety: the launch spec (with the environment)
-        # first, then the record that says "running" (which drops the
-        # environment from job.json), then the spawn, which waits for this
-        # turn's commit. A crash in between leaves either a queued job or a
-        # launch spec the next daemon can start.
+        # first, then the record that says "running", then the spawn, which
+        # waits for this turn's commit (after which the store lets go of the
+        # stored environment). A crash in between leaves either a queued job
+        # or a launch spec the next daemon can start.
         self._dequeue(job)
         jdir = self.store.job_dir(job.id)
         self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": None}
         move(job, RUNNING, now, alloc=alloc.to_dict())
         cg = None
-        try:
-            stored = self.store.load_env(job.id)
-        except (OSError, ValueError):
-            stored = {}
         try:
             if self.cfg.cgroups:
                 minors = (tuple(self.machine.gpu_minors[g] for g in alloc.gpus)
@@ -569,7 +687,7 @@ class Engine:
         except OSError as exc:
             self._requeue(job, cg, exc, now)
             return
-        self.to_spawn.append((job, cg, stored))
+        self.to_spawn.append((job, cg))
 
     def flush(self, now: float) -> set[int]:
         """End a turn of the loop: :meth:`commit_turn`, then :meth:`spawn_turn`."""
@@ -595,7 +713,7 @@ class Engine:
         """Spawn the jobs this turn started (their records are durable by now)."""
         while self.to_spawn:
             spawns, self.to_spawn = self.to_spawn, []
-            for job, cg, _ in spawns:
+            for job, cg in spawns:
                 try:
                     self._spawn(job, cg, now)
                 except Exception as exc:  # one job that cannot start must not stop the others
@@ -612,17 +730,18 @@ class Engine:
         log.error("cannot write the journal (%s); this turn's submits are refused and its starts wait", exc)
         refused = set(self.batch_new)
         for job_id in refused:
-            job = self.jobs.pop(job_id, None)
+            job = self.jobs.get(job_id)
             if job is None:
                 continue
+            self._forget(job)
             self.running.pop(job_id, None)
             if job_id in self.queued:
                 self._dequeue(job)
-            self.waiting.discard(job_id)
+            self._unwait(job)
             self.dev.remove(job_id)
             self.store.remove_job(job_id)
         self.store.forget(refused)
-        for job, cg, stored in self.to_spawn:
+        for job, cg in self.to_spawn:
             if job.id in refused:
                 self._drop_cgroup(cg)
                 continue
@@ -632,19 +751,23 @@ class Engine:
             self._enqueue(job)
             try:
                 os.unlink(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
-                self.store.save_job(job, stored)   # queued again, its environment back in its record
+                self.store.save_job(job)   # queued again: the store keeps its environment
             except OSError:
                 self.unsaved.add(job.id)
-        self.queued = dict(sorted(self.queued.items()))
         self.to_spawn = []
         self.retry_at = now + 2.0
         return refused
 
     def _spawn(self, job: Job, cg, now: float) -> None:
         jdir = self.store.job_dir(job.id)
+        if self.quiet_all or job.request.get("benchmark"):
+            self._quiet(job, jdir, cg)
         try:
             pid, start = launcher.spawn(job.id, job.user, jdir)
         except OSError as exc:
+            if records.not_now(exc):   # out of pids or memory: no shepherd, so the command never ran
+                self._not_now(job, cg, f"cannot start its shepherd yet ({exc.strerror or exc})", now)
+                return
             log.error("job %d cannot start: %s", job.id, exc)
             self._drop_cgroup(cg)
             self._finish(job, Result(ERROR, note=f"cannot start its shepherd: {exc}"), now)
@@ -658,6 +781,49 @@ class Engine:
         log.info("job %d started: cpus %s, mem %d, gpus %s", job.id, list(alloc.cpus), alloc.mem, list(alloc.gpus))
         self.hooks.job_event(job.id, "started")
 
+    def _quiet(self, job: Job, jdir: str, cg) -> None:
+        """Quiet a benchmark job's CPUs (its record is durable as running, so any later daemon
+        undoes this when the job ends). A shortfall is recorded, never a reason not to run."""
+        alloc = self.running[job.id]["alloc"]
+        hk = getattr(self.cfg, "housekeeping", None) or self.housekeeping_default
+        self.benchmarks[job.id] = alloc.held
+        try:
+            job.quiet = quiet.begin(jdir, alloc.cpus, alloc.held, hk, self.quiet, len(self.running) > 1,
+                                    cg if self.cfg.cgroups else None)
+            if self.quiet.irqbalance_ban:
+                self.irq_banned[job.id] = set(alloc.held)
+                job.quiet["irqbalance_ban"] = quiet.ban(self.quiet, set().union(*self.irq_banned.values()))
+                job.quiet["irqbalance_banned"] = list(alloc.held)
+        except Exception as exc:  # the machine's settings must never stop the daemon
+            log.exception("job %d: cannot quiet its CPUs", job.id)
+            job.quiet = {"error": str(exc)}
+        moved = (job.quiet.get("irqs") or {}).get("moved") or []
+        log.info("job %d: benchmark: %d IRQs moved to CPUs %s, %s", job.id, len(moved),
+                 (job.quiet.get("irqs") or {}).get("to"), (job.quiet.get("cpufreq") or {}).get("turbo"))
+        try:
+            self.store.save_job(job)
+        except OSError:
+            self.unsaved.add(job.id)
+
+    def _unquiet(self, job: Job) -> None:
+        """Undo what :meth:`_quiet` changed (where still ours), whichever daemon started the job."""
+        self.benchmarks.pop(job.id, None)
+        others = [(self.store.job_dir(i), held) for i, held in self.benchmarks.items()]
+        try:
+            undone = quiet.end(self.store.job_dir(job.id), self.quiet, others)
+            if self.irq_banned.pop(job.id, None) is not None:
+                quiet.ban(self.quiet, set().union(*self.irq_banned.values()))
+        except Exception as exc:
+            log.exception("job %d: cannot undo its quiet cores", job.id)
+            undone = {"restored": 0, "left": [str(exc)]}
+        if undone is None:
+            return
+        if job.quiet is not None:
+            job.quiet["undone"] = undone
+        log.info("job %d: quiet cores undone: %d settings restored, %d handed to running benchmark jobs%s",
+                 job.id, undone["restored"], undone.get("handed", 0),
+                 f"; left alone: {'; '.join(undone['left'])}" if undone["left"] else "")
+
     def _launch_spec(self, job: Job, alloc, cg) -> dict:
         """What the shepherd needs, all of it: it cannot ask the daemon anything later."""
         return {
@@ -670,6 +836,7 @@ class Engine:
             # The shepherd keeps the deadline itself, so it holds while the daemon is down.
             "deadline": job.deadline, "kill_grace": defaults.KILL_GRACE,
             "delivery_limit": defaults.DELIVERY_LIMIT, "max_output_buffer": self.cfg.max_output_buffer,
+            "fork_retry": defaults.FORK_RETRY,
         }
 
     def _requeue(self, job: Job, cg, exc: OSError, now: float) -> None:
@@ -683,8 +850,39 @@ class Engine:
         del self.running[job.id]
         move(job, QUEUED, now)
         self._enqueue(job)
-        self.queued = dict(sorted(self.queued.items()))
         self.retry_at = now + 2.0
+
+    def _not_now(self, job: Job, cg, why: str, now: float) -> None:
+        """A started job whose command never ran (out of pids): back to the queue, retried soon.
+
+        The environment it was to get (its launch spec's) goes back to the
+        store, which had let go of it once the start was durable; the launch
+        spec stays until the next start replaces it, so a crash before this
+        turn's commit leaves a running job whose shepherd the next daemon starts.
+        """
+        spec = records.read_json(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
+        env = spec.get("env") if isinstance(spec, dict) else None
+        if not isinstance(env, dict):
+            self._drop_cgroup(cg)
+            self._finish(job, Result(ERROR, note=f"{why}, and its launch spec is gone"), now)
+            return
+        self._drop_cgroup(cg)
+        if job.id in self.benchmarks:
+            self._unquiet(job)     # its cores are quieted afresh at its next start
+        log.warning("job %d: %s; it is queued again", job.id, why)
+        del self.running[job.id]
+        move(job, QUEUED, now)
+        self._enqueue(job)
+        try:
+            self.store.unstart(job, env)
+            self.store.save_job(job)
+        except OSError:
+            self.unsaved.add(job.id)
+        try:
+            devdir.write_info(self.store.job_dir(job.id), self._info(job), job.uid, self.cfg.admin_gid)
+        except OSError:
+            pass
+        self.retry_at = now + defaults.START_RETRY
 
     def _drop_cgroup(self, cg) -> None:
         """Kill and remove a job's cgroup without waiting; a busy one is retried from the tick."""
@@ -748,6 +946,14 @@ class Engine:
             note = shepherd_gone or "its shepherd was killed before the job ended"
             self._finish(job, Result(OOM if oom else kind, note=note), now)
             return
+        if rec.not_started is not None and job.stop_reason:   # asked to stop while its shepherd retried
+            self._drop_cgroup(cg)
+            self._finish(job, Result(job.stop_reason, note=f"stopped before it could start: {rec.error}"), now)
+            return
+        if rec.not_started in records.NOT_NOW_NAMES:
+            # Its shepherd could not fork it: it never ran, and goes back to the queue.
+            self._not_now(job, cg, rec.error or f"its shepherd could not fork it ({rec.not_started})", now)
+            return
         if cg and os.path.isdir(cg):
             self._drop_cgroup(cg)
         if rec.peak_mem is not None:
@@ -785,13 +991,22 @@ class Engine:
             job.output_error = f"{why}; the output is kept at {kept}"
 
     def _finish(self, job: Job, result: Result, now: float) -> None:
+        """End *job* with *result*, then look at the jobs waiting on it (a bounded number now)."""
+        self._end(job, result, now)
+        self.ended_deps.append(job.id)
+        self._settle(now)
+
+    def _end(self, job: Job, result: Result, now: float) -> None:
+        """End one job: its record, its files, its indexes. Never looks at other jobs' dependencies."""
         if job.state == RUNNING and os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT)):
             self._delivery(job)
         if job.id in self.queued:
             self._dequeue(job)
-        self.waiting.discard(job.id)
+        self._unwait(job)
         move(job, FINISHED, now, result)
         handle = self.running.pop(job.id, None)
+        if handle is not None:
+            self._unquiet(job)
         try:
             # Durable only when no exit record stands behind it (errors decided here).
             has_record = os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT))
@@ -815,23 +1030,54 @@ class Engine:
                  f" ({result.note})" if result.note else "")
         self.history.record(job)
         self.hooks.job_event(job.id, "finished")
-        self._release_waiting(now)
+        heapq.heappush(self.finished_by_uid.setdefault(job.uid, []), job.id)
         self._evict(job.uid)
         if handle is not None:
             self.resched = True  # freed resources: the next tick schedules (never re-entrantly)
 
-    def _release_waiting(self, now: float) -> None:
-        """Queue the waiting jobs whose --after jobs have all ended; fail those whose --after-ok cannot hold."""
-        for job_id in sorted(self.waiting):
+    @property
+    def unsettled(self) -> bool:
+        """True while waiting jobs are still to be looked at (the loop then turns again at once)."""
+        return bool(self.to_settle or self.ended_deps)
+
+    def _settle(self, now: float, budget: int | None = None) -> None:
+        """Look at waiting jobs whose dependencies may have changed: queue the ready, fail the doomed.
+
+        A work list, never recursion: a job failed here adds its own dependents
+        to the list, so a failed --after-ok fails any number of dependents, and
+        any depth of chains, in bounded stack. Each ended job's dependents come
+        from the reverse index, so an end looks only at its own dependents. At
+        most *budget* (SETTLE_BATCH) jobs a call; the rest wait for the next
+        turn, so one release of 10,000 jobs never holds the loop for long.
+        """
+        budget = SETTLE_BATCH if budget is None else budget
+        while budget > 0:
+            if not self.to_settle:
+                if not self.ended_deps:
+                    return
+                ended = self.ended_deps.popleft()
+                waiters = sorted(self.dependents.pop(ended, ()))
+                if waiters:
+                    self.pinned[ended] = len(waiters)
+                    self.to_settle.extend((w, ended) for w in waiters)
+                continue
+            job_id, follows = self.to_settle.popleft()
+            if follows is not None:
+                left = self.pinned[follows] - 1
+                if left:
+                    self.pinned[follows] = left
+                else:
+                    del self.pinned[follows]
             job = self.jobs.get(job_id)
             if job is None or job.state != WAITING:
-                self.waiting.discard(job_id)
                 continue
+            budget -= 1
             verdict, why = dependencies.evaluate(job, self.jobs.get)
             if verdict == dependencies.FAILED:
-                self._finish(job, Result(DEPENDENCY_FAILED, note=why), now)   # releases its own waiters
+                self._end(job, Result(DEPENDENCY_FAILED, note=why), now)
+                self.ended_deps.append(job.id)
             elif verdict == dependencies.READY:
-                self.waiting.discard(job_id)
+                self._unwait(job)
                 move(job, QUEUED, now)
                 try:
                     self.store.save_job(job)
@@ -839,7 +1085,6 @@ class Engine:
                     log.error("job %d: cannot record that it is queued (%s); will retry", job.id, exc)
                     self.unsaved.add(job.id)
                 self._enqueue(job)
-                self.queued = dict(sorted(self.queued.items()))   # its place is its submission order
                 self.resched = True
 
     def _fail(self, job: Job, why: str, now: float) -> None:
@@ -878,28 +1123,38 @@ class Engine:
             self.save_meta()
 
     def _evict(self, uid: int) -> None:
-        done = [j for j in self.jobs.values() if j.uid == uid and j.state == FINISHED]
+        """Forget the user's oldest finished jobs past --keep-finished (a heap: no scan of all jobs)."""
+        done = self.finished_by_uid.get(uid)
+        if done is None:
+            return
         extra = len(done) - self.cfg.keep_finished
         if extra <= 0:
             return
-        victims = sorted(done, key=lambda j: j.id)[:extra]
-        # The persisted id floor must outlive the records it replaces; it usually already does.
-        if victims[-1].id >= self.saved_floor and not self.save_meta():
+        victims: list[Job] = []
+        spared: list[Job] = []
+        while done and len(victims) < extra:
+            job_id = heapq.heappop(done)
+            # Its waiting dependents are still to look at its result: it stays until they have.
+            (spared if job_id in self.pinned or job_id in self.dependents else victims).append(self.jobs[job_id])
+        for job in spared:
+            heapq.heappush(done, job.id)
+        if not victims:
             return
+        # The persisted id floor must outlive the records it replaces; it usually already does.
+        if max(j.id for j in victims) >= self.saved_floor and not self.save_meta():
+            for job in victims:
+                heapq.heappush(done, job.id)
+            return
+        if not done:
+            del self.finished_by_uid[uid]
         for job in victims:
             if job.output_error:
                 self._keep_undelivered(job)
             self.store.remove_job(job.id)
-            del self.jobs[job.id]
+            self._forget(job)
 
     def _keep_undelivered(self, job: Job) -> None:
-        src = os.path.join(self.store.job_dir(job.id), records.OUTPUT)
-        dst_dir = os.path.join(self.store.root, "undelivered")
-        try:
-            os.makedirs(dst_dir, mode=0o700, exist_ok=True)
-            os.rename(src, os.path.join(dst_dir, f"output.{job.id}.log"))
-        except OSError:
-            pass
+        self.undelivered.keep(job.id, job.user, os.path.join(self.store.job_dir(job.id), records.OUTPUT), time.time())
 
     # -- changing a job ----------------------------------------------------------
     def job_setting(self, caller: Caller, req: JobSetting, now: float) -> dict[str, Any]:
@@ -970,6 +1225,8 @@ class Engine:
         """Schedule if needed, enforce --max-time, retry what failed; returns when to call again."""
         if self.retry_at is not None and now >= self.retry_at:
             self.retry_at, self.resched = None, True
+        if self.unsettled:
+            self._settle(now)
         if self.resched:
             self.resched = False
             self.schedule(now)
@@ -990,9 +1247,10 @@ class Engine:
         if self.meta_dirty or self.unsaved:
             self.retry_unsaved()
             wake = now + 2 if wake is None else min(wake, now + 2)
-        due = self.store.compact_due   # the end of the turn commits, and compacts once this is due
-        if due is not None:
-            wake = due if wake is None else min(wake, due)
+        sweep = self.undelivered.tick(now)   # undelivered/ past its bounds, every few minutes
+        wake = sweep if wake is None else min(wake, sweep)
+        if self.unsettled:
+            wake = now
         return wake
 
     def _tick_job(self, job_id: int, now: float) -> float | None:
@@ -1027,6 +1285,8 @@ class Engine:
 
 
 STOP_RETRY = 0.5   # seconds between stop requests while no shepherd reads its FIFO yet
+SETTLE_BATCH = 100   # waiting jobs settled per call of Engine._settle (the rest: next turn); each may
+                     # write a record (about 1 ms), so a turn holds the loop about 0.1 s at most
 
 
 def _request(r: dict[str, Any]) -> resources.Request:

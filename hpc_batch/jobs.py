@@ -7,7 +7,8 @@ only through :func:`move`, which refuses anything the table does not list::
     waiting  -- cancelled / dependency-failed / error ---> finished
     queued   -- started ---------------------------------> running
     queued   -- cancelled / error (can never start) -----> finished
-    running  -- its start could not be written ----------> queued
+    running  -- its start could not be written, or its
+                command not forked (out of pids) --------> queued
     running  -- exited / signalled / timeout / killed /
                 oom / error / lost ----------------------> finished
 
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from . import bounds
+from .jobnames import valid_name
 
 WAITING = "waiting"     # on its --after / --after-ok jobs
 QUEUED = "queued"
@@ -106,6 +108,7 @@ class Job:
     after: list[int] = field(default_factory=list)         # --after / --after-ok: jobs it starts after
     after_ok: bool = False                                 # ... and only if they exited 0
     array: dict[str, Any] | None = None                    # element of a bulk submit: first, index, limit
+    quiet: dict[str, Any] | None = None                    # benchmark job: IRQs, cpufreq, partition (quiet.py)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form for the state file."""
@@ -176,12 +179,19 @@ class Job:
 
     @property
     def command(self) -> str:
-        """The command line as a shell would show it (worked out once: argv never changes)."""
-        text = self.__dict__.get("_command")
-        if text is None:
-            import shlex
-            text = self.__dict__["_command"] = shlex.join(self.argv)
-        return text
+        """The whole command line as a shell would show it (for show: not kept, it can be 1 MiB)."""
+        import shlex
+        return shlex.join(self.argv)
+
+    @property
+    def shown(self) -> tuple[str, int]:
+        """``(command, command_len)``: the command line cut for summaries (cut.py), and its full
+        length; worked out once (argv never changes), and shared by the elements of a bulk."""
+        got = self.__dict__.get("_shown")
+        if got is None:
+            from .cut import cut_command
+            got = self.__dict__["_shown"] = cut_command(self.argv)
+        return got
 
     @property
     def deadline(self) -> float | None:
@@ -193,15 +203,6 @@ class Job:
 
 
 MAX_AFTER = 64          # dependencies of one job
-MAX_NAME = 64
-
-
-def valid_name(name: object) -> bool:
-    """A --name: 1-64 letters, digits, '.', '_' or '-', not all digits (those are ids)."""
-    return (isinstance(name, str) and 0 < len(name) <= MAX_NAME and name.isascii() and not name.isdigit()
-            and all(c.isalnum() or c in "._-" for c in name))
-
-
 def move(job: Job, to: str, now: float, result: Result | None = None,
          alloc: dict[str, Any] | None = None) -> None:
     """Move *job* to state *to* as the life-cycle table allows, setting that state's data.

@@ -14,6 +14,7 @@ from hpc_batch import jobs, resources
 from hpc_batch.access import Caller
 from hpc_batch.daemon import Config
 from hpc_batch.engine import Engine
+from shepherd import records
 
 ROOT = Caller(uid=0, gid=0, pid=1, name="root", is_admin=True)
 T0 = 1_800_000_000.0
@@ -85,7 +86,20 @@ class MemoryStore:
 
     has_pending = False   # every save is "durable" at once here: nothing waits for a commit
     commit_error = None   # set to make the next commits fail
-    compact_due = None
+
+    def short_of_room(self, reserve):
+        return None
+
+    def add_jobs(self, new_jobs, env, gid, argv=None):
+        try:
+            for job in new_jobs:
+                self.create_job_dir(job.id, gid)
+                self.save_job(job)
+                self.env[job.id] = env
+        except OSError:   # as the real store: nothing of the submit stays
+            for job in new_jobs:
+                self.remove_job(job.id)
+            raise
 
     def commit(self, now=None):
         if self.commit_error:
@@ -94,16 +108,17 @@ class MemoryStore:
     def forget(self, job_ids):
         pass
 
-    def save_job(self, job, env=None, durable=True):
+    def save_job(self, job, durable=True):
         if self.fail_writes:
             raise OSError(28, "No space left on device")
         # A copy through JSON, as the real store's: job.to_dict() (dataclasses.asdict) is ten times slower.
         self.records[job.id] = json.loads(json.dumps({k: v for k, v in vars(job).items() if not k.startswith("_")}))
-        if env is not None:
-            self.env[job.id] = env
 
-    def load_env(self, job_id):
-        return self.env.get(job_id, {})
+    def load_env(self, job):
+        return self.env.get(job.id, {})
+
+    def unstart(self, job, env):
+        self.env[job.id] = {"forward": env}
 
     def remove_job(self, job_id):
         # As the real store: the directory goes with the record, so a later job may take the id.
@@ -124,6 +139,7 @@ class FakeLauncher:
 
     def write_launch(self, job_dir, launch):
         self.last_launch = launch
+        records.write_json(os.path.join(job_dir, records.LAUNCH), launch)   # as the real one: it stays there
 
     def spawn(self, job_id, user, job_dir):
         if self.spawn_error:
