@@ -18,9 +18,11 @@ something freed resources. The events:
 - a commit that fails (the store's commit raises ENOSPC) for a turn, and
   shepherds that cannot be started (EAGAIN) for a turn.
 
-After every step the invariants below hold, against the engine and against a
-small model of what it accepted and how each job ended (the model learns
-ends from history.jsonl, so it sees jobs evicted in the turn they ended).
+After every step (the loop turned until the engine has nothing left to do
+at once: no waiting jobs left to look at, nothing to schedule or spawn)
+the invariants below hold, against the engine and against a small model of
+what it accepted and how each job ended (the model hears each end from the
+engine's "finished" event, so it sees jobs evicted in the turn they ended).
 
 Profiles: the default is derandomized and sized for a busy 2-core CI box;
 HPC_BATCH_PROPTEST=soak runs a larger random search, and
@@ -28,7 +30,6 @@ HPC_BATCH_PROPTEST_EXAMPLES=N sets the number of examples of either.
 """
 
 import errno
-import json
 import logging
 import os
 import shutil
@@ -100,21 +101,27 @@ ENDS = {
 class Indexes:
     """What the engine keeps beside its job records, as the invariants read it."""
 
-    queue: list              # queued ids, in the order the scheduler sees them
+    queue: list              # queued ids, in the engine's order
+    queue_in_order: bool     # whether the engine takes that order to be submission (id) order
     waiting: set             # ids held by --after / --after-ok
     running: set             # ids with a shepherd
     counted: dict            # uid -> the count --max-queued-per-user is checked against
     counted_states: tuple    # the states that count covers
     capped_queued: int | None   # queued elements of arrays with a %N cap, where kept
-    names: dict | None       # (uid, name) -> newest id, where kept
-    finished: dict | None    # uid -> ids of finished jobs kept, where kept
+    names: dict | None       # (uid, name) -> its jobs' ids, ascending, where kept
+    finished: dict | None    # uid -> list of its finished jobs' ids kept, where kept
+    dependents: dict | None  # job id -> ids of waiting jobs that follow it, where kept
+    pending: int             # waiting jobs and ended jobs still to be looked at (0 once settled)
 
 
 def indexes(eng: Engine) -> Indexes:
     """Read the engine's indexes (follow renames here, nowhere else)."""
-    return Indexes(queue=list(eng.queued), waiting=set(eng.waiting), running=set(eng.running),
-                   counted=dict(eng.queued_by_uid), counted_states=(QUEUED,),
-                   capped_queued=eng.capped_queued, names=None, finished=None)
+    return Indexes(queue=list(eng.queued), queue_in_order=eng.queue_sorted, waiting=set(eng.waiting),
+                   running=set(eng.running), counted=dict(eng.held_by_uid), counted_states=(QUEUED, WAITING),
+                   capped_queued=eng.capped_queued, names={k: list(v) for k, v in eng.names.items()},
+                   finished={u: list(h) for u, h in eng.finished_by_uid.items()},
+                   dependents={k: set(v) for k, v in eng.dependents.items()},
+                   pending=len(eng.to_settle) + len(eng.ended_deps) + len(eng.pinned))
 
 
 def caps(cfg) -> list:
@@ -133,7 +140,7 @@ class Known:
     after_ok: bool
     first: int | None        # its array's first id, for %N
     limit: int | None
-    kind: str | None = None  # how it ended (from history.jsonl), once it has
+    kind: str | None = None  # how it ended (from the engine's "finished" event), once it has
     code: int | None = None
     ended_step: int | None = None
     evicted: bool = False
@@ -158,9 +165,14 @@ class Shepherds(FakeLauncher):
         self.store = store
         self.alive: set[int] = set()
 
+    def write_launch(self, job_dir, launch):
+        os.makedirs(job_dir, exist_ok=True)
+        records.write_json(os.path.join(job_dir, records.LAUNCH), launch, durable=False)
+
     def spawn(self, job_id, user, job_dir):
         pid, start = super().spawn(job_id, user, job_dir)
         self.alive.add(job_id)
+        os.unlink(os.path.join(job_dir, records.LAUNCH))   # as a shepherd does once the command runs
         return pid, start
 
     def adopt(self, job_dir):
@@ -177,6 +189,20 @@ class Shepherds(FakeLauncher):
             records.write_json(os.path.join(self.store.job_dir(job_id), records.EXIT),
                                {"stopped": None, **record, "ended": now}, durable=False)
         self.alive.discard(job_id)
+
+
+class Watcher(Hooks):
+    """The server's side, noting each job's end as the engine announces it (before it may evict the job)."""
+
+    def __init__(self):
+        super().__init__()
+        self.eng: Engine | None = None
+        self.ended: list[tuple[int, str, int | None]] = []
+
+    def job_event(self, job_id, kind):
+        if kind == "finished":
+            result = self.eng.jobs[job_id].get_result()
+            self.ended.append((job_id, result.kind, result.code))
 
 
 class Swallowed(logging.Handler):
@@ -216,8 +242,9 @@ class EngineStates(RuleBasedStateMachine):
         self.fail_spawn = False
         self.known: dict[int, Known] = {}
         self.unsettled: set[int] = set()   # jobs with dependencies whose outcome may still change
-        self.history_at = 0          # bytes of history.jsonl read so far
-        self.ends: dict[int, dict] = {}   # id -> its history line, for jobs not yet accepted or refused
+        self.watcher = Watcher()
+        self.ends: dict[int, tuple] = {}   # id -> (kind, code), for jobs not yet accepted or refused
+        self.followed: set[int] = set()   # ids some accepted job names in --after
 
     def teardown(self):
         logging.getLogger("hpc-batchd").removeHandler(self.swallowed)
@@ -227,7 +254,9 @@ class EngineStates(RuleBasedStateMachine):
     # -- driving the engine as the server does -----------------------------------------------------
     def _start(self) -> None:
         """A daemon start: a fresh Engine on the same store recovers, schedules and commits (daemon.build)."""
-        self.eng = Engine(self.cfg, self.store, self.machine, self.limits, devdir.DevDir(None, 0), Hooks())
+        self.watcher = Watcher()
+        self.eng = Engine(self.cfg, self.store, self.machine, self.limits, devdir.DevDir(None, 0), self.watcher)
+        self.watcher.eng = self.eng
         self.eng.root_mode = True
         self.eng.recover()
         self._turn(lambda: self.eng.schedule(self.now))
@@ -256,11 +285,12 @@ class EngineStates(RuleBasedStateMachine):
         return out, refused
 
     def _settle(self) -> None:
-        """What the loop does next when something freed resources or is left to spawn: tick at once."""
-        for _ in range(4):
-            if not (self.eng.resched or self.eng.to_spawn):
+        """What the loop does next while the engine has work left for now (tick returns now): tick at once."""
+        for _ in range(1000):
+            if not (self.eng.resched or self.eng.to_spawn or self.eng.unsettled):
                 return
             self._turn(lambda: self.eng.tick(self.now))
+        raise AssertionError("the engine never settled (1000 turns)")
 
     def _close_pidfds(self) -> None:
         if self.eng is not None:
@@ -286,23 +316,16 @@ class EngineStates(RuleBasedStateMachine):
         return sum(1 for j in self.eng.jobs.values() if j.uid == uid and j.state in states)
 
     def _observe(self) -> None:
-        """Learn what the last step did: ends from history.jsonl, evictions from the jobs that went."""
+        """Learn what the last step did: the ends the engine announced, the evictions from the jobs that went."""
         self.step += 1
-        path = os.path.join(self.dir, "history.jsonl")
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                f.seek(self.history_at)
-                data = f.read()
-            complete = data[:data.rfind(b"\n") + 1]
-            self.history_at += len(complete)
-            for line in complete.splitlines():
-                rec = json.loads(line)
-                k = self.known.get(rec["id"])
-                if k is None:
-                    self.ends[rec["id"]] = rec   # submitted this step: accepted (or refused) below
-                    continue
-                assert k.kind is None, f"job {rec['id']} ended twice: {k.kind}, then {rec['result']}"
-                k.kind, k.code, k.ended_step = rec["result"], rec["code"], self.step
+        ended, self.watcher.ended = self.watcher.ended, []
+        for job_id, kind, code in ended:
+            k = self.known.get(job_id)
+            if k is None:
+                self.ends[job_id] = (kind, code)   # submitted this step: accepted (or refused) below
+                continue
+            assert k.kind is None, f"job {job_id} ended twice: {k.kind}, then {kind}"
+            k.kind, k.code, k.ended_step = kind, code, self.step
         self._evictions()
 
     def _evictions(self) -> None:
@@ -318,9 +341,11 @@ class EngineStates(RuleBasedStateMachine):
             k = self.known[job_id] = Known(**fields)
             if k.after:
                 self.unsettled.add(job_id)
-            rec = self.ends.pop(job_id, None)
-            if rec is not None:
-                k.kind, k.code, k.ended_step = rec["result"], rec["code"], self.step
+            self.followed.update(k.after)
+            end = self.ends.pop(job_id, None)
+            if end is not None:
+                k.kind, k.code = end
+                k.ended_step = self.step
         self._evictions()   # some may have ended and gone already
 
     # -- rules ---------------------------------------------------------------------------------------
@@ -509,7 +534,7 @@ class EngineStates(RuleBasedStateMachine):
         counted: dict[int, int] = {}
         held = [dict() for _ in cfg_caps]
         done: dict[int, set] = {}
-        newest: dict = {}
+        named: dict = {}
         capped = 0
         records = self.store.records
         for job_id, job in eng.jobs.items():
@@ -526,35 +551,49 @@ class EngineStates(RuleBasedStateMachine):
             elif state == QUEUED and job.array is not None and job.array.get("limit"):
                 capped += 1
             if job.name is not None:
-                newest[uid, job.name] = max(newest.get((uid, job.name), 0), job_id)
+                named.setdefault((uid, job.name), []).append(job_id)
             # The store holds what the engine holds (a record whose write failed is retried: eng.unsaved).
             assert job_id in records, f"job {job_id} has no record in the store"
             assert records[job_id]["state"] == state or job_id in eng.unsaved, f"job {job_id}'s record is stale"
-            # No job lost, none counted twice: every job was accepted once, and is finished iff history says so.
+            # No job lost, none counted twice: every job was accepted once, and is finished iff it ended once.
             k = self.known.get(job_id)
             assert k is not None, f"job {job_id} was never accepted"
             assert not k.evicted, f"job {job_id} came back after it was evicted"
-            assert (state == FINISHED) == (k.kind is not None), f"job {job_id} is {state} but history says {k.kind}"
+            assert (state == FINISHED) == (k.kind is not None), f"job {job_id} is {state}, its end said {k.kind}"
             if k.kind is not None:
-                assert job.get_result().kind == k.kind, f"job {job_id}: {job.get_result().kind}, history {k.kind}"
+                assert job.get_result().kind == k.kind, f"job {job_id}: {job.get_result().kind}, its end said {k.kind}"
         assert len(records) == len(eng.jobs), f"the store keeps records of {set(records) - set(eng.jobs)}"
         assert len(ix.queue) == len(set(ix.queue)), "a job queued twice"
         assert set(ix.queue) == by_state[QUEUED], f"queue index off by {set(ix.queue) ^ by_state[QUEUED]}"
-        assert ix.queue == sorted(ix.queue), "the queue is not in submission order"
+        assert not ix.queue_in_order or ix.queue == sorted(ix.queue), "the queue is not in submission order"
         assert ix.waiting == by_state[WAITING], f"waiting index off by {ix.waiting ^ by_state[WAITING]}"
         assert ix.running == by_state[RUNNING], f"running index off by {ix.running ^ by_state[RUNNING]}"
         assert ix.counted == counted, f"per-user counts {ix.counted}, jobs say {counted}"
         if ix.capped_queued is not None:
             assert ix.capped_queued == capped, f"capped queued {ix.capped_queued}, jobs say {capped}"
         if ix.names is not None:
-            assert ix.names == newest, "the name index disagrees with the jobs"
+            named = {key: sorted(ids) for key, ids in named.items()}
+            assert ix.names == named, f"the name index disagrees with the jobs: {ix.names} vs {named}"
         if ix.finished is not None:
-            assert {u: set(i) for u, i in ix.finished.items() if i} == done, "the finished index disagrees"
+            for uid, ids in ix.finished.items():
+                assert len(ids) == len(set(ids)), f"user {uid}'s finished jobs indexed twice: {sorted(ids)}"
+            finished = {uid: set(ids) for uid, ids in ix.finished.items() if ids}
+            assert finished == done, f"the finished index disagrees: {finished} vs {done}"
+        assert ix.pending == 0, "the engine settled, yet holds jobs to look at"
+        if ix.dependents is not None:
+            # Every waiting job is found from each job it still waits for (else its end would never look at it).
+            for job_id in by_state[WAITING]:
+                for dep in eng.jobs[job_id].after:
+                    if dep in eng.jobs and eng.jobs[dep].state != FINISHED:
+                        assert job_id in ix.dependents.get(dep, ()), f"job {job_id} is not among job {dep}'s dependents"
+            stale = [d for d in ix.dependents if d not in eng.jobs or eng.jobs[d].state == FINISHED]
+            assert not stale, f"ended or forgotten jobs keep dependents: {stale}"
         assert not eng.to_spawn and not eng.batch_new, "a turn ended with work left in it"
         for (states, limit), n in zip(cfg_caps, held):
             over = {uid: c for uid, c in n.items() if c > limit}
             assert not over, f"users hold more {'+'.join(states)} jobs than the cap of {limit}: {over}"
-        kept = {uid: len(ids) for uid, ids in done.items()}
+        # --keep-finished: past it, only jobs others follow may be kept (until their dependents have looked).
+        kept = {uid: len(ids - self.followed) for uid, ids in done.items()}
         assert all(n <= self.cfg.keep_finished for n in kept.values()), \
             f"more finished jobs kept than --keep-finished {self.cfg.keep_finished}: {kept}"
         return by_state
