@@ -657,10 +657,53 @@ def _settings() -> settings:
                                            HealthCheck.filter_too_much])
 
 
-@pytest.mark.timeout(0 if os.environ.get("HPC_BATCH_PROPTEST") == "soak" else 600)   # room to shrink a failure
-def test_engine_state_machine(monkeypatch):
-    monkeypatch.setattr(engine_mod, "launcher", engine_mod.launcher)   # each example puts its own; undone after
+@pytest.fixture
+def fakes(monkeypatch):
+    """The engine's launcher, passwd and dev-dir files faked for the duration of a test."""
+    monkeypatch.setattr(engine_mod, "launcher", engine_mod.launcher)   # each machine puts its own; undone after
     monkeypatch.setattr(engine_mod, "pwd", PASSWD)
     for name in ("create_output", "write_info"):   # a user's view of the job dir: not what is tested here
         monkeypatch.setattr(devdir, name, lambda *args: None)
+
+
+@pytest.mark.timeout(0 if os.environ.get("HPC_BATCH_PROPTEST") == "soak" else 600)   # room to shrink a failure
+def test_engine_state_machine(fakes):
     run_state_machine_as_test(EngineStates, settings=_settings())
+
+
+# -- what the state machine found, replayed step by step ------------------------------------------------
+@pytest.fixture
+def machine(fakes):
+    m = EngineStates()
+    yield m
+    m.teardown()
+
+
+def steps(m: EngineStates, *calls) -> None:
+    """Run each (rule, keywords) on *m*, checking the invariants after each, as Hypothesis does."""
+    m.check()
+    for name, kw in calls:
+        getattr(m, name)(**kw)
+        m.check()
+
+
+def new(**kw) -> tuple:
+    """A submit step: alice's plain one-CPU job unless *kw* says otherwise."""
+    args = dict(user="alice", count=0, limit=None, name=None, after=[], after_ok=False, cpus=1, max_time=None)
+    return "submit", {**args, **kw}
+
+
+def test_a_submit_refused_by_its_commit_leaves_no_finished_job_behind(machine):
+    """Its job failed at once (--after-ok a failed job), then the commit refused it: nothing of it may stay."""
+    machine.boot(cap=2000, keep=3, policy="fifo-strict", cpus=4)         # alice's job 1 runs
+    steps(machine, ("end", dict(pick=0, how="exit 3")), ("fail_next_commit", {}),
+          new(after=[1], after_ok=True),
+          *[step for _ in range(4) for step in (new(), ("end", dict(pick=1, how="exit 0")))])
+
+
+def test_an_after_ok_job_that_exited_0_still_counts_once_evicted(machine):
+    """--after-ok 1,2: job 1 exits 0 and goes past --keep-finished before job 2 ends: the dependent runs."""
+    machine.boot(cap=2000, keep=3, policy="fifo-strict", cpus=4)         # alice's job 1 runs
+    steps(machine, new(), new(after=[1, 2], after_ok=True), ("end", dict(pick=0, how="exit 0")),
+          *[step for _ in range(3) for step in (new(), ("end", dict(pick=1, how="exit 3")))],
+          ("end", dict(pick=0, how="exit 0")))
