@@ -25,6 +25,9 @@ CPU_UNITS = ("core", "thread")
 # it, "enforce" also sets governor performance and minimum = maximum frequency (undone at its end).
 CPUFREQ = "record"
 CPUFREQ_POLICIES = ("record", "enforce")
+# CPUs for the daemon, its shepherds and steered interrupts, never given to benchmark jobs:
+# "auto" (the --reserve-cpu CPUs, else the lowest CPU's core), "none", or a CPU list.
+HOUSEKEEPING_CPUS = "auto"
 
 # Per-user bounds (daemon flags): nothing one user does may exhaust the daemon.
 MAX_QUEUED_PER_USER = 1000
@@ -42,6 +45,10 @@ METRICS_GROUP = ""           # group that reads --metrics-file (0640); empty: th
 # Free space the state filesystem keeps, beyond the journal's own size, before submits are refused:
 # room for the records, exit records and history of the jobs already taken to end, and for compaction.
 STATE_RESERVE = "64M"
+
+# Seconds between two readings of the swap and throttle counters while a --benchmark=strict job
+# waits: "rising" means they rose between two readings this far apart.
+BENCH_PROBE_INTERVAL = 1.0
 
 # Seconds a shepherd gives the copy of a job's output to the user's log file.
 DELIVERY_LIMIT = 600.0

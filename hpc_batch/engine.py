@@ -27,7 +27,21 @@ from typing import Any
 
 from shepherd import records
 
-from . import bounds, cgroups, defaults, dependencies, devdir, gputopo, launcher, quiet, report, resources, scheduler
+from . import (
+    benchmark,
+    bounds,
+    cgroups,
+    defaults,
+    dependencies,
+    devdir,
+    gputopo,
+    launcher,
+    probe,
+    quiet,
+    report,
+    resources,
+    scheduler,
+)
 from .access import Caller
 from .durations import format_duration
 from .history import History
@@ -103,6 +117,8 @@ class Engine:
         self.batch_new: set[int] = set()    # jobs submitted this turn (refused if the commit fails)
         self.to_spawn: list = []            # (job, cgroup) started this turn, spawned after the commit
         self.capped_queued = 0              # queued elements of arrays with a %N cap
+        self.strict_queued = 0              # queued --benchmark=strict jobs: while any, the machine is watched
+        self.bench_watch = benchmark.Watch(defaults.BENCH_PROBE_INTERVAL)
         self.history = History(store.root, cfg.history_per_user)
         self.undelivered = Undelivered(store.root, UndeliveredBounds(
             cfg.undelivered_max, cfg.undelivered_per_user, cfg.undelivered_max_age))
@@ -117,10 +133,8 @@ class Engine:
         self.root_mode = os.geteuid() == 0
         # Benchmark jobs' quiet cores (IRQs, frequency, partition): the admin's flags, and where
         # interrupts go when no housekeeping CPUs are named: the CPUs reserved for the OS.
-        self.quiet = quiet.Settings(cpufreq=getattr(cfg, "cpufreq", "record"),
-                                    allow_turbo_off=getattr(cfg, "allow_turbo_off", False),
-                                    irqbalance_ban=getattr(cfg, "irqbalance_ban", False))
-        self.quiet_all = os.environ.get(quiet.TEST_KNOB) == "1"   # tests: every job is a benchmark job
+        self.quiet = quiet.Settings(cpufreq=cfg.cpufreq, allow_turbo_off=cfg.allow_turbo_off,
+                                    irqbalance_ban=cfg.irqbalance_ban)
         self.irq_banned: dict[int, set[int]] = {}   # job -> CPUs irqbalance was told to keep IRQs off
         self.benchmarks: dict[int, tuple[int, ...]] = {}   # running job with changes to undo -> CPUs it holds
         reserved = resources.capacity(machine, limits).reserved_cpus
@@ -270,6 +284,8 @@ class Engine:
             return None, None
         order = list(self._in_order())
         position = order.index(job.id) + 1
+        if job.request.get("benchmark") == "strict" and self.bench_watch.hold is not None:
+            return position, self.bench_watch.hold
         if job.array is not None and job.array.get("limit") and \
                 self._array_room().get(job.array["first"], 1) <= 0:
             return position, (f"{job.array['limit']} of its array (jobs from {job.array['first']}) "
@@ -297,6 +313,7 @@ class Engine:
             "wall": (job.ended or now) - job.started if job.started is not None else None,
             "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
             "after": job.after, "after_ok": job.after_ok, "quiet": job.quiet,
+            **report.bench_fields(job.request, job.alloc, job.shortfalls),
             "note": res.note if res else None, "code": res.code if res else None,
             "signal": res.signal if res else None,
         })
@@ -369,7 +386,9 @@ class Engine:
             raise Refused(f"{many} queued or waiting, more than the {self.cfg.max_queued_per_user} one user may "
                           f"have (the admin's --max-queued-per-user); wait for some to start", "queue_full")
         wanted = {"cpus": req.cpus, "mem": req.mem, "gpus": req.gpus, "exclusive": req.exclusive,
-                  "numa_local": req.numa_local, "numa_local_gpu": req.numa_local_gpu, "gpu_link": req.gpu_link}
+                  "numa_local": req.numa_local or req.benchmark is not None,   # --benchmark keeps memory local
+                  "numa_local_gpu": req.numa_local_gpu, "gpu_link": req.gpu_link,
+                  "benchmark": req.benchmark, "whole_l3": req.whole_l3, "aslr": req.aslr, "thp": req.thp}
         request = _request(wanted)
         try:
             budget = resources.check_request(request, self.machine, self.limits)
@@ -517,6 +536,8 @@ class Engine:
             self._hold(job.uid, 1)
             if job.array is not None and job.array.get("limit"):
                 self.capped_queued += 1
+            if r.get("benchmark") == "strict":
+                self.strict_queued += 1
             if self.queued and next(reversed(self.queued)) > job.id:
                 self.queue_sorted = False   # its place is its submission order: sorted before the next use
         self.queued[job.id] = scheduler.QueuedJob(
@@ -529,6 +550,10 @@ class Engine:
         del self.queued[job.id]
         if job.array is not None and job.array.get("limit"):
             self.capped_queued -= 1
+        if job.request.get("benchmark") == "strict":
+            self.strict_queued -= 1
+            if not self.strict_queued:
+                self.bench_watch.forget()
         self._hold(job.uid, -1)
 
     def _in_order(self) -> dict[int, scheduler.QueuedJob]:
@@ -557,7 +582,7 @@ class Engine:
             return None
         running = [scheduler.RunningJob(jid, r["alloc"], (self.jobs[jid].deadline or now))
                    for jid, r in self.running.items()]
-        return scheduler.schedule(self.cfg.schedule, self._eligible(), running,
+        return scheduler.schedule(self.cfg.schedule, self._eligible(now), running,
                                   self.machine, self.limits, self.policy_state, now)
 
     def apply(self, decision: scheduler.Decision, now: float) -> None:
@@ -575,18 +600,22 @@ class Engine:
                 log.exception("job %d: cannot start it", job_id)
                 self._fail(job, f"the daemon could not start it: {exc}", now)
 
-    def _eligible(self) -> list:
+    def _eligible(self, now: float) -> list:
         """The queue, less elements of an array already running its %N at once.
 
         They wait without holding up the jobs behind them, as a Slurm array's
         throttled tasks do. Without capped arrays queued this is the queue as is.
         """
         queue = self._in_order()
-        if not self.capped_queued:
+        # Strict benchmark jobs wait while the machine is not quiet, holding up nobody behind them.
+        hold = self._quiet_hold(now) if self.strict_queued else None
+        if not self.capped_queued and hold is None:
             return list(queue.values())
         room = self._array_room()
         eligible = []
         for q in queue.values():
+            if hold is not None and q.request.benchmark == "strict":
+                continue
             a = self.jobs[q.id].array
             if a is not None and a.get("limit"):
                 left = room.get(a["first"], a["limit"])
@@ -595,6 +624,12 @@ class Engine:
                 room[a["first"]] = left - 1
             eligible.append(q)
         return eligible
+
+    def _quiet_hold(self, now: float) -> str | None:
+        """Why strict benchmark jobs wait now (None: the machine is quiet), reading it when due."""
+        if now >= self.bench_watch.due(now):
+            self.bench_watch.feed(probe.read(now, probe.root()))
+        return self.bench_watch.hold
 
     def _array_room(self) -> dict[int, int]:
         """How many more of each capped array may start now (arrays not named: their whole cap)."""
@@ -666,6 +701,8 @@ class Engine:
         jdir = self.store.job_dir(job.id)
         self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": None}
         move(job, RUNNING, now, alloc=alloc.to_dict())
+        if job.request.get("benchmark"):
+            self._bench_start(job, alloc, now)
         cg = None
         try:
             if self.cfg.cgroups:
@@ -688,6 +725,24 @@ class Engine:
             self._requeue(job, cg, exc, now)
             return
         self.to_spawn.append((job, cg))
+
+    def _bench_start(self, job: Job, alloc, now: float) -> None:
+        """Record how the machine fell short of a benchmark job, and its counters to compare at the end."""
+        cap = resources.capacity(self.machine, self.limits)
+        job.shortfalls = benchmark.shortfalls(job.request, alloc, cap, self.cfg.cgroups)
+        if self.bench_watch.reasons:
+            job.shortfalls += self.bench_watch.reasons
+        job.bench_start = probe.read(now, probe.root(), alloc.held).to_dict()
+
+    def _bench_end(self, job: Job, now: float) -> None:
+        """Add to a benchmark job's shortfalls what its counters say happened while it ran."""
+        before = benchmark.Sample.from_dict(job.bench_start)
+        job.bench_start = None
+        if before is None or job.alloc is None:
+            return
+        held = resources.Allocation.from_dict(job.alloc).held
+        job.shortfalls = job.shortfalls + [f"while it ran, {why}" for why in
+                                           benchmark.unquiet(before, probe.read(now, probe.root(), held), held)]
 
     def flush(self, now: float) -> set[int]:
         """End a turn of the loop: :meth:`commit_turn`, then :meth:`spawn_turn`."""
@@ -760,7 +815,7 @@ class Engine:
 
     def _spawn(self, job: Job, cg, now: float) -> None:
         jdir = self.store.job_dir(job.id)
-        if self.quiet_all or job.request.get("benchmark"):
+        if job.request.get("benchmark"):
             self._quiet(job, jdir, cg)
         try:
             pid, start = launcher.spawn(job.id, job.user, jdir)
@@ -785,7 +840,7 @@ class Engine:
         """Quiet a benchmark job's CPUs (its record is durable as running, so any later daemon
         undoes this when the job ends). A shortfall is recorded, never a reason not to run."""
         alloc = self.running[job.id]["alloc"]
-        hk = getattr(self.cfg, "housekeeping", None) or self.housekeeping_default
+        hk = self.cfg.housekeeping or self.housekeeping_default   # --housekeeping-cpus none: the reserve
         self.benchmarks[job.id] = alloc.held
         try:
             job.quiet = quiet.begin(jdir, alloc.cpus, alloc.held, hk, self.quiet, len(self.running) > 1,
@@ -837,6 +892,7 @@ class Engine:
             "deadline": job.deadline, "kill_grace": defaults.KILL_GRACE,
             "delivery_limit": defaults.DELIVERY_LIMIT, "max_output_buffer": self.cfg.max_output_buffer,
             "fork_retry": defaults.FORK_RETRY,
+            "aslr": job.request.get("aslr", "on"), "thp": job.request.get("thp", "on"),
         }
 
     def _requeue(self, job: Job, cg, exc: OSError, now: float) -> None:
@@ -1003,6 +1059,8 @@ class Engine:
         if job.id in self.queued:
             self._dequeue(job)
         self._unwait(job)
+        if job.bench_start is not None and job.state == RUNNING:
+            self._bench_end(job, now)
         move(job, FINISHED, now, result)
         handle = self.running.pop(job.id, None)
         if handle is not None:
@@ -1227,10 +1285,15 @@ class Engine:
             self.retry_at, self.resched = None, True
         if self.unsettled:
             self._settle(now)
+        if self.strict_queued and now >= self.bench_watch.due(now):
+            if self.bench_watch.feed(probe.read(now, probe.root())):
+                self.resched = True   # quiet now (or no longer): strict benchmark jobs are looked at again
         if self.resched:
             self.resched = False
             self.schedule(now)
         wake = self.retry_at
+        if self.strict_queued:
+            wake = self.bench_watch.due(now) if wake is None else min(wake, self.bench_watch.due(now))
         for job_id in list(self.running):
             try:
                 due = self._tick_job(job_id, now)
@@ -1293,4 +1356,5 @@ def _request(r: dict[str, Any]) -> resources.Request:
     """A job record's ``request`` as the resource model's Request (one place, for submit and queue)."""
     return resources.Request(cpus=r.get("cpus"), mem=r.get("mem"), gpus=r.get("gpus", 0),
                              exclusive=bool(r.get("exclusive")), numa_local=bool(r.get("numa_local")),
-                             numa_local_gpu=bool(r.get("numa_local_gpu")), gpu_link=r.get("gpu_link"))
+                             numa_local_gpu=bool(r.get("numa_local_gpu")), gpu_link=r.get("gpu_link"),
+                             benchmark=r.get("benchmark"), whole_l3=bool(r.get("whole_l3")))

@@ -109,6 +109,8 @@ class Job:
     after_ok: bool = False                                 # ... and only if they exited 0
     array: dict[str, Any] | None = None                    # element of a bulk submit: first, index, limit
     quiet: dict[str, Any] | None = None                    # benchmark job: IRQs, cpufreq, partition (quiet.py)
+    shortfalls: list[str] = field(default_factory=list)    # --benchmark: every way the machine fell short
+    bench_start: dict[str, Any] | None = None              # --benchmark: counters when it started (benchmark.Sample)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form for the state file."""
@@ -170,6 +172,15 @@ class Job:
             bounds.check_int(self.array.get("index"), 0, bounds.MAX_ARRAY_INDEX, "array.index")
             if self.array.get("limit") is not None:
                 bounds.check_int(self.array["limit"], 1, bounds.MAX_ARRAY, "array.limit")
+        if self.request.get("benchmark") not in (None, "warn", "strict"):
+            raise ValueError("request.benchmark must be warn or strict")
+        for name in ("aslr", "thp"):
+            if self.request.get(name, "on") not in ("on", "off"):
+                raise ValueError(f"request.{name} must be on or off")
+        if not isinstance(self.shortfalls, list) or not all(isinstance(n, str) for n in self.shortfalls):
+            raise ValueError("shortfalls must be a list of text")
+        if self.bench_start is not None and not isinstance(self.bench_start, dict):
+            raise ValueError("bench_start must be an object")
         if self.state == RUNNING and (self.started is None or not isinstance(self.alloc, dict)):
             raise ValueError("a running job needs its start time and allocation")
         if self.state == FINISHED and self.result is None:

@@ -39,8 +39,6 @@ from .cputopo import format_cpulist, parse_cpulist
 FILE = "quiet.json"
 # Switches that act on every CPU: undone by the last benchmark job out.
 MACHINE_WIDE = (cpufreq.NO_TURBO, cpufreq.BOOST)
-# Tests only: "1" in the daemon's environment makes every job a benchmark job.
-TEST_KNOB = "HPC_BATCH_TEST_BENCHMARK"
 
 
 @dataclass

@@ -48,6 +48,7 @@ import time
 from shepherd.records import fsync_dir, write_atomic
 
 from .bounds import MAX_ID
+from .cputopo import format_cpulist
 from .jobs import QUEUED, WAITING, Job
 from .journal import Journal, JournalError, end_line, line
 from .sizes import format_mem
@@ -121,16 +122,7 @@ def _key_of_record(data: dict) -> int | None:
 
 def _ranges(ids) -> str:
     """``1-3, 7`` for [1, 2, 3, 7]: a log line names every job, compactly."""
-    out: list[str] = []
-    ids = sorted(ids)
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ", ".join(out)
+    return format_cpulist(ids, ", ")
 
 
 UNSTARTED = (QUEUED, WAITING)

@@ -45,7 +45,7 @@ import sys
 import time
 
 try:
-    from shepherd import acl, cgroup, control, identity, output, records
+    from shepherd import acl, cgroup, control, identity, output, process, records
 except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py): siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
     import acl  # type: ignore[no-redef]
@@ -53,6 +53,7 @@ except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py)
     import control  # type: ignore[no-redef]
     import identity  # type: ignore[no-redef]
     import output  # type: ignore[no-redef]
+    import process  # type: ignore[no-redef]
     import records  # type: ignore[no-redef]
 
 STOP_REASONS = ("killed", "timeout")
@@ -61,6 +62,7 @@ HOLD_OFF = 0.02          # a trickle of output is batched: at most this often a 
 HELD = 0.25              # out of pids past the buffer bound: how often the relay's fork is tried again
 TRICKLE = 64 << 10       # less than this moved in one wake-up counts as a trickle
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_ALL_CPUS = 8192         # CPU ids a mask may name (the kernel keeps those of the cpuset)
 
 
 def main(argv=None) -> int:
@@ -622,9 +624,18 @@ def _child(spec: dict, pipe_w: int, err_w: int) -> None:
         if spec.get("cgroup"):
             stage = "joining the job's cgroup"
             cgroup.join(spec["cgroup"])
+            # The shepherd runs on the housekeeping CPUs; a mask it was pinned to would survive the
+            # move (the kernel keeps the pinned mask within the new cpuset): widen it to the cpuset.
+            os.sched_setaffinity(0, range(_ALL_CPUS))
         if spec.get("cpus"):
             stage = "pinning CPUs"
             os.sched_setaffinity(0, spec["cpus"])
+        if spec.get("aslr") == "off":
+            stage = "turning address space randomisation off (--aslr off)"
+            process.no_aslr()
+        if spec.get("thp") == "off":
+            stage = "turning transparent huge pages off (--thp off)"
+            process.no_thp()
         stage = f"dropping privileges to {spec['user']}"
         identity.become(spec["user"], spec["uid"], spec["gid"])
         os.umask(spec.get("umask", 0o077) & 0o777)

@@ -3,8 +3,7 @@ by the daemon that sees the end, after a kill -9 of the one that moved them too.
 
 Needs root that can write /proc/irq/*/smp_affinity_list (skipped otherwise) and at
 least 2 CPUs: the daemon reserves CPU 0 for the OS (the housekeeping CPU by default)
-and gives the job the rest. The test knob HPC_BATCH_TEST_BENCHMARK=1 makes every job
-a benchmark job until ``dispatch new --benchmark`` exists.
+and gives the job the rest; the jobs are ``dispatch new --benchmark`` jobs.
 
 What this host cannot show (cgroup v1 here, no cpufreq, no irqbalance), for the VM
 tier (tests/system) to check on a guest with cgroup v2:
@@ -33,7 +32,6 @@ from hpc_batch import irqsteer, quiet
 from hpc_batch.cputopo import parse_cpulist
 
 pytestmark = pytest.mark.timeout(120)
-BENCH = {quiet.TEST_KNOB: "1"}
 
 
 def _writable_irqs() -> bool:
@@ -65,9 +63,10 @@ def irqs():
                 pass
 
 
-def _start(d, scratch):
+def _start(d, scratch, bench=True):
     flag = os.path.join(scratch, "go")
-    job = d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done")
+    job = d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done",
+                   flags=("--benchmark",) if bench else ())
     wait_for(lambda: "queued" not in d.rows().get(job, "queued"), what=f"job {job} started")
     status = os.path.join(d.state_dir, "jobs", str(job), "status.json")
     wait_for(lambda: os.path.exists(status), what="its shepherd")
@@ -95,7 +94,7 @@ def _check_restored(before, moved):
 
 
 def test_benchmark_job_moves_irqs_and_puts_them_back(daemon_factory, users, scratch, irqs):
-    d = daemon_factory(env=BENCH)
+    d = daemon_factory()
     job, flag, show = _start(d, scratch)
     moved = _check_moved(irqs, show)
     assert show["quiet"]["irqbalance"] in ("not running",) or show["quiet"]["irqbalance"].startswith("active")
@@ -112,14 +111,14 @@ def test_benchmark_job_moves_irqs_and_puts_them_back(daemon_factory, users, scra
 
 def test_plain_job_moves_nothing(daemon_factory, users, scratch, irqs):
     d = daemon_factory()
-    job, flag, show = _start(d, scratch)
+    job, flag, show = _start(d, scratch, bench=False)
     assert show["quiet"] is None and irqsteer.read_affinities() == irqs
     open(flag, "w").close()
     d.wait_finished(job)
 
 
 def test_kill9_mid_job_then_restart_restores_at_its_end(daemon_factory, users, scratch, irqs):
-    d = daemon_factory(env=BENCH)
+    d = daemon_factory()
     job, flag, show = _start(d, scratch)
     moved = _check_moved(irqs, show)
     saved = os.path.join(d.state_dir, "jobs", str(job), quiet.FILE)
@@ -134,7 +133,7 @@ def test_kill9_mid_job_then_restart_restores_at_its_end(daemon_factory, users, s
 
 
 def test_job_ends_while_daemon_is_down(daemon_factory, users, scratch, irqs):
-    d = daemon_factory(env=BENCH)
+    d = daemon_factory()
     job, flag, show = _start(d, scratch)
     moved = _check_moved(irqs, show)
     d.kill9()
@@ -148,7 +147,7 @@ def test_job_ends_while_daemon_is_down(daemon_factory, users, scratch, irqs):
 
 
 def test_reload_keeps_irqs_moved(daemon_factory, users, scratch, irqs):
-    d = daemon_factory(env=BENCH)
+    d = daemon_factory()
     job, flag, show = _start(d, scratch)
     moved = _check_moved(irqs, show)
     d.proc.send_signal(signal.SIGHUP)
