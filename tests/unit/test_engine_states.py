@@ -2,8 +2,8 @@
 
 Hypothesis drives the real Engine, with the in-memory store, launcher and
 passwd of enginefakes, the way the server's loop does: one event per turn,
-each turn ended by the commit and the spawns, and a tick at once when
-something freed resources. The events:
+each turn ended by the commit and the spawns, and another turn at once
+while the engine has work left for now. The events:
 
 - submits: plain, named, arrays with and without %N, --after and --after-ok
   on ids and names, from root, two users and a uid without a passwd entry;
@@ -122,6 +122,11 @@ def indexes(eng: Engine) -> Indexes:
                    finished={u: list(h) for u, h in eng.finished_by_uid.items()},
                    dependents={k: set(v) for k, v in eng.dependents.items()},
                    pending=len(eng.to_settle) + len(eng.ended_deps) + len(eng.pinned))
+
+
+def has_work(eng: Engine) -> bool:
+    """Whether the loop turns again at once: something to schedule, spawn, or waiting jobs to look at."""
+    return bool(eng.resched or eng.to_spawn or eng.unsettled)
 
 
 def caps(cfg) -> list:
@@ -287,7 +292,7 @@ class EngineStates(RuleBasedStateMachine):
     def _settle(self) -> None:
         """What the loop does next while the engine has work left for now (tick returns now): tick at once."""
         for _ in range(1000):
-            if not (self.eng.resched or self.eng.to_spawn or self.eng.unsettled):
+            if not has_work(self.eng):
                 return
             self._turn(lambda: self.eng.tick(self.now))
         raise AssertionError("the engine never settled (1000 turns)")
