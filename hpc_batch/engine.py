@@ -109,9 +109,11 @@ class Engine:
         self.finished_by_uid: dict[int, list[int]] = {}   # uid -> heap of its finished jobs' ids
         # Waiting jobs to look at again, and ended jobs whose dependents are still to be looked at:
         # settled a bounded number per turn, so releasing 10,000 dependents never stalls the loop.
-        self.to_settle: deque[tuple[int, int | None]] = deque()   # (waiting job, the ended job it follows)
+        self.to_settle: deque[int] = deque()
         self.ended_deps: deque[int] = deque()
-        self.pinned: dict[int, int] = {}    # ended job -> its dependents still to look at: never evicted before
+        # job -> how many waiting jobs name it: a finished job is not forgotten (--keep-finished)
+        # while one does, so an --after-ok that exited 0 still counts when the last of them ends.
+        self.followers: dict[int, int] = {}
         # Group commit: what this turn of the loop changed is made durable at its end, in one
         # fsync (Store.commit), before replies go out and before started jobs are spawned.
         self.batch_new: set[int] = set()    # jobs submitted this turn (refused if the commit fails)
@@ -177,7 +179,7 @@ class Engine:
                     self._fail(job, f"the daemon could not re-adopt it: {exc}", time.time())
         # The jobs they wait for may have ended meanwhile: look at every waiting job again, a
         # bounded number per turn (start-up never works through them all before serving).
-        self.to_settle.extend((job_id, None) for job_id in sorted(self.waiting))
+        self.to_settle.extend(sorted(self.waiting))
         self.dev.prune(set(self.queued) | set(self.running) | self.waiting)
         if self.cfg.cgroups:
             gone = cgroups.prune(self.cfg.cgroup_root, set(self.running))
@@ -438,7 +440,7 @@ class Engine:
             if job.state == WAITING:
                 self._wait_on(job)
                 if look:
-                    self.to_settle.append((job.id, None))
+                    self.to_settle.append(job.id)
             else:
                 self._enqueue(job)
         if bulk:
@@ -448,8 +450,8 @@ class Engine:
             log.info("job %d %s for %s: %s", first, made[0].state, made[0].user, made[0].shown[0])
         for job in made:
             self.hooks.job_event(job.id, "submitted")
-        if after:
-            self._settle(now)
+        # Whatever they wait on is looked at in the next turn, after the commit that acknowledges
+        # them: a submit that commit refuses has then ended nothing (no history, no events).
         # Decide now, act after the reply is sent: the client does not wait for the spawn.
         self.pending = self.plan(now)
         starting = {j for j, _ in self.pending.starts} if self.pending is not None else set()
@@ -520,6 +522,8 @@ class Engine:
         if job.id not in self.waiting:
             self.waiting.add(job.id)
             self._hold(job.uid, 1)
+            for dep_id in job.after:
+                self.followers[dep_id] = self.followers.get(dep_id, 0) + 1
         for dep_id in job.after:
             dep = self.jobs.get(dep_id)
             if dep is not None and dep.state != FINISHED:   # an ended one is looked at when it settles
@@ -529,6 +533,12 @@ class Engine:
         if job.id in self.waiting:
             self.waiting.discard(job.id)
             self._hold(job.uid, -1)
+            for dep_id in job.after:
+                left = self.followers[dep_id] - 1
+                if left:
+                    self.followers[dep_id] = left
+                else:
+                    del self.followers[dep_id]
 
     def _enqueue(self, job: Job) -> None:
         r = job.request
@@ -784,10 +794,13 @@ class Engine:
         """
         log.error("cannot write the journal (%s); this turn's submits are refused and its starts wait", exc)
         refused = set(self.batch_new)
+        gone_finished: dict[int, set[int]] = {}
         for job_id in refused:
             job = self.jobs.get(job_id)
             if job is None:
                 continue
+            if job.state == FINISHED:   # settled in this turn (a dependency ended meanwhile)
+                gone_finished.setdefault(job.uid, set()).add(job_id)
             self._forget(job)
             self.running.pop(job_id, None)
             if job_id in self.queued:
@@ -795,6 +808,10 @@ class Engine:
             self._unwait(job)
             self.dev.remove(job_id)
             self.store.remove_job(job_id)
+        for uid, ids in gone_finished.items():
+            heap = [i for i in self.finished_by_uid.get(uid, []) if i not in ids]
+            heapq.heapify(heap)
+            self.finished_by_uid[uid] = heap
         self.store.forget(refused)
         for job, cg in self.to_spawn:
             if job.id in refused:
@@ -1113,19 +1130,9 @@ class Engine:
             if not self.to_settle:
                 if not self.ended_deps:
                     return
-                ended = self.ended_deps.popleft()
-                waiters = sorted(self.dependents.pop(ended, ()))
-                if waiters:
-                    self.pinned[ended] = len(waiters)
-                    self.to_settle.extend((w, ended) for w in waiters)
+                self.to_settle.extend(sorted(self.dependents.pop(self.ended_deps.popleft(), ())))
                 continue
-            job_id, follows = self.to_settle.popleft()
-            if follows is not None:
-                left = self.pinned[follows] - 1
-                if left:
-                    self.pinned[follows] = left
-                else:
-                    del self.pinned[follows]
+            job_id = self.to_settle.popleft()
             job = self.jobs.get(job_id)
             if job is None or job.state != WAITING:
                 continue
@@ -1193,7 +1200,7 @@ class Engine:
         while done and len(victims) < extra:
             job_id = heapq.heappop(done)
             # Its waiting dependents are still to look at its result: it stays until they have.
-            (spared if job_id in self.pinned or job_id in self.dependents else victims).append(self.jobs[job_id])
+            (spared if job_id in self.followers else victims).append(self.jobs[job_id])
         for job in spared:
             heapq.heappush(done, job.id)
         if not victims:

@@ -480,7 +480,7 @@ def test_a_job_is_remembered_until_its_dependents_have_seen_how_it_ended(world):
     for job_id in range(bulk["id"], bulk["last"] + 1):
         job = eng.jobs.get(job_id)
         assert job is None or job.result is None or job.get_result().kind != jobs.DEPENDENCY_FAILED, job_id
-    assert not eng.waiting and not eng.pinned and len(eng.queued) + len(eng.running) > 1000
+    assert not eng.waiting and not eng.followers and len(eng.queued) + len(eng.running) > 1000
 
 
 def test_a_submit_after_jobs_that_already_ended_is_settled_at_once(world):

@@ -121,7 +121,7 @@ def indexes(eng: Engine) -> Indexes:
                    capped_queued=eng.capped_queued, names={k: list(v) for k, v in eng.names.items()},
                    finished={u: list(h) for u, h in eng.finished_by_uid.items()},
                    dependents={k: set(v) for k, v in eng.dependents.items()},
-                   pending=len(eng.to_settle) + len(eng.ended_deps) + len(eng.pinned))
+                   pending=len(eng.to_settle) + len(eng.ended_deps))
 
 
 def has_work(eng: Engine) -> bool:
