@@ -35,13 +35,13 @@ def _show(d: ScratchDaemon, job: int) -> dict[str, Any]:
 
 def _what_the_start_did(shown: dict[str, Any]) -> str:
     """One line from a benchmark job's record: IRQs moved and refused, the cpufreq policy, the partition."""
-    quiet = shown.get("quiet") or {}
-    irqs = quiet.get("irqs") or {}
-    part = quiet.get("partition")
+    rec = shown.get("quiet") or {}
+    irqs = rec.get("irqs") or {}
+    part = rec.get("partition")
     part_text = part.get("state") if isinstance(part, dict) else part
     return (f"What a benchmark start did here (job {shown.get('id')}'s record): {len(irqs.get('moved') or [])} "
             f"IRQs moved to CPU {irqs.get('to')}, {len(irqs.get('unmovable') or {})} refused; cpufreq "
-            f"{(quiet.get('cpufreq') or {}).get('policy')}; partition {part_text or 'none (--no-cgroups)'}; "
+            f"{(rec.get('cpufreq') or {}).get('policy')}; partition {part_text or 'none (--no-cgroups)'}; "
             f"{len(shown.get('shortfalls') or [])} shortfalls recorded.")
 
 
