@@ -29,21 +29,27 @@ def measure_client(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> N
     figs["list"].value, figs["list"].baseline = summarize(lst, "ms"), figs["new"].baseline
 
 
+def submit_to_stamp(d: ScratchDaemon, argv: list[str], name: str, *options: str) -> float:
+    """Seconds from just before ``dispatch new [OPTIONS] --output NAME -- PROBE`` is forked to the
+    probe's clock read (in its log, read once the daemon is idle again)."""
+    log = os.path.join(d.work, name)
+    t0 = time.time_ns()
+    r = subprocess.run([DISPATCH, "new", *options, "--output", log, "--", *argv], env=d.env, cwd=d.work,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if r.returncode != 0:
+        raise DaemonError(f"dispatch new of the probe exited {r.returncode}: {r.stderr.decode().strip()}")
+    d.wait_idle()
+    with open(log) as f:
+        return (probe.read_stamp(f.read()) - t0) / 1e9
+
+
 def measure_latency(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
     """Row latency: submit to the probe's clock read, against the probe run directly."""
     argv, what = probe.build(ctx.scratch)
     figs["latency"].details.append(f"The probe here: {what}.")
     lat, direct = [], []
     for i in range(ctx.plan.runs):
-        log = os.path.join(d.work, f"stamp.{i}.log")
-        t0 = time.time_ns()
-        r = subprocess.run([DISPATCH, "new", "--output", log, "--", *argv], env=d.env, cwd=d.work,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if r.returncode != 0:
-            raise DaemonError(f"dispatch new of the probe exited {r.returncode}: {r.stderr.decode().strip()}")
-        d.wait_idle()
-        with open(log) as f:
-            lat.append((probe.read_stamp(f.read()) - t0) / 1e9)
+        lat.append(submit_to_stamp(d, argv, f"stamp.{i}.log"))
         t0 = time.time_ns()
         out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, check=True).stdout
         direct.append((probe.read_stamp(out.decode()) - t0) / 1e9)

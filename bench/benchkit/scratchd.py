@@ -74,7 +74,10 @@ class ScratchDaemon:
 
     def argv(self) -> list[str]:
         argv = [DAEMON, "--no-cgroups", "--socket", self.sock, "--state-dir", self.state,
-                "--dev-dir", os.path.join(self.dir, "dev"), "--reserve-cpu", "0", "--reserve-mem", "0"]
+                "--dev-dir", os.path.join(self.dir, "dev")]
+        for flag in ("--reserve-cpu", "--reserve-mem"):   # 0 unless *args* names its own (given once only)
+            if flag not in self.args:
+                argv += [flag, "0"]
         group = admin_group()
         return argv + (["--admin-group", group] if group else []) + list(self.args)
 

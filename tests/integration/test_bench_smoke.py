@@ -21,7 +21,7 @@ RUN = os.path.join(ROOT, "bench", "run")
 DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
 
 # Rows the bench may leave n/a, and the word its reason must contain.
-MAY_BE_MISSING = {"drain_array": "--array", "vm": "VM"}
+MAY_BE_MISSING = {"drain_array": "--array", "vm": "VM", "bench_start": "2 CPUs", "bench_wakeups": "2 CPUs"}
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -61,7 +61,8 @@ def test_smoke_run_produces_every_figure(users, scratch):
         text = f.read()
     figures = {f["key"]: f for f in report["figures"]}
     for key in ("new", "latency", "drain_array", "drain_loop", "shepherd_pss", "shepherd_rss",
-                "shepherd_wakeups", "queue_new", "queue_list", "output", "restart", "vm", "wait"):
+                "shepherd_wakeups", "queue_new", "queue_list", "output", "restart", "vm", "wait",
+                "bench_start", "bench_wakeups"):
         assert key in figures, f"figure {key} is gone from the report"
     for key, fig in figures.items():
         assert fig["complete"], f"{key}: neither a value nor a reason"
