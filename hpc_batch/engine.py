@@ -873,7 +873,9 @@ class Engine:
         log.info("job %d: benchmark: %d IRQs moved to CPUs %s, %s", job.id, len(moved),
                  (job.quiet.get("irqs") or {}).get("to"), (job.quiet.get("cpufreq") or {}).get("turbo"))
         try:
-            self.store.save_job(job)
+            # The cache only: no journal commit (an fdatasync) more per start. What must be undone
+            # is in quiet.json; this is what `show` reports, and the job's next durable save keeps it.
+            self.store.save_job(job, durable=False)
         except OSError:
             self.unsaved.add(job.id)
 
