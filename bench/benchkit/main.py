@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import hpc_batch
 
-from . import client, drain, machine, output, queue, report, restart, rows, shepherd
+from . import client, drain, machine, output, queue, release, report, restart, rows, shepherd
 from .context import FULL, SMOKE, Context
 from .report import Figure
 from .scratchd import DAEMON, DISPATCH, ScratchDaemon
@@ -93,6 +93,7 @@ def _measurements(ctx: Context) -> list[tuple[str, Callable[[dict[str, Figure]],
         ("drain", lambda figs: drain.measure(ctx, a(), figs)),
         ("queue", lambda figs: queue.measure(ctx, figs)),
         ("restart", lambda figs: restart.measure(ctx, figs)),
+        ("release", lambda figs: release.measure(ctx, figs)),
     ]
 
 
@@ -138,7 +139,7 @@ def main(argv: list[str]) -> int:
         for group, fill in _measurements(ctx):
             if group not in only:
                 for key in rows.GROUPS[group]:
-                    figs[key].missing = f"not run: --only {args.only}"
+                    figs[key].missing = figs[key].baseline_missing = f"not run: --only {args.only}"
                 continue
             ctx.say(f"measuring {group}")
             loads.append(f"{group} {os.getloadavg()[0]:.2f}")

@@ -17,6 +17,7 @@ GROUPS = {
     "output": ("output",),
     "restart": ("restart",),
     "wait": ("wait",),
+    "release": ("release",),
 }
 
 
@@ -98,4 +99,14 @@ def table(plan: Plan) -> list[Figure]:
                "process exiting. Baseline: one `dispatch list` round trip, the least any answer costs. "
                "(The 50 ms target is the project's own; Slurm's `sbatch --wait` polls every 2 s.)",
                Target("< 50 ms", "median", "<", 0.050), "a `dispatch list` round trip"),
+        Figure("release", f"the loop's worst stall while a bulk of {plan.release_jobs:,} dependents is released",
+               f"A daemon pinned to 1 CPU runs a gate job (it exits with what the benchmark writes to a FIFO), "
+               f"has a `sleep 3600` queued behind it, and `dispatch new --array 1-{plan.release_jobs} --after-ok "
+               "GATE --no-output -- true` waiting on it; a fresh daemon each run. A loop of `ping` requests, "
+               "back to back over the socket (with a `status` every 50 ms, timed too, to see when to stop), "
+               "first runs alone for "
+               f"{plan.release_base:g} s, nothing released (the baseline); then the gate exits 0 and the loop "
+               "runs until the daemon reports every dependent queued (the sleeper takes the CPU, so none runs). "
+               "Each value is the slowest answer of one run's loop.",
+               Target("<= 100 ms", "median", "<=", 0.100), "the same loop, nothing released"),
     ]
