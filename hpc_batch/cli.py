@@ -87,13 +87,15 @@ def split_env(words):
 
 
 def job_ref(text: str):
-    """A <job> as typed: an id (digits) or a job's --name."""
+    """A <job> as typed: an id (digits), a job's --name, or USER:NAME (another user's, for admins)."""
     if text.isascii() and text.isdigit():
         if int(text) == 0:
             raise UsageError(f"job id {text!r}: expected a positive number, as shown by dispatch list")
         return int(text)
-    if not text or len(text) > 64 or not all(c.isascii() and (c.isalnum() or c in "._-") for c in text):
-        raise UsageError(f"{text!r} is neither a job id nor a job name (letters, digits, '.', '_', '-')")
+    from .jobnames import split_ref
+    if split_ref(text) is None:
+        raise UsageError(f"{text!r} is neither a job id nor a job name (letters, digits, '.', '_', '-'; "
+                         f"USER:NAME for another user's)")
     return text
 
 
@@ -174,6 +176,8 @@ def cmd_new(conn, a) -> int:
         if a["--name"].isdigit() or is_range(a["--name"]):
             raise UsageError(f"--name {a['--name']!r}: a name cannot be only digits, nor FIRST-LAST digits "
                              f"(those are job ids and ranges)")
+        if ":" in a["--name"]:
+            raise UsageError(f"--name {a['--name']!r}: a name is letters, digits, '.', '_' and '-' only")
         args["name"] = job_ref(a["--name"])
     if a["--after"] is not None and a["--after-ok"] is not None:
         raise UsageError("give --after or --after-ok, not both")

@@ -25,7 +25,8 @@ Commands:
   status   The machine at a glance: CPUs, memory and GPUs per NUMA node, the queue.
   job      Read a job's max time; admins can set it or add to it.
 
-A <job> is its id, or the --name it was given (your newest job of that name);
+A <job> is its id, or the --name it was given (your newest job of that name,
+admins too), or USER:NAME for another user's (admins);
 list, kill and wait also take a range of ids, FIRST-LAST (a bulk submit's).
 Run 'dispatch <command> --help' for a command's options. The daemon's socket
 is $HPC_BATCH_SOCKET, or /run/hpc-batch/hpc-batch.sock.

@@ -43,7 +43,7 @@ Options:
   --no-dev-dir             Skip the per-job entries under --dev-dir.
   --no-gpu-mask            Do not hide GPUs a job was not given (its cgroup's
                            device program); CUDA_VISIBLE_DEVICES only.
-  --max-queued-per-user N  Queued jobs one user may have [default: {defaults.MAX_QUEUED_PER_USER}]
+  --max-queued-per-user N  Jobs one user may hold queued or waiting [default: {defaults.MAX_QUEUED_PER_USER}]
   --max-job-size SIZE      Largest command plus --env environment of one job
                            [default: {defaults.MAX_JOB_SIZE}]
   --max-connections-per-user N

@@ -15,10 +15,13 @@ job is a line on its shepherd's control FIFO. An error while acting on one
 job ends that job (as ``error``, with the reason), never the daemon.
 """
 
+import bisect
+import heapq
 import logging
 import os
 import pwd
 import time
+from collections import deque
 from typing import Any
 
 from shepherd import records
@@ -27,6 +30,7 @@ from . import bounds, cgroups, defaults, dependencies, devdir, gputopo, launcher
 from .access import Caller
 from .durations import format_duration
 from .history import History
+from .jobnames import split_ref
 from .jobs import (
     CANCELLED,
     DEPENDENCY_FAILED,
@@ -75,9 +79,21 @@ class Engine:
         self.jobs: dict[int, Job] = {}
         self.queued: dict[int, scheduler.QueuedJob] = {}   # insertion order = submission order
         self.running: dict[int, dict[str, Any]] = {}  # id -> {"pid", "pidfd", "alloc", "cgroup"}
-        self.queued_by_uid: dict[int, int] = {}   # per-user count, for --max-queued-per-user
+        self.queue_sorted = True            # False once a released job was appended out of id order
+        # Every job a user holds (queued, %N-held or waiting) counts toward --max-queued-per-user.
+        self.held_by_uid: dict[int, int] = {}
         self.stale_cgroups: set[str] = set()  # job cgroups still busy when their job ended
         self.waiting: set[int] = set()      # jobs held by --after / --after-ok
+        # Indexes, so that no event costs a scan of every job (a daemon may hold 100,000):
+        self.dependents: dict[int, set[int]] = {}   # job -> the waiting jobs that name it in --after
+        self.names: dict[tuple[int, str], list[int]] = {}   # (uid, name) -> its jobs' ids, ascending
+        self.user_ids: dict[str, int] = {}  # user name -> uid, for USER:NAME references
+        self.finished_by_uid: dict[int, list[int]] = {}   # uid -> heap of its finished jobs' ids
+        # Waiting jobs to look at again, and ended jobs whose dependents are still to be looked at:
+        # settled a bounded number per turn, so releasing 10,000 dependents never stalls the loop.
+        self.to_settle: deque[tuple[int, int | None]] = deque()   # (waiting job, the ended job it follows)
+        self.ended_deps: deque[int] = deque()
+        self.pinned: dict[int, int] = {}    # ended job -> its dependents still to look at: never evicted before
         # Group commit: what this turn of the loop changed is made durable at its end, in one
         # fsync (Store.commit), before replies go out and before started jobs are spawned.
         self.batch_new: set[int] = set()    # jobs submitted this turn (refused if the commit fails)
@@ -105,11 +121,13 @@ class Engine:
         self.next_id = max(self.saved_floor, top + 1)
         notes = list(self.store.notes)
         for job in jobs:
-            self.jobs[job.id] = job
+            self._add(job)
             if job.state == QUEUED:
                 self._enqueue(job)
             elif job.state == WAITING:
-                self.waiting.add(job.id)
+                self._wait_on(job)
+            elif job.state == FINISHED:
+                heapq.heappush(self.finished_by_uid.setdefault(job.uid, []), job.id)
             if job.state in (QUEUED, WAITING):
                 self.dev.add(job.id, job.uid, self.store.job_dir(job.id))
         for job in jobs:
@@ -119,8 +137,10 @@ class Engine:
                 except Exception as exc:  # one record the daemon cannot act on must not stop it
                     log.exception("job %d: cannot re-adopt it", job.id)
                     self.running.pop(job.id, None)
-                    self._finish(job, Result(ERROR, note=f"the daemon could not re-adopt it: {exc}"), time.time())
-        self._release_waiting(time.time())   # jobs they waited for may have ended meanwhile
+                    self._fail(job, f"the daemon could not re-adopt it: {exc}", time.time())
+        # The jobs they wait for may have ended meanwhile: look at every waiting job again, a
+        # bounded number per turn (start-up never works through them all before serving).
+        self.to_settle.extend((job_id, None) for job_id in sorted(self.waiting))
         self.dev.prune(set(self.queued) | set(self.running) | self.waiting)
         if self.cfg.cgroups:
             gone = cgroups.prune(self.cfg.cgroup_root, set(self.running))
@@ -216,7 +236,7 @@ class Engine:
             return None, dependencies.evaluate(job, self.jobs.get)[1]
         if job.state != QUEUED:
             return None, None
-        order = list(self.queued)
+        order = list(self._in_order())
         position = order.index(job.id) + 1
         if job.array is not None and job.array.get("limit") and \
                 self._array_room().get(job.array["first"], 1) <= 0:
@@ -253,25 +273,38 @@ class Engine:
         """``dispatch status``: the machine at a glance."""
         head = None
         if self.queued:
-            job = self.jobs[next(iter(self.queued))]
+            job = self.jobs[next(iter(self._in_order()))]
             head = {"id": job.id, "user": job.user, "name": job.name, "why": self.why(job)[1]}
         return report.status(self.machine, self.limits, [r["alloc"] for r in self.running.values()],
                              self.cfg.schedule, len(self.queued), len(self.waiting), head)
 
     def lookup(self, caller: Caller, ref: int | str) -> Job:
-        """The job *caller* names by id or --name, or Refused (no such job / belongs to another user).
+        """The job *caller* names by id, NAME or USER:NAME, or Refused.
 
-        A name means the caller's newest job of that name (an admin's: anyone's).
+        A NAME means the caller's own newest job of that name, for admins too;
+        an admin names another user's job by id or as USER:NAME. A job the
+        caller may not see is refused as not found, exactly like a job that
+        does not exist, unless --list-is-public lets everyone see it anyway.
         """
         if isinstance(ref, str):
-            named = [j for j in self.jobs.values() if j.name == ref and (j.uid == caller.uid or caller.is_admin)]
-            if not named:
+            split = split_ref(ref)
+            if split is None:
                 raise Refused(f"no job named {ref!r}", "not_found")
-            return max(named, key=lambda j: j.id)
-        job = self.jobs.get(ref)
-        if job is None:
-            raise Refused(f"no such job: {ref}", "not_found")
+            user, name = split
+            uid = caller.uid if user is None else self.user_ids.get(user)
+            ids = self.names.get((uid, name)) if uid is not None else None
+            if not ids:
+                raise Refused(f"no job named {ref!r}", "not_found")
+            job = self.jobs[ids[-1]]
+        else:
+            found = self.jobs.get(ref)
+            if found is None:
+                raise Refused(f"no such job: {ref}", "not_found")
+            job = found
         if job.uid != caller.uid and not caller.is_admin:
+            if not self.cfg.list_is_public:
+                raise Refused(f"no such job: {ref}" if isinstance(ref, int) else f"no job named {ref!r}",
+                              "not_found")
             raise Refused(f"job {ref} belongs to another user", "forbidden")
         return job
 
@@ -291,12 +324,12 @@ class Engine:
                           f"{format_mem(self.cfg.max_job_size)} a job may carry (the admin's --max-job-size); "
                           f"submit a script instead, or drop --env", "too_large")
         elements = req.elements()
-        queued = self.queued_by_uid.get(caller.uid, 0)
-        if queued + len(elements) > self.cfg.max_queued_per_user:
-            many = f"these {len(elements)} jobs would make {queued + len(elements)}" if len(elements) > 1 else \
-                f"you already have {queued}"
-            raise Refused(f"{many} queued, more than the {self.cfg.max_queued_per_user} one user may have "
-                          f"(the admin's --max-queued-per-user); wait for some to start", "queue_full")
+        held = self.held_by_uid.get(caller.uid, 0)
+        if held + len(elements) > self.cfg.max_queued_per_user:
+            many = f"these {len(elements)} jobs would make {held + len(elements)}" if len(elements) > 1 else \
+                f"you already have {held}"
+            raise Refused(f"{many} queued or waiting, more than the {self.cfg.max_queued_per_user} one user may "
+                          f"have (the admin's --max-queued-per-user); wait for some to start", "queue_full")
         wanted = {"cpus": req.cpus, "mem": req.mem, "gpus": req.gpus, "exclusive": req.exclusive,
                   "numa_local": req.numa_local, "numa_local_gpu": req.numa_local_gpu, "gpu_link": req.gpu_link}
         request = _request(wanted)
@@ -331,7 +364,7 @@ class Engine:
         self._persist_new(made)
         self.next_id = first + len(made)
         for job, _ in made:
-            self.jobs[job.id] = job
+            self._add(job)
             jdir = self.store.job_dir(job.id)
             try:
                 devdir.create_output(jdir, job.uid, self.cfg.admin_gid)
@@ -340,7 +373,8 @@ class Engine:
                 pass
             self.dev.add(job.id, job.uid, jdir)
             if job.state == WAITING:
-                self.waiting.add(job.id)
+                self._wait_on(job)
+                self.to_settle.append((job.id, None))   # what it waits for may have ended already
             else:
                 self._enqueue(job)
         if bulk:
@@ -351,7 +385,7 @@ class Engine:
         for job, _ in made:
             self.hooks.job_event(job.id, "submitted")
         if after:
-            self._release_waiting(now)     # its jobs may have ended already
+            self._settle(now)
         # Decide now, act after the reply is sent: the client does not wait for the spawn.
         self.pending = self.plan(now)
         starting = {j for j, _ in self.pending.starts} if self.pending is not None else set()
@@ -392,12 +426,60 @@ class Engine:
         if decision is not None:
             self.apply(decision, now)
 
+    def _add(self, job: Job) -> None:
+        """A job the engine now knows (submitted or loaded): into its indexes."""
+        self.jobs[job.id] = job
+        self.user_ids[job.user] = job.uid
+        if job.name is not None:
+            ids = self.names.setdefault((job.uid, job.name), [])
+            if ids and ids[-1] > job.id:
+                bisect.insort(ids, job.id)
+            else:
+                ids.append(job.id)
+
+    def _forget(self, job: Job) -> None:
+        """A job the engine no longer knows (evicted, or its submit refused): out of its indexes."""
+        self.jobs.pop(job.id, None)
+        self.dependents.pop(job.id, None)
+        if job.name is not None:
+            ids = self.names.get((job.uid, job.name))
+            if ids is not None:
+                i = bisect.bisect_left(ids, job.id)
+                if i < len(ids) and ids[i] == job.id:
+                    del ids[i]
+                if not ids:
+                    del self.names[(job.uid, job.name)]
+
+    def _hold(self, uid: int, n: int) -> None:
+        left = self.held_by_uid.get(uid, 0) + n
+        if left > 0:
+            self.held_by_uid[uid] = left
+        else:
+            self.held_by_uid.pop(uid, None)
+
+    def _wait_on(self, job: Job) -> None:
+        """Hold a job on its --after jobs: it is looked at again when one of them ends."""
+        if job.id not in self.waiting:
+            self.waiting.add(job.id)
+            self._hold(job.uid, 1)
+        for dep_id in job.after:
+            dep = self.jobs.get(dep_id)
+            if dep is not None and dep.state != FINISHED:   # an ended one is looked at when it settles
+                self.dependents.setdefault(dep_id, set()).add(job.id)
+
+    def _unwait(self, job: Job) -> None:
+        if job.id in self.waiting:
+            self.waiting.discard(job.id)
+            self._hold(job.uid, -1)
+
     def _enqueue(self, job: Job) -> None:
         r = job.request
         if job.id not in self.queued:
-            self.queued_by_uid[job.uid] = self.queued_by_uid.get(job.uid, 0) + 1
+            self._hold(job.uid, 1)
             if job.array is not None and job.array.get("limit"):
                 self.capped_queued += 1
+            if self.queued and next(reversed(self.queued)) > job.id:
+                self.queue_sorted = False   # its place is its submission order: sorted before the next use
         self.queued[job.id] = scheduler.QueuedJob(
             id=job.id,
             request=_request(r),
@@ -408,11 +490,14 @@ class Engine:
         del self.queued[job.id]
         if job.array is not None and job.array.get("limit"):
             self.capped_queued -= 1
-        left = self.queued_by_uid.get(job.uid, 1) - 1
-        if left > 0:
-            self.queued_by_uid[job.uid] = left
-        else:
-            self.queued_by_uid.pop(job.uid, None)
+        self._hold(job.uid, -1)
+
+    def _in_order(self) -> dict[int, scheduler.QueuedJob]:
+        """The queue in submission (id) order: sorted once after jobs were put back out of order."""
+        if not self.queue_sorted:
+            self.queued = dict(sorted(self.queued.items()))
+            self.queue_sorted = True
+        return self.queued
 
     def _info(self, job: Job) -> dict:
         s = self.summary(job)
@@ -457,11 +542,12 @@ class Engine:
         They wait without holding up the jobs behind them, as a Slurm array's
         throttled tasks do. Without capped arrays queued this is the queue as is.
         """
+        queue = self._in_order()
         if not self.capped_queued:
-            return list(self.queued.values())
+            return list(queue.values())
         room = self._array_room()
         eligible = []
-        for q in self.queued.values():
+        for q in queue.values():
             a = self.jobs[q.id].array
             if a is not None and a.get("limit"):
                 left = room.get(a["first"], a["limit"])
@@ -612,13 +698,14 @@ class Engine:
         log.error("cannot write the journal (%s); this turn's submits are refused and its starts wait", exc)
         refused = set(self.batch_new)
         for job_id in refused:
-            job = self.jobs.pop(job_id, None)
+            job = self.jobs.get(job_id)
             if job is None:
                 continue
+            self._forget(job)
             self.running.pop(job_id, None)
             if job_id in self.queued:
                 self._dequeue(job)
-            self.waiting.discard(job_id)
+            self._unwait(job)
             self.dev.remove(job_id)
             self.store.remove_job(job_id)
         self.store.forget(refused)
@@ -635,7 +722,6 @@ class Engine:
                 self.store.save_job(job, stored)   # queued again, its environment back in its record
             except OSError:
                 self.unsaved.add(job.id)
-        self.queued = dict(sorted(self.queued.items()))
         self.to_spawn = []
         self.retry_at = now + 2.0
         return refused
@@ -683,7 +769,6 @@ class Engine:
         del self.running[job.id]
         move(job, QUEUED, now)
         self._enqueue(job)
-        self.queued = dict(sorted(self.queued.items()))
         self.retry_at = now + 2.0
 
     def _drop_cgroup(self, cg) -> None:
@@ -785,11 +870,18 @@ class Engine:
             job.output_error = f"{why}; the output is kept at {kept}"
 
     def _finish(self, job: Job, result: Result, now: float) -> None:
+        """End *job* with *result*, then look at the jobs waiting on it (a bounded number now)."""
+        self._end(job, result, now)
+        self.ended_deps.append(job.id)
+        self._settle(now)
+
+    def _end(self, job: Job, result: Result, now: float) -> None:
+        """End one job: its record, its files, its indexes. Never looks at other jobs' dependencies."""
         if job.state == RUNNING and os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT)):
             self._delivery(job)
         if job.id in self.queued:
             self._dequeue(job)
-        self.waiting.discard(job.id)
+        self._unwait(job)
         move(job, FINISHED, now, result)
         handle = self.running.pop(job.id, None)
         try:
@@ -815,23 +907,54 @@ class Engine:
                  f" ({result.note})" if result.note else "")
         self.history.record(job)
         self.hooks.job_event(job.id, "finished")
-        self._release_waiting(now)
+        heapq.heappush(self.finished_by_uid.setdefault(job.uid, []), job.id)
         self._evict(job.uid)
         if handle is not None:
             self.resched = True  # freed resources: the next tick schedules (never re-entrantly)
 
-    def _release_waiting(self, now: float) -> None:
-        """Queue the waiting jobs whose --after jobs have all ended; fail those whose --after-ok cannot hold."""
-        for job_id in sorted(self.waiting):
+    @property
+    def unsettled(self) -> bool:
+        """True while waiting jobs are still to be looked at (the loop then turns again at once)."""
+        return bool(self.to_settle or self.ended_deps)
+
+    def _settle(self, now: float, budget: int | None = None) -> None:
+        """Look at waiting jobs whose dependencies may have changed: queue the ready, fail the doomed.
+
+        A work list, never recursion: a job failed here adds its own dependents
+        to the list, so a failed --after-ok fails any number of dependents, and
+        any depth of chains, in bounded stack. Each ended job's dependents come
+        from the reverse index, so an end looks only at its own dependents. At
+        most *budget* (SETTLE_BATCH) jobs a call; the rest wait for the next
+        turn, so one release of 10,000 jobs never holds the loop for long.
+        """
+        budget = SETTLE_BATCH if budget is None else budget
+        while budget > 0:
+            if not self.to_settle:
+                if not self.ended_deps:
+                    return
+                ended = self.ended_deps.popleft()
+                waiters = sorted(self.dependents.pop(ended, ()))
+                if waiters:
+                    self.pinned[ended] = len(waiters)
+                    self.to_settle.extend((w, ended) for w in waiters)
+                continue
+            job_id, follows = self.to_settle.popleft()
+            if follows is not None:
+                left = self.pinned[follows] - 1
+                if left:
+                    self.pinned[follows] = left
+                else:
+                    del self.pinned[follows]
             job = self.jobs.get(job_id)
             if job is None or job.state != WAITING:
-                self.waiting.discard(job_id)
                 continue
+            budget -= 1
             verdict, why = dependencies.evaluate(job, self.jobs.get)
             if verdict == dependencies.FAILED:
-                self._finish(job, Result(DEPENDENCY_FAILED, note=why), now)   # releases its own waiters
+                self._end(job, Result(DEPENDENCY_FAILED, note=why), now)
+                self.ended_deps.append(job.id)
             elif verdict == dependencies.READY:
-                self.waiting.discard(job_id)
+                self._unwait(job)
                 move(job, QUEUED, now)
                 try:
                     self.store.save_job(job)
@@ -839,7 +962,6 @@ class Engine:
                     log.error("job %d: cannot record that it is queued (%s); will retry", job.id, exc)
                     self.unsaved.add(job.id)
                 self._enqueue(job)
-                self.queued = dict(sorted(self.queued.items()))   # its place is its submission order
                 self.resched = True
 
     def _fail(self, job: Job, why: str, now: float) -> None:
@@ -878,19 +1000,35 @@ class Engine:
             self.save_meta()
 
     def _evict(self, uid: int) -> None:
-        done = [j for j in self.jobs.values() if j.uid == uid and j.state == FINISHED]
+        """Forget the user's oldest finished jobs past --keep-finished (a heap: no scan of all jobs)."""
+        done = self.finished_by_uid.get(uid)
+        if done is None:
+            return
         extra = len(done) - self.cfg.keep_finished
         if extra <= 0:
             return
-        victims = sorted(done, key=lambda j: j.id)[:extra]
-        # The persisted id floor must outlive the records it replaces; it usually already does.
-        if victims[-1].id >= self.saved_floor and not self.save_meta():
+        victims: list[Job] = []
+        spared: list[Job] = []
+        while done and len(victims) < extra:
+            job_id = heapq.heappop(done)
+            # Its waiting dependents are still to look at its result: it stays until they have.
+            (spared if job_id in self.pinned or job_id in self.dependents else victims).append(self.jobs[job_id])
+        for job in spared:
+            heapq.heappush(done, job.id)
+        if not victims:
             return
+        # The persisted id floor must outlive the records it replaces; it usually already does.
+        if max(j.id for j in victims) >= self.saved_floor and not self.save_meta():
+            for job in victims:
+                heapq.heappush(done, job.id)
+            return
+        if not done:
+            del self.finished_by_uid[uid]
         for job in victims:
             if job.output_error:
                 self._keep_undelivered(job)
             self.store.remove_job(job.id)
-            del self.jobs[job.id]
+            self._forget(job)
 
     def _keep_undelivered(self, job: Job) -> None:
         src = os.path.join(self.store.job_dir(job.id), records.OUTPUT)
@@ -970,6 +1108,8 @@ class Engine:
         """Schedule if needed, enforce --max-time, retry what failed; returns when to call again."""
         if self.retry_at is not None and now >= self.retry_at:
             self.retry_at, self.resched = None, True
+        if self.unsettled:
+            self._settle(now)
         if self.resched:
             self.resched = False
             self.schedule(now)
@@ -993,6 +1133,8 @@ class Engine:
         due = self.store.compact_due   # the end of the turn commits, and compacts once this is due
         if due is not None:
             wake = due if wake is None else min(wake, due)
+        if self.unsettled:
+            wake = now
         return wake
 
     def _tick_job(self, job_id: int, now: float) -> float | None:
@@ -1027,6 +1169,7 @@ class Engine:
 
 
 STOP_RETRY = 0.5   # seconds between stop requests while no shepherd reads its FIFO yet
+SETTLE_BATCH = 500   # waiting jobs looked at per call of Engine._settle (the rest: next turn)
 
 
 def _request(r: dict[str, Any]) -> resources.Request:

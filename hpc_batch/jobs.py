@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from . import bounds
+from .jobnames import valid_name
 
 WAITING = "waiting"     # on its --after / --after-ok jobs
 QUEUED = "queued"
@@ -193,15 +194,6 @@ class Job:
 
 
 MAX_AFTER = 64          # dependencies of one job
-MAX_NAME = 64
-
-
-def valid_name(name: object) -> bool:
-    """A --name: 1-64 letters, digits, '.', '_' or '-', not all digits (those are ids)."""
-    return (isinstance(name, str) and 0 < len(name) <= MAX_NAME and name.isascii() and not name.isdigit()
-            and all(c.isalnum() or c in "._-" for c in name))
-
-
 def move(job: Job, to: str, now: float, result: Result | None = None,
          alloc: dict[str, Any] | None = None) -> None:
     """Move *job* to state *to* as the life-cycle table allows, setting that state's data.

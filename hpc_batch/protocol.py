@@ -18,7 +18,8 @@ from . import bounds
 
 # Re-exported (``protocol.ok(...)`` and the rest): the redundant aliases mark them public.
 from .arrays import is_range
-from .jobs import MAX_AFTER, valid_name
+from .jobnames import split_ref, valid_name
+from .jobs import MAX_AFTER
 from .messages import VERSION as VERSION
 from .messages import error as error
 from .messages import event as event
@@ -75,8 +76,8 @@ def _ref(value: object, field: str) -> int | str:
         if not 0 < value <= bounds.MAX_ID:
             raise ProtocolError(f"job ids are whole numbers from 1 to {bounds.MAX_ID}")
         return value
-    if not valid_name(value):
-        raise ProtocolError(f"{_short(value)} is neither a job id nor a job name")
+    if split_ref(value) is None:
+        raise ProtocolError(f"{_short(value)} is neither a job id nor a job name (NAME or USER:NAME)")
     return value
 
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import jobs
+from . import jobnames, jobs
 from .cli import env_word
 
 EXECUTOR = "hpc-batch"      # the name PSI/J knows the executor by, and the prefix of its custom attributes
@@ -178,10 +178,10 @@ def job_name(name: str | None) -> str | None:
     character a name cannot hold made '_'; None when nothing usable is left."""
     if not name:
         return None
-    clean = re.sub(r"[^A-Za-z0-9._-]", "_", name.rstrip("/").rsplit("/", 1)[-1])[:jobs.MAX_NAME]
+    clean = re.sub(r"[^A-Za-z0-9._-]", "_", name.rstrip("/").rsplit("/", 1)[-1])[:jobnames.MAX_NAME]
     if clean.isdigit():
-        clean = f"job-{clean}"[:jobs.MAX_NAME]
-    return clean if jobs.valid_name(clean) else None
+        clean = f"job-{clean}"[:jobnames.MAX_NAME]
+    return clean if jobnames.valid_name(clean) else None
 
 
 @dataclass(frozen=True)

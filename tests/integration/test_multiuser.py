@@ -38,9 +38,10 @@ def test_other_users_cannot_see_or_touch(daemon, users):
     assert job not in daemon.rows(user=bob)
     r = daemon.dispatch("list", "--all", user=bob)
     assert r.returncode == 4 and "admin" in r.stderr
-    for verb in ("attach", "kill"):
+    for verb in ("attach", "kill", "show"):
+        # Not found, exactly as a job that does not exist: nothing tells bob it is there.
         r = daemon.dispatch(verb, str(job), user=bob)
-        assert r.returncode == 4 and "belongs to another user" in r.stderr, r
+        assert r.returncode == 3 and r.stderr == f"dispatch: no such job: {job}\n", r
     assert "queued" not in daemon.rows(user=alice)[job] and job in daemon.rows(user=alice)
     # The admin can list, attach to and kill it.
     assert job in daemon.rows("--all", user=admin)

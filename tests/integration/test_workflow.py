@@ -98,8 +98,9 @@ def test_dependencies_must_be_known_and_yours(daemon, users):
     r = daemon.dispatch("new", "--after", "4242", "--", "true")
     assert r.returncode == 3 and "no such job: 4242" in r.stderr
     mine = daemon.submit("sleep", "30", user=alice, cwd=users["alice"].pw_dir, flags=("--no-output",))
+    # Another user's job is not found, as if it did not exist (the list is not public).
     r = daemon.dispatch("new", "--after-ok", str(mine), "--", "true", user=bob, cwd="/tmp")
-    assert r.returncode == 4 and "belongs to another user" in r.stderr
+    assert r.returncode == 3 and f"no such job: {mine}" in r.stderr
     r = daemon.dispatch("new", "--after", "1", "--after-ok", "1", "--", "true")
     assert r.returncode == 2
     daemon.ok("kill", str(mine))

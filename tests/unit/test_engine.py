@@ -382,7 +382,7 @@ def test_max_time_of_a_queued_job_moves_its_place_in_the_plan(world):
     start_pending(eng)
     queued = submit(eng, max_time=600)["id"]
     eng.job_setting(ROOT, NewJobSetting(queued, "set", 1200), T0)
-    assert eng.queued[queued].max_time == 1200 and eng.queued_by_uid[0] == 1
+    assert eng.queued[queued].max_time == 1200 and eng.held_by_uid[0] == 1
 
 
 def test_an_unheard_deadline_is_sent_again(world):
@@ -442,3 +442,179 @@ def test_a_shepherd_that_found_its_job_taken_hands_it_to_the_one_that_holds_it(w
     assert fake.orphans_killed == []
     end(eng, store, job, code=0)               # that one ends the job as usual
     assert eng.jobs[job].get_result().kind == jobs.EXITED
+
+
+# -- bounds: dependencies, caps and names at scale (issue 20) ---------------------------------
+
+ALICE = Caller(uid=1001, gid=1001, pid=2, name="alice", is_admin=False)
+BOB = Caller(uid=1002, gid=1002, pid=3, name="bob", is_admin=False)
+
+
+@pytest.fixture
+def users(monkeypatch):
+    """Passwd entries for alice and bob (the engine looks the submitter up by uid)."""
+    real = pwd.getpwuid
+    fake = {1001: "alice", 1002: "bob"}
+
+    def getpwuid(uid):
+        if uid in fake:
+            return pwd.struct_passwd((fake[uid], "x", uid, uid, "", "/tmp", "/bin/sh"))
+        return real(uid)
+    monkeypatch.setattr(pwd, "getpwuid", getpwuid)
+
+
+def settle(eng, now=T0 + 2):
+    """Turn the loop until no waiting job is left to look at (as the server does: wake at once)."""
+    for _ in range(10_000):
+        if not eng.unsettled:
+            break
+        eng.tick(now)
+    eng.tick(now)   # and the scheduling pass the releases asked for
+    if eng.unsettled:
+        raise AssertionError("the engine never settled")
+
+
+def test_a_failed_dependency_fails_thousands_of_dependents_without_recursion(world):
+    eng, store, fake, _ = world
+    eng.cfg.max_queued_per_user = 5000
+    eng.cfg.keep_finished = 5000
+    prep = submit(eng, name="prep", cpus=2)["id"]
+    start_pending(eng)
+    bulk = submit(eng, after=("prep",), after_ok=True, array=tuple(range(1, 1501)))
+    # A chain as deep as Python's recursion limit, too.
+    chain = [bulk["last"]]
+    for _ in range(1200):
+        chain.append(submit(eng, after=(chain[-1],), after_ok=True)["id"])
+    # (the cap is per user; root submits all of them here)
+    end(eng, store, prep, code=1)
+    settle(eng)
+    doomed = list(range(bulk["id"], bulk["last"] + 1)) + chain[1:]
+    assert {eng.jobs[j].get_result().kind for j in doomed} == {jobs.DEPENDENCY_FAILED}
+    assert not eng.waiting and not eng.dependents.get(prep)
+    assert eng.held_by_uid.get(0, 0) == 0
+    # Each call did a bounded share of the work: the loop was never held for all of it.
+    assert engine_mod.SETTLE_BATCH < len(doomed)
+
+
+def test_a_restart_with_thousands_of_doomed_dependents_serves_and_fails_them(world, tmp_path):
+    eng, store, fake, hooks = world
+    eng.cfg.max_queued_per_user = 5000
+    eng.cfg.keep_finished = 5000
+    prep = submit(eng, name="prep", cpus=2)["id"]
+    start_pending(eng)
+    bulk = submit(eng, after=(prep,), after_ok=True, array=tuple(range(1, 2001)))
+    # The prep ends as failed while no daemon watches: the records say so.
+    store.records[prep].update(state="finished", ended=T0 + 1, result={"kind": "exited", "code": 1})
+    again = TurnEngine(eng.cfg, store, eng.machine, eng.limits, devdir.DevDir(None, 0), hooks)
+    again.root_mode = True
+    again.recover()
+    settle(again)
+    kinds = {again.jobs[j].get_result().kind for j in range(bulk["id"], bulk["last"] + 1)}
+    assert kinds == {jobs.DEPENDENCY_FAILED} and not again.waiting
+
+
+def test_waiting_jobs_count_toward_the_per_user_cap(world):
+    eng, store, fake, _ = world   # the cap is 3
+    hold = submit(eng, cpus=2)["id"]
+    start_pending(eng)
+    submit(eng, after=(hold,), array=(1, 2))
+    submit(eng)
+    with pytest.raises(Refused) as info:
+        submit(eng, after=(hold,))
+    assert info.value.code == "queue_full" and "queued or waiting" in str(info.value)
+    with pytest.raises(Refused):
+        submit(eng)
+    # Released, they keep counting until they start.
+    end(eng, store, hold, code=0)
+    settle(eng)
+    assert eng.held_by_uid[0] == len(eng.queued) + len(eng.waiting) - sum(
+        1 for j in eng.queued if j in eng.running)
+
+
+def test_released_jobs_take_their_submission_order(world):
+    eng, store, fake, _ = world
+    eng.cfg.max_queued_per_user = 100
+    first = submit(eng, cpus=2)["id"]
+    start_pending(eng)
+    waits = submit(eng, cpus=2, after=(first,), array=(1, 2))      # ids 2, 3
+    later = submit(eng, cpus=2)["id"]                                  # id 4, queued now
+    assert list(eng.queued) == [later]
+    end(eng, store, first, code=0)
+    settle(eng)
+    assert eng.running and waits["id"] in eng.running   # the released head started first
+    assert list(eng._in_order()) == [waits["last"], later]
+
+
+def test_a_name_means_the_callers_own_job_for_admins_too(world, users):
+    eng, store, fake, _ = world
+    mine = submit(eng, name="nightly-prep", cpus=2)["id"]
+    start_pending(eng)
+    bobs = eng.submit(BOB, NewJob(argv=("true",), cwd="/tmp", no_output=True, name="nightly-prep"), T0)["id"]
+    assert bobs > mine
+    assert eng.lookup(ROOT, "nightly-prep").id == mine
+    assert eng.lookup(BOB, "nightly-prep").id == bobs
+    assert eng.lookup(ROOT, "bob:nightly-prep").id == bobs      # another user's, named as such
+    assert eng.lookup(BOB, "bob:nightly-prep").id == bobs
+    # Root's --after-ok binds root's job, never bob's.
+    dep = submit(eng, name="nightly", after=("nightly-prep",), after_ok=True)
+    assert eng.jobs[dep["id"]].after == [mine]
+
+
+def test_a_job_another_user_cannot_see_is_not_found_not_forbidden(world, users):
+    eng, store, fake, _ = world
+    alice = eng.submit(ALICE, NewJob(argv=("true",), cwd="/tmp", no_output=True, name="secret"), T0)["id"]
+    for ref in (alice, "alice:secret", "secret", alice + 1000):
+        with pytest.raises(Refused) as info:
+            eng.lookup(BOB, ref)
+        assert info.value.code == "not_found", ref
+    assert str(_refusal(eng, BOB, alice)) == str(_refusal(eng, BOB, alice + 1)).replace(
+        str(alice + 1), str(alice))
+    eng.cfg.list_is_public = True
+    with pytest.raises(Refused) as info:
+        eng.lookup(BOB, alice)
+    assert info.value.code == "forbidden"
+
+
+def _refusal(eng, caller, ref):
+    with pytest.raises(Refused) as info:
+        eng.lookup(caller, ref)
+    return info.value
+
+
+def test_names_follow_eviction_and_stay_indexed(world):
+    eng, store, fake, _ = world
+    eng.cfg.keep_finished = 2
+    eng.cfg.max_queued_per_user = 100
+    ids = []
+    for _ in range(5):
+        ids.append(submit(eng, name="step", cpus=2)["id"])
+        start_pending(eng)
+        end(eng, store, ids[-1], code=0)
+        settle(eng)
+    assert sorted(eng.jobs) == ids[-2:]
+    assert eng.names[(0, "step")] == ids[-2:]
+    assert eng.lookup(ROOT, "step").id == ids[-1]
+    assert sorted(eng.finished_by_uid[0]) == ids[-2:]
+
+
+def test_a_job_is_remembered_until_its_dependents_have_seen_how_it_ended(world):
+    eng, store, fake, _ = world
+    eng.cfg.keep_finished = 1
+    eng.cfg.max_queued_per_user = 5000
+    prep = submit(eng, cpus=2)["id"]
+    start_pending(eng)
+    bulk = submit(eng, after=(prep,), after_ok=True, cpus=2, array=tuple(range(1, 1201)))
+    end(eng, store, prep, code=0)       # a success: every dependent must be released, none failed
+    # Meanwhile other jobs of the same user end, which evicts finished ones (--keep-finished 1).
+    for _ in range(3):
+        eng.tick(T0 + 2)                # starts the next released job
+        running = list(eng.running)
+        assert running
+        for job_id in running:
+            records.write_json(os.path.join(store.job_dir(job_id), records.EXIT), {"ended": T0 + 2, "code": 0})
+            eng.shepherd_exited(job_id)   # (end() would look the job up: it is evicted at once here)
+    settle(eng)
+    for job_id in range(bulk["id"], bulk["last"] + 1):
+        job = eng.jobs.get(job_id)
+        assert job is None or job.result is None or job.get_result().kind != jobs.DEPENDENCY_FAILED, job_id
+    assert not eng.waiting and not eng.pinned and len(eng.queued) + len(eng.running) > 1000
