@@ -205,15 +205,17 @@ def answered(samples):
 
 
 def judge(name, samples, report, full=FULL, bounded=True):
-    """Record a phase's figures; assert the issue's target in a full run, the stall bound if *bounded*."""
+    """Record a phase's figures, and what breaks a bound: the issue's target in a full run, the stall bound
+    if *bounded* (collected, asserted at the end, so that a failing run still measures everything)."""
     answered(samples)
     figs = figures(samples)
     report["phases"][name] = figs
     worst = max(f["max"] for f in figs.values())
-    assert worst < STALL or not bounded, f"{name}: an answer took {worst:.2f} s: the daemon's loop stalled ({figs})"
-    if full:
-        for op, f in figs.items():
-            assert f["p99"] <= P99_TARGET, f"{name}: bob's {op} p99 {f['p99'] * 1e3:.1f} ms > 100 ms ({figs})"
+    if bounded and worst >= STALL:
+        report["violations"].append(f"{name}: an answer took {worst:.2f} s: the daemon's loop stalled")
+    for op, f in figs.items():
+        if full and f["p99"] > P99_TARGET:
+            report["violations"].append(f"{name}: bob's {op} p99 {f['p99'] * 1e3:.1f} ms > 100 ms")
 
 
 def gate_job(d, fifo):
@@ -297,7 +299,7 @@ def show(report):
         if "in_window" in figs:
             print(f"    in the window: {figs['in_window']}")
     for k, v in report.items():
-        if k not in ("phases", "mix", "n"):
+        if k not in ("phases", "mix", "n", "full"):
             print(f"  {k}: {v}")
 
 
@@ -310,7 +312,9 @@ def test_scale_n_jobs_held_and_another_user_answered(daemon_factory, users, scra
     if cpus < 2:
         pytest.skip("needs 2 CPUs: the two gate jobs run side by side")
     mix = Mix.of(N, cpus)
-    report = {"n": N, "mix": mix.__dict__, "phases": {}, "submit_s": {}}
+    report = {"n": N, "full": FULL, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "cpus": os.cpu_count(), "load_at_start": os.getloadavg()[0], "mix": mix.__dict__, "phases": {},
+              "violations": []}
     for name in ("wire.py", "answer_probe.py"):
         shutil.copy(os.path.join(HERE, name), os.path.join(scratch, name))
         os.chmod(os.path.join(scratch, name), 0o755)
@@ -382,7 +386,9 @@ def test_scale_n_jobs_held_and_another_user_answered(daemon_factory, users, scra
     bound = RSS_BASE + RSS_PER_JOB * len(jobs)
     report["rss_peak_mib"] = round(peak / (1 << 20), 1)
     report["rss_bound_mib"] = round(bound / (1 << 20), 1)
-    assert peak <= bound, f"the daemon's peak RSS {peak >> 20} MiB is over {bound >> 20} MiB for {len(jobs)} jobs"
+    if peak > bound:
+        report["violations"].append(f"the daemon's peak RSS {peak >> 20} MiB is over {bound >> 20} MiB "
+                                    f"for {len(jobs)} jobs")
 
     # kill -9, then a new daemon on the same state directory: serving again, every job exactly once.
     d.kill9()
@@ -400,16 +406,20 @@ def test_scale_n_jobs_held_and_another_user_answered(daemon_factory, users, scra
         except OSError:
             return False
         return bool(reply and reply.get("ok"))
-    wait_for(serving, timeout=RESTART_CI * 5, interval=0.01, what="the restarted daemon to answer")
+    wait_for(serving, timeout=300 + N // 100, interval=0.01, what="the restarted daemon to answer")
     report["restart_s"] = time.perf_counter() - t0
     assert listing(d2) == jobs, "after the restart a job changed state, vanished or appeared"
     report["restart_list_all_wall_s"] = _wall(lambda: d2.ok("list", "--all", "--finished", "--json", timeout=300))
+    limit = RESTART_FULL if FULL else RESTART_CI
+    report["restart_bound_s"] = limit
+    if report["restart_s"] >= limit:
+        report["violations"].append(f"the restart took {report['restart_s']:.1f} s to answer (> {limit} s)")
+    report["load_at_end"] = os.getloadavg()[0]
     show(report)
     if REPORT:
         with open(REPORT, "w") as f:
             json.dump(report, f, indent=1)
-    limit = RESTART_FULL if FULL else RESTART_CI
-    assert report["restart_s"] < limit, f"the restart took {report['restart_s']:.1f} s to answer (> {limit} s)"
+    assert not report["violations"], "\n".join(report["violations"])
 
 
 def _wall(fn):
