@@ -19,12 +19,16 @@ until a list request is answered, and every job must come back exactly once
 in the state it had.
 
 Size: $HPC_BATCH_SCALE_N jobs (default 10,000, which CI runs; the issue's
-full run is 100,000: ``HPC_BATCH_SCALE_N=100000``). The full targets (p99 of
-each answer within 100 ms, the restart bound) are asserted when
-$HPC_BATCH_SCALE_FULL is 1, by default when N >= 100,000; otherwise only a
-bound a stalled loop would break (every answer within STALL seconds). The
-figures are printed (pytest -s), and written as JSON to
-$HPC_BATCH_SCALE_REPORT if set. docs/benchmarks.md records the runs.
+full run is 100,000: ``HPC_BATCH_SCALE_N=100000``). The full targets are
+asserted when $HPC_BATCH_SCALE_FULL is 1, by default when N >= 100,000: bob's
+``list`` and ``new`` each answered within 100 ms at the 99th percentile over
+all the time the N are held (steady and both settlings together), and the
+restart bound. Every run asserts the bound a stalled loop would break (in
+those phases, every answer within STALL seconds: a release costing jobs x
+jobs takes far longer), the peak RSS bound, and that every job is where it
+should be. Bounds are checked after everything is measured. The figures are
+printed (pytest -s), and written as JSON to $HPC_BATCH_SCALE_REPORT if set;
+``bench/run --scale-json`` puts them in docs/benchmarks.md.
 """
 
 import base64
@@ -50,7 +54,7 @@ REPORT = os.environ.get("HPC_BATCH_SCALE_REPORT")
 
 P99_TARGET = 0.100   # the issue's: a second user's list and new answered within 100 ms at the 99th percentile
 STALL = 5.0          # CI: no answer may take this long (a release costing jobs x jobs takes far longer)
-RSS_BASE = 64 << 20  # the daemon with no jobs is about 30 MiB; the rest is headroom for the journal's buffers
+RSS_BASE = 64 << 20  # the daemon with no jobs: 17 MiB here; the rest is headroom (buffers, a listing in flight)
 RSS_PER_JOB = 6 << 10  # a held job is a Job object and its dicts: about 3 KiB measured; twice that allowed
 RESTART_FULL = 30.0  # the full run: kill -9 to serving all 100,000 again (recovery reads each job once)
 RESTART_CI = 60.0    # CI: a generous bound on a busy 2-core box
@@ -204,18 +208,16 @@ def answered(samples):
     assert not bad, f"bob was refused or not answered: {bad[:5]}"
 
 
-def judge(name, samples, report, full=FULL, bounded=True):
-    """Record a phase's figures, and what breaks a bound: the issue's target in a full run, the stall bound
-    if *bounded* (collected, asserted at the end, so that a failing run still measures everything)."""
+def judge(name, samples, report, bounded=True):
+    """Record a phase's figures, and an answer slower than STALL if *bounded* (collected, asserted at the
+    end, so that a failing run still measures everything)."""
     answered(samples)
     figs = figures(samples)
     report["phases"][name] = figs
     worst = max(f["max"] for f in figs.values())
     if bounded and worst >= STALL:
         report["violations"].append(f"{name}: an answer took {worst:.2f} s: the daemon's loop stalled")
-    for op, f in figs.items():
-        if full and f["p99"] > P99_TARGET:
-            report["violations"].append(f"{name}: bob's {op} p99 {f['p99'] * 1e3:.1f} ms > 100 ms")
+    return samples
 
 
 def gate_job(d, fifo):
@@ -341,7 +343,7 @@ def test_scale_n_jobs_held_and_another_user_answered(daemon_factory, users, scra
     kill = d.dispatch("kill", f"{cancelled[0]}-{cancelled[1]}", user=alice, timeout=600)
     assert kill.returncode == 0, kill.stderr
     report["setup_s"] = time.perf_counter() - t_setup
-    judge("while alice submits", probe.stop(), report, full=False, bounded=False)  # shown, not judged
+    judge("while alice submits", probe.stop(), report, bounded=False)  # shown, not judged
     report["submit_s"] = {"queued": queued[2], "fan_ok": fan_ok[2], "fan_fail": fan_fail[2], "hold": hold[2]}
 
     waiting = 2 * mix.fan + mix.hold + 2 * mix.chain
@@ -352,19 +354,24 @@ def test_scale_n_jobs_held_and_another_user_answered(daemon_factory, users, scra
 
     # Steady: all N held, bob alone asks.
     probe.start(rounds=ROUNDS)
-    judge("steady", probe.stop(), report)
+    held_samples = judge("steady", probe.stop(), report)
     report["dispatch_wall_s"] = {"list": timed_dispatch(d, probe, "list"),
                                  "new": timed_dispatch(d, probe, "new", "--no-output", "--", "true"),
                                  "runuser_true": _timed_runuser(USERS["bob"])}
 
     # A fan-out of F released into the queue: one front sleeper takes the gate's CPU.
-    release(d, probe, ok_fifo, 0, lambda c: c["waiting"] == waiting - mix.fan, report,
+    held_samples += release(d, probe, ok_fifo, 0, lambda c: c["waiting"] == waiting - mix.fan, report,
             f"release of {mix.fan:,} to the queue")
     after_ok = {"running": cpus, "queued": mix.front - 1 + mix.queued + mix.fan, "waiting": waiting - mix.fan}
     wait_for(lambda: counts(d) == after_ok, timeout=60, what=f"counts {after_ok}")
     # A fan-out of F and a chain of C behind it fail as dependency-failed, in one pass.
-    release(d, probe, fail_fifo, 1, lambda c: c["waiting"] == mix.hold + mix.chain, report,
+    held_samples += release(d, probe, fail_fifo, 1, lambda c: c["waiting"] == mix.hold + mix.chain, report,
             f"failure of {mix.fan:,} and a chain of {mix.chain:,}")
+    # The issue's target: over all the time the N are held (steady, and both settling), p99 within 100 ms.
+    report["phases"]["all of the above"] = overall = figures(held_samples)
+    for op, f in overall.items():
+        if FULL and f["p99"] > P99_TARGET:
+            report["violations"].append(f"bob's {op}: p99 {f['p99'] * 1e3:.1f} ms > 100 ms while N are held")
     final = {"running": cpus, "queued": mix.queued + mix.fan, "waiting": mix.hold + mix.chain}
     wait_for(lambda: counts(d) == final, timeout=60, what=f"counts {final}")
 
