@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
         try:
             with open(args.scale_json) as fh:
                 scale_report = json.load(fh)
-            sections = scale.section(scale_report, args.scale_json)
+            sections = scale.section(scale_report)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return _fail(f"--scale-json {args.scale_json}: not a report of tests/integration/test_scale.py ({exc})")
     plan = SMOKE if args.smoke else FULL

@@ -28,13 +28,13 @@ def _mix(mix: dict[str, int]) -> str:
             f"waiting on one job each (`--after-ok`), two chains of {mix['chain']:,} single `--after-ok` jobs")
 
 
-def section(r: dict[str, Any], source: str) -> list[str]:
-    """Markdown lines for the report *r* the scale test wrote (read from *source*)."""
+def section(r: dict[str, Any]) -> list[str]:
+    """Markdown lines for the report *r* the scale test wrote."""
     size = "the issue's full size" if r.get("full") else "the size CI runs"
     lines = ["## Scale test", "",
              f"From `tests/integration/test_scale.py` at N = {r['n']:,} ({size}), run {r['date']} on this "
              f"machine ({r['cpus']} CPUs; 1-minute load average {r['load_at_start']:.2f} at its start, "
-             f"{r.get('load_at_end', float('nan')):.2f} at its end); its JSON: `{source}`. hpcb-alice holds "
+             f"{r.get('load_at_end', float('nan')):.2f} at its end). hpcb-alice holds "
              f"the N jobs: {_mix(r['mix'])}.", "",
              "Answer times are hpcb-bob's, timed by a long-lived client of his (`answer_probe.py`): from "
              "just before the connect to the whole reply read, so no interpreter start-up is in them. Each "
