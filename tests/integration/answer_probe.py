@@ -26,7 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from wire import frame, read_reply  # noqa: E402  (beside this file, run as a script)
 
-WAIT = 120.0   # seconds one answer may take before it counts as none (a stall is measured, not cut)
+WAIT = 600.0   # seconds one answer may take before it counts as none (a stall is measured, not cut)
 
 
 def ask(path: str, op: str, **args):

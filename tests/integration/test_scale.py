@@ -68,7 +68,7 @@ class Mix:
     """How many of alice's N jobs are in each part of the load (pure)."""
 
     ran: int      # `true`, run to the end before the rest is submitted
-    cancelled: int  # queued, then cancelled with one ranged kill
+    cancelled: int  # queued, then cancelled with `dispatch kill FIRST-LAST`
     fan: int      # each of the two fan-outs that are released (exit 0) and failed (exit 1)
     hold: int     # a fan-out waiting all along (behind a job that never ends)
     chain: int    # each of two chains of single --after-ok jobs: one failed, one waiting all along
