@@ -244,17 +244,26 @@ def cmd_list(conn, a) -> int:
     from .listing import format_rows
     out = Out(a["--json"])
     wanted = set(job_refs(a["<job>"])) if a["<job>"] else None
-    reply = conn().call("list", all=a["--all"], finished=a["--finished"])
-    if not reply.get("ok"):
-        return out.refused(reply, "list failed")
-    if wanted is not None:
-        reply["result"]["jobs"] = [j for j in reply["result"]["jobs"]
-                                   if j.get("id") in wanted or (j.get("name") and j["name"] in wanted)]
+    # The daemon answers in pages (a bounded reply each): ask on one connection until the last.
+    c = conn()
+    jobs: list = []
+    cursor: int | None = 0
+    while cursor is not None:
+        reply = c.call("list", all=a["--all"], finished=a["--finished"], after=cursor)
+        if not reply.get("ok"):
+            return out.refused(reply, "list failed")
+        page = reply["result"]["jobs"]
+        if wanted is not None:
+            page = [j for j in page if j.get("id") in wanted or (j.get("name") and j["name"] in wanted)]
+        jobs += page
+        more = reply["result"].get("more")
+        cursor = more if isinstance(more, int) and more > cursor else None   # a daemon before paging: one reply
+    c.close()
     if out.json:
-        out.doc({"jobs": reply["result"]["jobs"]})
+        out.doc({"jobs": jobs})
         return 0
     import time
-    for line in format_rows(reply["result"]["jobs"], time.time(), a["--finished"]):
+    for line in format_rows(jobs, time.time(), a["--finished"]):
         print(line)
     return 0
 
@@ -272,11 +281,13 @@ def cmd_kill(conn, a) -> int:
               else f"job {r['id']} cancelled (removed from the queue before it started)")
         return 0
     # Several: one connection, a request each; an already-ended job in a range is no failure.
+    # Newest first: the queued ones go before the running ones end, so the CPUs a kill frees
+    # never start a job of the same range only for it to be killed a moment later.
     from .arrays import format_ids
     c = conn()
     done: dict[str, list] = {"killed": [], "cancelled": [], "ended": []}
     status = 0
-    for ref in refs:
+    for ref in reversed(refs):
         reply = c.call("kill", id=ref)
         if reply.get("ok"):
             r = reply["result"]
@@ -286,7 +297,8 @@ def cmd_kill(conn, a) -> int:
         else:
             status = status or Out(False).refused(reply, f"kill {ref} failed")
     c.close()
-    parts = [f"{len(v)} {k if k != 'ended' else 'had already ended'} ({format_ids(v)})" for k, v in done.items() if v]
+    parts = [f"{len(v)} {k if k != 'ended' else 'had already ended'} ({format_ids(v[::-1])})"
+             for k, v in done.items() if v]
     print(f"jobs {format_ids(refs)}: {'; '.join(parts) or 'nothing to do'}")
     return status
 

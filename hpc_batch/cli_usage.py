@@ -56,12 +56,15 @@ Usage:
   dispatch new (-h | --help)
 
 Options:
-  --cpu N           Cores, all from one NUMA node (default 1; with --exclusive, all).
+  --cpu N           CPUs, all from one NUMA node (default 1; with --exclusive, all),
+                    rounded up to whole cores: the job gets every thread of
+                    its cores and shares none with another job (unless the
+                    daemon runs with --cpu-unit thread).
   --gpu-cores N     GPUs; the job sees them in CUDA_VISIBLE_DEVICES [default: 0].
   --gpu-link CLASS  Wait for GPUs linked at worst by CLASS: NV for any NVLink,
                     NV4 for 4 NVLinks or more, PIX, PXB, PHB, NODE or SYS.
   --max-mem GB      Hard memory budget in GiB (or 512M, 64G). Default: the share
-                    of a NUMA node its cores represent.
+                    of a NUMA node the CPUs it holds represent.
   --max-time D      Kill the job after this long: 3600, 45m, 2h, 1h30m, 1d.
                     Default and ceiling: the daemon's --max-lifetime.
   --exclusive       Run alone on the machine (waits until it is idle).

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 
 from . import __version__, bounds, defaults
+from .durations import parse_duration
+from .sizes import parse_size
 
 USAGE = f"""hpc-batchd: the hpc-batch daemon (run by systemd as root).
 
@@ -26,7 +28,12 @@ Usage:
 Options:
   --max-lifetime DURATION  Kill jobs running longer than this; also the default
                            and ceiling of --max-time [default: {defaults.MAX_LIFETIME}]
-  --reserve-cpu N          Cores held back for the OS [default: {defaults.RESERVE_CPU}]
+  --reserve-cpu N          CPUs held back for the OS (rounded up to whole
+                           cores, as for jobs) [default: {defaults.RESERVE_CPU}]
+  --cpu-unit UNIT          core: a job gets every thread of whole cores, and
+                           no two jobs share a core; thread: single threads
+                           are packed, siblings may go to other jobs
+                           [default: {defaults.CPU_UNIT}]
   --reserve-mem GB         Memory (GiB) held back for the OS [default: {defaults.RESERVE_MEM_GB}]
   --min-job-mem GB         Floor of an assigned memory budget [default: {defaults.MIN_JOB_MEM_GB}]
   --keep-finished N        Finished jobs remembered per user [default: {defaults.KEEP_FINISHED}]
@@ -49,14 +56,33 @@ Options:
   --max-connections-per-user N
                            Open connections one user may hold
                            [default: {defaults.MAX_CONNECTIONS_PER_USER}]
+  --max-reply-bytes-per-user SIZE
+                           Reply bytes one user's connections may leave
+                           unread in the daemon before it reads no more of
+                           that user's requests
+                           [default: {defaults.MAX_REPLY_BYTES_PER_USER}]
   --max-pids N             pids.max of every job's cgroup; 0 for no limit
                            [default: {defaults.MAX_PIDS}]
   --max-output-buffer SIZE Output kept for attach in the state dir; the rest
                            goes straight to the job's log file
                            [default: {defaults.MAX_OUTPUT_BUFFER}]
+  --history-per-user SIZE  Accounting lines kept per user under
+                           <state-dir>/history/ [default: {defaults.HISTORY_PER_USER}]
+  --undelivered-max SIZE   Outputs whose delivery failed, kept in all
+                           [default: {defaults.UNDELIVERED_MAX}]
+  --undelivered-per-user SIZE
+                           One user's share of those [default: {defaults.UNDELIVERED_PER_USER}]
+  --undelivered-max-age DURATION
+                           Drop an undelivered output this old
+                           [default: {defaults.UNDELIVERED_MAX_AGE}]
+  --state-reserve SIZE     Free space kept on the state directory's filesystem
+                           (plus the journal's size): submits are refused below it
+                           [default: {defaults.STATE_RESERVE}]
   --metrics-file PATH      Keep a Prometheus text file (*.prom) current at PATH,
                            for node_exporter's textfile collector; needs
                            hpc-batch[metrics]. Default: none (no metrics).
+  --metrics-group GROUP    Group that may read the metrics file (0640), e.g.
+                           node_exporter's. Default: the directory's group.
   -h --help                Show this help.
   --version                Show the version.
 """
@@ -92,18 +118,27 @@ class Config:
     max_queued_per_user: int = defaults.MAX_QUEUED_PER_USER
     max_job_size: int = 1 << 20
     max_connections_per_user: int = defaults.MAX_CONNECTIONS_PER_USER
+    max_reply_bytes_per_user: int = 32 << 20
     max_pids: int = defaults.MAX_PIDS
     max_output_buffer: int = 256 << 20
+    state_reserve: int = 64 << 20
     gpu_mask: bool = True           # --no-gpu-mask turns it off
     mask_gpus: bool = False         # in force: asked for, and possible (cgroups, GPUs present)
     cgroup_root: str = defaults.CGROUP_ROOT
     admin_gid: int | None = None
     user_name: str = ""
     metrics_file: str | None = None   # --metrics-file, absolute and checked (metrics_file.check)
+    metrics_gid: int = -1             # the metrics file's group (--metrics-group, or its directory's)
+    # The flags' defaults, for a Config made without parse_args (tests): one definition, in defaults.py.
+    history_per_user: int = parse_size(defaults.HISTORY_PER_USER, "M")
+    undelivered_max: int = parse_size(defaults.UNDELIVERED_MAX, "M")
+    undelivered_per_user: int = parse_size(defaults.UNDELIVERED_PER_USER, "M")
+    undelivered_max_age: int = parse_duration(defaults.UNDELIVERED_MAX_AGE)
+    cpu_unit: str = defaults.CPU_UNIT
 
 
 def _size(flag: str, text: str, unit: str = "G", minimum: int = 0) -> int:
-    from .sizes import SizeError, parse_size
+    from .sizes import SizeError
     try:
         value = parse_size(text, unit, allow_zero=True)
     except SizeError as exc:
@@ -123,7 +158,7 @@ def parse_args(argv) -> Config:
     """Parse and validate hpc-batchd's arguments (raises ConfigError or exits for --help)."""
     from docopt import DocoptExit, docopt
 
-    from .durations import DurationError, parse_duration
+    from .durations import DurationError
     from .scheduler import POLICIES
     try:
         a = docopt(USAGE, argv=list(argv), version=f"hpc-batchd {__version__}")
@@ -137,8 +172,11 @@ def parse_args(argv) -> Config:
         raise ConfigError(f"--max-lifetime: {exc}", 2) from None
     if lifetime > bounds.MAX_SECONDS:
         raise ConfigError(f"--max-lifetime {a['--max-lifetime']!r}: at most a century", 2)
+    if a["--cpu-unit"] not in defaults.CPU_UNITS:
+        raise ConfigError(f"--cpu-unit {a['--cpu-unit']!r}: choose {' or '.join(defaults.CPU_UNITS)}", 2)
     if a["--schedule"] not in POLICIES:
         raise ConfigError(f"--schedule {a['--schedule']!r}: choose one of {', '.join(POLICIES)}", 2)
+    metrics = _metrics_file(a["--metrics-file"], a["--metrics-group"])
     return Config(
         socket=os.path.abspath(a["--socket"]),
         state_dir=os.path.abspath(a["--state-dir"]),
@@ -151,24 +189,40 @@ def parse_args(argv) -> Config:
         max_queued_per_user=_count("--max-queued-per-user", a["--max-queued-per-user"], 1),
         max_job_size=_size("--max-job-size", a["--max-job-size"], "M", 4096),
         max_connections_per_user=_count("--max-connections-per-user", a["--max-connections-per-user"], 1, 1 << 20),
+        max_reply_bytes_per_user=_size("--max-reply-bytes-per-user", a["--max-reply-bytes-per-user"], "M", 4096),
         max_pids=_count("--max-pids", a["--max-pids"]),
         max_output_buffer=_size("--max-output-buffer", a["--max-output-buffer"], "M", 4096),
+        state_reserve=_size("--state-reserve", a["--state-reserve"], "M"),
         list_is_public=bool(a["--list-is-public"]),
         admin_group=a["--admin-group"],
         schedule=a["--schedule"],
         cgroups=not a["--no-cgroups"],
         gpu_mask=not a["--no-gpu-mask"],
-        metrics_file=_metrics_file(a["--metrics-file"]),
+        history_per_user=_size("--history-per-user", a["--history-per-user"], "M", 64 << 10),
+        undelivered_max=_size("--undelivered-max", a["--undelivered-max"], "M"),
+        undelivered_per_user=_size("--undelivered-per-user", a["--undelivered-per-user"], "M"),
+        undelivered_max_age=_duration("--undelivered-max-age", a["--undelivered-max-age"]),
+        metrics_file=metrics[0],
+        metrics_gid=metrics[1],
+        cpu_unit=a["--cpu-unit"],
     )
 
 
-def _metrics_file(path: str | None) -> str | None:
+def _duration(flag: str, text: str) -> int:
+    from .durations import DurationError
+    try:
+        return parse_duration(text)
+    except DurationError as exc:
+        raise ConfigError(f"{flag}: {exc}", 2) from None
+
+
+def _metrics_file(path: str | None, group: str | None) -> tuple[str | None, int]:
     # Checked here, not in build(): a reload then keeps the old flags rather than exit over a bad path.
     if path is None:
-        return None
+        return None, -1
     from . import metrics_file
     try:
-        return metrics_file.check(path)
+        return metrics_file.check(path, group or defaults.METRICS_GROUP)
     except metrics_file.MetricsError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -296,12 +350,14 @@ def build(cfg: Config, inherited: dict):
         log.info("%s", line)
     cfg.mask_gpus = _gpu_masking(cfg, machine)
     limits = resources.Limits(reserve_cpu=cfg.reserve_cpu, reserve_mem=cfg.reserve_mem,
-                              min_job_mem=cfg.min_job_mem, per_node_memory=cfg.cgroups)
+                              min_job_mem=cfg.min_job_mem, per_node_memory=cfg.cgroups,
+                              whole_cores=cfg.cpu_unit == "core")
+    log.info("%s", resources.describe_unit(machine, limits))
     listener = _listen(cfg.socket, inherited.get("listen"))
     server = Server(cfg, listener)
     engine = Engine(cfg, store, machine, limits, dev, server)
     if cfg.metrics_file:
-        server.metrics = metrics_file.MetricsFile(cfg.metrics_file, engine, tally)
+        server.metrics = metrics_file.MetricsFile(cfg.metrics_file, engine, tally, cfg.metrics_gid)
     server.start(engine)
     try:
         notes = engine.recover()

@@ -17,13 +17,27 @@ MIN_JOB_MEM_GB = 2
 KEEP_FINISHED = 50
 ADMIN_GROUP = "wheel"
 SCHEDULE = "fifo-strict"
+# The unit --cpu and --reserve-cpu are handed out in: "core" (every thread of whole physical
+# cores, so no two jobs share a core) or "thread" (single threads, packed as before).
+CPU_UNIT = "core"
+CPU_UNITS = ("core", "thread")
 
 # Per-user bounds (daemon flags): nothing one user does may exhaust the daemon.
 MAX_QUEUED_PER_USER = 1000
 MAX_JOB_SIZE = "1M"          # a job's command plus its --env, as the user sent them
 MAX_CONNECTIONS_PER_USER = 64
+MAX_REPLY_BYTES_PER_USER = "32M"   # reply bytes one user's connections may leave unread in the daemon
 MAX_PIDS = 8192              # pids.max of each job's cgroup (0: no limit)
 MAX_OUTPUT_BUFFER = "256M"   # output kept in the state dir for attach; the rest goes straight to the log
+HISTORY_PER_USER = "64M"     # one user's accounting lines, over <state-dir>/history/<user>.jsonl and its rotations
+UNDELIVERED_MAX = "4G"       # all of <state-dir>/undelivered/ (outputs whose delivery failed)
+UNDELIVERED_PER_USER = "1G"  # one user's share of it
+UNDELIVERED_MAX_AGE = "30d"  # an undelivered output older than this is dropped
+UNDELIVERED_MAX_FILES = 10000  # files in undelivered/ at most (not a flag: the bytes are the bound that matters)
+METRICS_GROUP = ""           # group that reads --metrics-file (0640); empty: the metrics directory's group
+# Free space the state filesystem keeps, beyond the journal's own size, before submits are refused:
+# room for the records, exit records and history of the jobs already taken to end, and for compaction.
+STATE_RESERVE = "64M"
 
 # Seconds a shepherd gives the copy of a job's output to the user's log file.
 DELIVERY_LIMIT = 600.0

@@ -1,7 +1,12 @@
 """Per-job inspection entries: ``<dev-dir>/jobs/<id>`` -> the job's directory.
 
-The entry (a symlink) belongs to the submitting user with the admin group
-as group owner. The files it exposes (``info.json``, ``output``) stay root's
+The entry (a symlink) has the admin group as group owner, and belongs to
+root unless ``--list-is-public``, when it belongs to the submitting user (as
+the spec has it, so ``ls -l`` shows whose it is). Nothing reads a symlink's
+owner (Linux ignores a symlink's own permissions, and ``jobs/`` is not a
+sticky world-writable directory, where ``protected_symlinks`` would), so
+with listing private an id probed by another user says nothing of whose
+job it is. The files it exposes (``info.json``, ``output``) stay root's
 (group admin, 0640) with an ACL letting the user read them: the user and
 admins can read them, nobody else can, and the user cannot lease, chmod or
 truncate what the daemon itself reads. ``jobs/`` is 0711, so no one lists
@@ -26,6 +31,7 @@ class DevDir:
         self.root = root
         self.jobs = os.path.join(root, "jobs") if root else None
         self.admin_gid = admin_gid
+        self.public = public
         self.jobs_mode = 0o755 if public else 0o711
 
     def setup(self) -> None:
@@ -56,7 +62,7 @@ class DevDir:
                 pass
             os.symlink(target, link)
             if os.geteuid() == 0:
-                os.lchown(link, uid, self.admin_gid)
+                os.lchown(link, uid if self.public else 0, self.admin_gid)
         except OSError:
             pass  # inspection is a convenience; a job never fails over it
 

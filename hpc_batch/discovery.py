@@ -1,4 +1,4 @@
-"""Discover the machine: NUMA nodes from sysfs, GPUs from ``nvidia-smi``.
+"""Discover the machine: NUMA nodes and CPU cores from sysfs, GPUs from ``nvidia-smi``.
 
 GPUs come from ``nvidia-smi -L`` (indices and UUIDs), how they are wired
 from ``nvidia-smi topo -m``, and each card's device minor from ``nvidia-smi
@@ -17,48 +17,14 @@ import re
 import shutil
 import subprocess
 
-from . import gputopo
+from . import cputopo, gputopo
+from .cputopo import format_cpulist, parse_cpulist
 from .resources import Machine, Node, format_bytes
 
 NVIDIA_SMI_TIMEOUT = 10.0  # seconds; a wedged driver must not stall startup
 
 _MEMTOTAL = re.compile(r"^(?:Node\s+\d+\s+)?MemTotal:\s+(\d+)\s*kB\s*$", re.M)
 _GPU_LINE = re.compile(r"^GPU (\d+): ")
-
-
-def parse_cpulist(text: str) -> tuple[int, ...]:
-    """Parse a kernel cpulist ("0-3,8,10-11") into sorted unique CPU ids.
-
-    An empty list (a memory-only node) gives (). Raises ValueError on
-    anything else that is not a cpulist.
-    """
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"not a cpulist: {text.strip()!r}")
-        first, last = int(lo), int(hi) if sep else int(lo)
-        if last < first:
-            raise ValueError(f"not a cpulist: {text.strip()!r}")
-        cpus.update(range(first, last + 1))
-    return tuple(sorted(cpus))
-
-
-def format_cpulist(cpus) -> str:
-    """Inverse of parse_cpulist: (0, 1, 2, 3, 8) -> "0-3,8"."""
-    out: list[str] = []
-    ids = sorted(set(cpus))
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def parse_node_meminfo(text: str) -> int:
@@ -117,6 +83,69 @@ def read_numa(
             continue  # memory-only, or none of it is ours to hand out
         nodes.append(Node(int(m.group(1)), cpus, parse_node_meminfo(_read(os.path.join(d, "meminfo")))))
     return tuple(sorted(nodes, key=lambda n: n.id))
+
+
+def _read_optional(path: str) -> str | None:
+    """The file's text, or None when it is missing or unreadable (an offline CPU, an old kernel)."""
+    try:
+        return _read(path)
+    except OSError:
+        return None
+
+
+def read_cpu_files(sysfs_root: str, cpu: int) -> dict[str, str | None] | None:
+    """The text of the topology and cache files of ``cpu`` under ``sysfs_root``, for ``cputopo.parse_cpu``.
+
+    None when the kernel has no ``cpu<N>`` directory at all.
+    """
+    base = os.path.join(sysfs_root, "devices", "system", "cpu", f"cpu{cpu}")
+    if not os.path.isdir(base):
+        return None
+    files = {rel: _read_optional(os.path.join(base, rel))
+             for rel in (cputopo.SIBLINGS, cputopo.CORE_ID, cputopo.PACKAGE_ID)}
+    try:
+        indexes = [n for n in os.listdir(os.path.join(base, "cache")) if re.fullmatch(r"index\d+", n)]
+    except OSError:
+        indexes = []
+    for name in indexes:
+        for leaf in cputopo.CACHE_FILES:
+            rel = f"cache/{name}/{leaf}"
+            files[rel] = _read_optional(os.path.join(base, rel))
+    return files
+
+
+def read_cpu_topology(sysfs_root: str, cpus) -> tuple[cputopo.CpuTopology, list[str]]:
+    """Threads, cores and caches of ``cpus`` (the CPUs jobs may get) from sysfs, and log lines.
+
+    Never raises: what cannot be read leaves a CPU a core of its own, and an
+    inconsistent tree (CPUs that disagree on their siblings) is ignored
+    whole, with a log line; either way the allocator then packs threads as
+    if every CPU were a core, which is how it worked before it knew cores.
+    """
+    found = []
+    missing = []
+    for cpu in sorted(set(cpus)):
+        files = read_cpu_files(sysfs_root, cpu)
+        if files is None or files.get(cputopo.SIBLINGS) is None:
+            missing.append(cpu)
+        if files is None:
+            continue
+        try:
+            found.append(cputopo.parse_cpu(cpu, files))
+        except ValueError as exc:
+            return cputopo.CpuTopology(), [f"CPU topology: unreadable ({exc}); each CPU is treated as a core "
+                                           f"of its own"]
+    try:
+        topo = cputopo.build(found)
+    except ValueError as exc:
+        return cputopo.CpuTopology(), [f"CPU topology: inconsistent ({exc}); each CPU is treated as a core "
+                                       f"of its own"]
+    log = [topo.describe()] if found else []
+    if missing:
+        log.append(f"CPU topology: no thread_siblings_list for CPU {format_cpulist(missing)} under "
+                   f"{os.path.join(sysfs_root, 'devices', 'system', 'cpu')}; "
+                   f"{'each' if len(missing) > 1 else 'it'} is treated as a core of its own")
+    return topo, log
 
 
 def _single_node(sysfs_root: str, allowed_cpus: set[int] | None, proc_root: str) -> Node:
@@ -248,15 +277,17 @@ def discover(
     path_env: str | None = None,
     proc_root: str = "/proc",
 ) -> tuple[Machine, list[str]]:
-    """Discover NUMA nodes and GPUs; return the Machine and startup log lines."""
+    """Discover NUMA nodes, CPU cores and GPUs; return the Machine and startup log lines."""
     nodes = read_numa(sysfs_root, allowed_cpus, proc_root)
     log = [f"NUMA: {len(nodes)} node{'s' if len(nodes) != 1 else ''} with usable CPUs"]
     log += [
         f"NUMA node {n.id}: cpus {format_cpulist(n.cpus)} ({len(n.cpus)}), memory {format_bytes(n.mem)}"
         for n in nodes
     ]
+    cpu_topo, more = read_cpu_topology(sysfs_root, [c for n in nodes for c in n.cpus])
+    log += more
     gpus, line, listing = _find_gpus(path_env)
     log.append(line)
     topo, uuids, minors, more = gpu_details(gpus, listing, path_env, proc_root)
     log += more
-    return Machine(nodes, gpus, topo, uuids, minors), log
+    return Machine(nodes, gpus, topo, uuids, minors, cpu_topo), log

@@ -22,6 +22,7 @@ import os
 import pwd
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from shepherd import records
@@ -50,9 +51,12 @@ from .jobs import (
     exit_column,
     move,
 )
+from .jobtable import JobTable
 from .protocol import JobSetting, NewJob
 from .sizes import format_mem
 from .store import is_disk_full
+from .undelivered import Bounds as UndeliveredBounds
+from .undelivered import Undelivered
 from .userio import log_name
 
 log = logging.getLogger("hpc-batchd")
@@ -76,7 +80,7 @@ class Engine:
         self.limits = limits
         self.dev = dev
         self.hooks = hooks                  # server callbacks: watch/unwatch pidfds, job events
-        self.jobs: dict[int, Job] = {}
+        self.jobs: dict[int, Job] = JobTable()   # kept in id order, all and per user, for list pages
         self.queued: dict[int, scheduler.QueuedJob] = {}   # insertion order = submission order
         self.running: dict[int, dict[str, Any]] = {}  # id -> {"pid", "pidfd", "alloc", "cgroup"}
         self.queue_sorted = True            # False once a released job was appended out of id order
@@ -99,7 +103,9 @@ class Engine:
         self.batch_new: set[int] = set()    # jobs submitted this turn (refused if the commit fails)
         self.to_spawn: list = []            # (job, cgroup) started this turn, spawned after the commit
         self.capped_queued = 0              # queued elements of arrays with a %N cap
-        self.history = History(os.path.join(store.root, "history.jsonl"))
+        self.history = History(store.root, cfg.history_per_user)
+        self.undelivered = Undelivered(store.root, UndeliveredBounds(
+            cfg.undelivered_max, cfg.undelivered_per_user, cfg.undelivered_max_age))
         self.next_id = 1
         self.policy_state: dict[str, Any] = {}
         self.meta_dirty = False
@@ -199,16 +205,18 @@ class Engine:
         return f"job {job.id}: {why}"
 
     # -- queries --------------------------------------------------------------
-    def visible(self, caller, all_users: bool, finished: bool) -> list:
-        """Jobs *caller* may list, in id order."""
-        out = []
-        for job in self.jobs.values():
-            if job.state == FINISHED and not finished:
-                continue
-            if job.uid != caller.uid and not all_users:
-                continue
-            out.append(job)
-        return out
+    def visible(self, caller, all_users: bool, finished: bool, after: int = 0) -> Iterator[tuple[int, Job | None]]:
+        """The jobs *caller* may list with ids above *after*, in id order, as ``(id, job)``; job is
+        None for an id looked at and passed over (gone, or finished without *finished*), so a
+        caller can bound what one page looks at. Costs what it yields, not a scan of all jobs."""
+        uid = None if all_users else caller.uid
+        assert isinstance(self.jobs, JobTable)
+        for job_id in self.jobs.ids_after(after, uid):
+            job = self.jobs.get(job_id)
+            if job is None or (job.state == FINISHED and not finished) or (uid is not None and job.uid != uid):
+                yield job_id, None
+            else:
+                yield job_id, job
 
     def summary(self, job: Job) -> dict:
         """What ``dispatch list`` shows of a job (metadata only, never the environment)."""
@@ -216,12 +224,14 @@ class Engine:
         spread = len(alloc.get("mem_by_node", [])) > 1
         res = job.get_result()
         return {
-            "id": job.id, "user": job.user, "command": job.command, "state": job.state,
+            "id": job.id, "user": job.user, "command": job.shown[0], "command_len": job.shown[1],
+            "state": job.state,
             "submitted": job.submitted, "started": job.started, "ended": job.ended,
             "max_time": job.max_time, "mem": job.budget.get("mem"),
             "mem_assigned": job.budget.get("assigned", False), "spread": spread,
             "exclusive": bool(job.request.get("exclusive")),
             "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"),
+            **report.cpu_fields(self.machine, job.alloc),
             "gpu_label": (gputopo.label(self.machine.topology, alloc.get("gpus") or ()) if job.alloc is not None
                           else gputopo.label(None, range(job.request.get("gpus") or 0))),
             "exit": exit_column(res) if job.state == FINISHED else None,
@@ -257,7 +267,8 @@ class Engine:
         res = job.get_result()
         handle = self.running.get(job.id, {})
         out.update({
-            "name": job.name, "argv": job.argv, "cwd": job.cwd, "position": position, "why": why,
+            "name": job.name, "command": job.command, "argv": job.argv, "cwd": job.cwd,   # show: the whole command
+            "position": position, "why": why,
             "request": job.request, "numa_nodes": sorted({n for n, _ in alloc.get("mem_by_node", [])}),
             "deadline": job.deadline if job.state == RUNNING else None,
             "cgroup": handle.get("cgroup"),
@@ -269,12 +280,14 @@ class Engine:
         })
         return out
 
-    def status(self, now: float) -> dict[str, Any]:
-        """``dispatch status``: the machine at a glance."""
+    def status(self, now: float, caller: Caller | None = None) -> dict[str, Any]:
+        """``dispatch status``: the machine at a glance (another's head job by id only, unless the list is public)."""
         head = None
         if self.queued:
             job = self.jobs[next(iter(self._in_order()))]
             head = {"id": job.id, "user": job.user, "name": job.name, "why": self.why(job)[1]}
+            if caller is not None and not (caller.is_admin or caller.uid == job.uid or self.cfg.list_is_public):
+                head.update(user=None, name=None, why=None)   # its request would say whose it may be
         return report.status(self.machine, self.limits, [r["alloc"] for r in self.running.values()],
                              self.cfg.schedule, len(self.queued), len(self.waiting), head)
 
@@ -323,6 +336,9 @@ class Engine:
             raise Refused(f"the command and its environment take {format_mem(size)}, more than the "
                           f"{format_mem(self.cfg.max_job_size)} a job may carry (the admin's --max-job-size); "
                           f"submit a script instead, or drop --env", "too_large")
+        short = self.store.short_of_room(self.cfg.state_reserve)
+        if short is not None:   # compaction, and the jobs already taken, keep room to finish
+            raise Refused(short, "busy")
         elements = req.elements()
         held = self.held_by_uid.get(caller.uid, 0)
         if held + len(elements) > self.cfg.max_queued_per_user:
@@ -344,6 +360,8 @@ class Engine:
         after = [self.lookup(caller, ref).id for ref in req.after]   # unknown or another user's: refused
         first = self.next_id
         bulk = len(elements) > 1 or bool(req.array or req.commands)
+        # An --array's elements share one argv list, stored once (Store.add_jobs); --commands' differ.
+        shared_argv = list(req.argv) if req.array and not req.commands else None
         made = []
         for k, (argv, index) in enumerate(elements):
             job_id = first + k
@@ -353,17 +371,21 @@ class Engine:
                 target = req.output or req.cwd
                 output = os.path.join(target, log_name(job_id)) if req.output is None or req.output_is_dir \
                     else target
-            job = Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name, argv=list(argv),
+            job = Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name,
+                      argv=shared_argv if shared_argv is not None else list(argv),
                       cwd=req.cwd, submitted=now, max_time=max_time,
                       request=wanted,
                       budget={"mem": budget.mem, "assigned": budget.assigned},
                       output=output, umask=req.umask, name=req.name, after=sorted(set(after)),
                       after_ok=req.after_ok, state=WAITING if after else QUEUED,
                       array=None if not bulk else {"first": first, "index": index, "limit": req.array_limit})
-            made.append((job, {"forward": req.env, "job_env": req.job_env, "base": req.base_env}))
-        self._persist_new(made)
+            made.append(job)
+        self._persist_new(made, {"forward": req.env, "job_env": req.job_env, "base": req.base_env}, shared_argv)
         self.next_id = first + len(made)
-        for job, _ in made:
+        # A job it follows may have ended already: then each of them is looked at (in turns);
+        # otherwise they wait, and the first end among their dependencies looks at them.
+        look = any(self.jobs[dep].state == FINISHED for dep in after)
+        for job in made:
             self._add(job)
             jdir = self.store.job_dir(job.id)
             try:
@@ -374,22 +396,23 @@ class Engine:
             self.dev.add(job.id, job.uid, jdir)
             if job.state == WAITING:
                 self._wait_on(job)
-                self.to_settle.append((job.id, None))   # what it waits for may have ended already
+                if look:
+                    self.to_settle.append((job.id, None))
             else:
                 self._enqueue(job)
         if bulk:
             log.info("jobs %d-%d %s for %s (%d in one submit): %s", first, first + len(made) - 1,
-                     made[0][0].state, made[0][0].user, len(made), made[0][0].command)
+                     made[0].state, made[0].user, len(made), made[0].shown[0])
         else:
-            log.info("job %d %s for %s: %s", first, made[0][0].state, made[0][0].user, made[0][0].command)
-        for job, _ in made:
+            log.info("job %d %s for %s: %s", first, made[0].state, made[0].user, made[0].shown[0])
+        for job in made:
             self.hooks.job_event(job.id, "submitted")
         if after:
             self._settle(now)
         # Decide now, act after the reply is sent: the client does not wait for the spawn.
         self.pending = self.plan(now)
         starting = {j for j, _ in self.pending.starts} if self.pending is not None else set()
-        job = made[0][0]
+        job = made[0]
         reply = {"id": first, "state": RUNNING if first in starting else job.state, "mem": budget.mem,
                  "mem_assigned": budget.assigned, "output": job.output, "name": job.name,
                  "after": job.after, "after_ok": job.after_ok,
@@ -399,26 +422,20 @@ class Engine:
                          limit=req.array_limit)
         return reply
 
-    def _persist_new(self, made: list) -> None:
+    def _persist_new(self, made: list, env: dict, shared_argv: list | None) -> None:
         """Write new jobs' records and stage them for this turn's commit; refuse (nothing kept) on failure.
 
         However many jobs a request (or a turn of the loop) submits, they are
         made durable together, by one fsync, before any of them is acknowledged.
         """
         try:
-            for job, env in made:
-                self.store.create_job_dir(job.id, self.cfg.admin_gid)
-                self.store.save_job(job, env)
+            self.store.add_jobs(made, env, self.cfg.admin_gid, shared_argv)
         except OSError as exc:
-            ids = {job.id for job, _ in made}
-            self.store.forget(ids)
-            for job_id in ids:
-                self.store.remove_job(job_id)
             why = "the state directory's disk is full" if is_disk_full(exc) else exc.strerror
-            log.error("job %d refused: cannot persist it: %s", made[0][0].id, exc)
+            log.error("job %d refused: cannot persist it: %s", made[0].id, exc)
             raise Refused(f"cannot store the job ({why}); nothing was queued, try again later",
                           "busy") from None
-        self.batch_new.update(job.id for job, _ in made)
+        self.batch_new.update(job.id for job in made)
 
     def run_pending(self, now: float) -> None:
         """Carry out a decision made while answering a request."""
@@ -501,7 +518,7 @@ class Engine:
 
     def _info(self, job: Job) -> dict:
         s = self.summary(job)
-        return {k: s[k] for k in ("id", "user", "command", "state", "submitted", "started", "max_time",
+        return {k: s[k] for k in ("id", "user", "command", "command_len", "state", "submitted", "started", "max_time",
                                   "mem", "mem_assigned", "exclusive", "cpus", "gpus", "output")}
 
     # -- scheduling -----------------------------------------------------------
@@ -580,10 +597,7 @@ class Engine:
             return False
 
     def _job_env(self, job: Job) -> dict:
-        try:
-            stored = self.store.load_env(job.id)
-        except (OSError, ValueError):
-            stored = {}
+        stored = self.store.load_env(job)   # {} (a clean environment) when it cannot be read
         try:
             pw = pwd.getpwuid(job.uid)
             home, shell = pw.pw_dir, pw.pw_shell or "/bin/sh"
@@ -622,19 +636,15 @@ class Engine:
 
     def _start(self, job: Job, alloc, now: float) -> None:
         # Order matters for crash safety: the launch spec (with the environment)
-        # first, then the record that says "running" (which drops the
-        # environment from job.json), then the spawn, which waits for this
-        # turn's commit. A crash in between leaves either a queued job or a
-        # launch spec the next daemon can start.
+        # first, then the record that says "running", then the spawn, which
+        # waits for this turn's commit (after which the store lets go of the
+        # stored environment). A crash in between leaves either a queued job
+        # or a launch spec the next daemon can start.
         self._dequeue(job)
         jdir = self.store.job_dir(job.id)
         self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": None}
         move(job, RUNNING, now, alloc=alloc.to_dict())
         cg = None
-        try:
-            stored = self.store.load_env(job.id)
-        except (OSError, ValueError):
-            stored = {}
         try:
             if self.cfg.cgroups:
                 minors = (tuple(self.machine.gpu_minors[g] for g in alloc.gpus)
@@ -655,7 +665,7 @@ class Engine:
         except OSError as exc:
             self._requeue(job, cg, exc, now)
             return
-        self.to_spawn.append((job, cg, stored))
+        self.to_spawn.append((job, cg))
 
     def flush(self, now: float) -> set[int]:
         """End a turn of the loop: :meth:`commit_turn`, then :meth:`spawn_turn`."""
@@ -681,7 +691,7 @@ class Engine:
         """Spawn the jobs this turn started (their records are durable by now)."""
         while self.to_spawn:
             spawns, self.to_spawn = self.to_spawn, []
-            for job, cg, _ in spawns:
+            for job, cg in spawns:
                 try:
                     self._spawn(job, cg, now)
                 except Exception as exc:  # one job that cannot start must not stop the others
@@ -709,7 +719,7 @@ class Engine:
             self.dev.remove(job_id)
             self.store.remove_job(job_id)
         self.store.forget(refused)
-        for job, cg, stored in self.to_spawn:
+        for job, cg in self.to_spawn:
             if job.id in refused:
                 self._drop_cgroup(cg)
                 continue
@@ -719,7 +729,7 @@ class Engine:
             self._enqueue(job)
             try:
                 os.unlink(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
-                self.store.save_job(job, stored)   # queued again, its environment back in its record
+                self.store.save_job(job)   # queued again: the store keeps its environment
             except OSError:
                 self.unsaved.add(job.id)
         self.to_spawn = []
@@ -1031,13 +1041,7 @@ class Engine:
             self._forget(job)
 
     def _keep_undelivered(self, job: Job) -> None:
-        src = os.path.join(self.store.job_dir(job.id), records.OUTPUT)
-        dst_dir = os.path.join(self.store.root, "undelivered")
-        try:
-            os.makedirs(dst_dir, mode=0o700, exist_ok=True)
-            os.rename(src, os.path.join(dst_dir, f"output.{job.id}.log"))
-        except OSError:
-            pass
+        self.undelivered.keep(job.id, job.user, os.path.join(self.store.job_dir(job.id), records.OUTPUT), time.time())
 
     # -- changing a job ----------------------------------------------------------
     def job_setting(self, caller: Caller, req: JobSetting, now: float) -> dict[str, Any]:
@@ -1130,9 +1134,8 @@ class Engine:
         if self.meta_dirty or self.unsaved:
             self.retry_unsaved()
             wake = now + 2 if wake is None else min(wake, now + 2)
-        due = self.store.compact_due   # the end of the turn commits, and compacts once this is due
-        if due is not None:
-            wake = due if wake is None else min(wake, due)
+        sweep = self.undelivered.tick(now)   # undelivered/ past its bounds, every few minutes
+        wake = sweep if wake is None else min(wake, sweep)
         if self.unsettled:
             wake = now
         return wake
@@ -1169,7 +1172,8 @@ class Engine:
 
 
 STOP_RETRY = 0.5   # seconds between stop requests while no shepherd reads its FIFO yet
-SETTLE_BATCH = 500   # waiting jobs looked at per call of Engine._settle (the rest: next turn)
+SETTLE_BATCH = 100   # waiting jobs settled per call of Engine._settle (the rest: next turn); each may
+                     # write a record (about 1 ms), so a turn holds the loop about 0.1 s at most
 
 
 def _request(r: dict[str, Any]) -> resources.Request:

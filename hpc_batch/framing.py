@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 HEADER_SIZE = 4           # the length, big-endian
 MAX_FRAME = 4 << 20       # requests: a forwarded environment plus a long argv fits
-MAX_REPLY = 256 << 20     # replies: a listing of a very long queue fits
+MAX_REPLY = 256 << 20     # replies: a wait on a whole bulk fits (list answers in ~1 MiB pages)
 
 
 class FrameError(Exception):

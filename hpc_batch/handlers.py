@@ -9,6 +9,8 @@ server owns them.
 from collections.abc import Callable
 from typing import Any
 
+from shepherd.jsoncodec import dumps_wire
+
 from . import __version__, protocol
 from .access import Caller
 from .engine import Engine, Refused
@@ -28,8 +30,36 @@ def list_jobs(engine: Engine, caller: Caller, req: ListJobs, now: float) -> dict
     if req.all and not (caller.is_admin or engine.cfg.list_is_public):
         raise Refused("only members of the admin group may list all users' jobs "
                       "(the admin can allow everyone with --list-is-public)", "forbidden")
-    jobs = engine.visible(caller, req.all, req.finished)
-    return protocol.ok(jobs=[engine.summary(j) for j in jobs], now=now)
+    return protocol.ok(**list_page(engine, caller, req), now=now)
+
+
+def list_page(engine: Engine, caller: Caller, req: ListJobs) -> dict[str, Any]:
+    """One page of a listing: ``jobs`` and ``more`` (the next page's cursor, or None at the end).
+
+    Bounded in jobs, bytes and ids looked at (protocol.LIST_PAGE_*), so its cost and
+    its reply do not grow with the queue; a client pages with ``after``.
+    """
+    limit = min(req.limit or protocol.LIST_PAGE_JOBS, protocol.LIST_PAGE_JOBS)
+    jobs: list[dict[str, Any]] = []
+    size = looked = last = 0
+    more = None
+    for job_id, job in engine.visible(caller, req.all, req.finished, req.after or 0):
+        if len(jobs) >= limit or size >= protocol.LIST_PAGE_BYTES or looked >= protocol.LIST_PAGE_SCAN:
+            more = last
+            break
+        looked += 1
+        last = job_id
+        if job is not None:
+            summary = engine.summary(job)
+            size += len(dumps_wire(summary)) + 1
+            jobs.append(summary)
+    if req.after is None:
+        if more is not None:
+            raise Refused(f"the list is longer than one reply may carry ({len(jobs)} jobs, "
+                          f"{protocol.LIST_PAGE_BYTES >> 20} MiB) and this dispatch is older than "
+                          f"hpc-batchd: use a dispatch of the same version, which asks for it in pages")
+        return {"jobs": jobs}
+    return {"jobs": jobs, "more": more}
 
 
 def kill(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, Any]:
@@ -49,7 +79,7 @@ def show(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, A
 
 def status(engine: Engine, caller: Caller, req: Status, now: float) -> dict[str, Any]:
     """``dispatch status``."""
-    return protocol.ok(**engine.status(now))
+    return protocol.ok(**engine.status(now, caller))
 
 
 def ping(engine: Engine, caller: Caller, req: Ping, now: float) -> dict[str, Any]:

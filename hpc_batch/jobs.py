@@ -177,12 +177,19 @@ class Job:
 
     @property
     def command(self) -> str:
-        """The command line as a shell would show it (worked out once: argv never changes)."""
-        text = self.__dict__.get("_command")
-        if text is None:
-            import shlex
-            text = self.__dict__["_command"] = shlex.join(self.argv)
-        return text
+        """The whole command line as a shell would show it (for show: not kept, it can be 1 MiB)."""
+        import shlex
+        return shlex.join(self.argv)
+
+    @property
+    def shown(self) -> tuple[str, int]:
+        """``(command, command_len)``: the command line cut for summaries (cut.py), and its full
+        length; worked out once (argv never changes), and shared by the elements of a bulk."""
+        got = self.__dict__.get("_shown")
+        if got is None:
+            from .cut import cut_command
+            got = self.__dict__["_shown"] = cut_command(self.argv)
+        return got
 
     @property
     def deadline(self) -> float | None:

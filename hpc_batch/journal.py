@@ -10,21 +10,31 @@ rewrites any the journal shows to be stale or missing.
 
 Lines::
 
-    {"seq": N, "job": {record, "env": ... while queued}}
-    {"seq": N, "drop": ID}        the job was evicted: forget it
-    {"seq": N, "meta": {...}}     the id floor and scheduler state
+    {"seq": N, "job": {record}}     argv left out where its submit's shared record holds it
+    {"seq": N, "shared": {...}}     what the jobs of one submit share (store.py)
+    {"seq": N, "drop": ID}          the job was evicted: forget it
+    {"seq": N, "meta": {...}}       the id floor and scheduler state
+    {"seq": N, "commit": C, "lines": K}   the end of batch C, which holds the K lines before it
 
 *seq* grows by one per line, and the cache files carry the seq of the
-record they hold, so the newer of the two wins. When the journal has grown
-past twice its last snapshot, it is compacted: a snapshot of every live
-record replaces it (temp file, fsync, rename, fsync of the directory).
-A crash mid-append leaves at most a torn last line, which was never
-acknowledged, and is dropped.
+record they hold, so the newer of the two wins; they also carry the batch
+that makes them durable, which is how the loader tells a journal that lost
+acknowledged batches (a damaged disk, a bad copy) from one whose last batch
+was cut short by a crash. Lines after the last ``commit`` were never
+acknowledged and are dropped, damaged or not; any damage before it is an
+error. A journal from before batches (no ``commit`` lines) is read as it
+always was: only a torn last line may be dropped.
+
+When the journal has grown past twice its last snapshot, it is compacted: a
+snapshot of every live record, itself one batch, replaces it (temp file,
+fsync, rename, fsync of the directory). Compaction therefore costs the live
+state, once per doubling: amortised, a constant per change.
 """
 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 from shepherd.records import dumps_wire, fsync_dir, loads
 
@@ -33,37 +43,82 @@ MIN_COMPACT = 1 << 20      # never compact a journal smaller than this
 
 
 class JournalError(Exception):
-    """A journal line other than the last cannot be read (the disk, or someone, damaged it)."""
+    """A journal line inside an acknowledged batch cannot be read (the disk, or someone, damaged it)."""
+
+
+class Contents(NamedTuple):
+    """What a journal holds."""
+
+    entries: list[dict]     # the entries of its whole batches (every whole line, in the old format)
+    good: int               # bytes of it those take
+    batch: int | None       # the last whole batch's number; None for a journal without batches
+    dropped: int            # lines after the last whole batch (never acknowledged), dropped
+
+
+def _entry(raw: bytes) -> dict | None:
+    try:
+        entry = loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return entry if isinstance(entry, dict) and isinstance(entry.get("seq"), int) else None
+
+
+def _is_end(entry: dict | None) -> bool:
+    return entry is not None and isinstance(entry.get("commit"), int) and isinstance(entry.get("lines"), int)
+
+
+def read_contents(data: bytes) -> Contents:
+    """Parse a journal: its whole batches, or for the old format its whole lines.
+
+    Raises JournalError for damage no crash can leave: an unreadable line, or
+    a batch whose line count is wrong, before the last batch's end.
+    """
+    lines = data.split(b"\n")
+    tail = lines.pop()            # b"" after a final newline; else a line the append cut short
+    parsed = [_entry(raw) for raw in lines]
+    end = max((i for i, e in enumerate(parsed) if _is_end(e)), default=None)
+    if end is None:               # the old format: whole lines, only the last may be torn
+        old: list[dict] = []
+        good = 0
+        for i, (raw, entry) in enumerate(zip(lines, parsed)):
+            if entry is None and raw:
+                if all(not rest for rest in lines[i + 1:]) and not tail:
+                    return Contents(old, good, None, 1)
+                raise JournalError(f"line {i + 1} cannot be read (not a journal entry)")
+            if entry is not None:
+                old.append(entry)
+            good += len(raw) + 1
+        return Contents(old, good, None, 1 if tail else 0)
+    entries: list[dict] = []
+    good, batch, count = 0, 0, 0
+    for i in range(end + 1):
+        entry = parsed[i]
+        if entry is None:
+            if not lines[i]:
+                good += 1
+                continue
+            raise JournalError(f"line {i + 1} cannot be read, and a later batch was acknowledged")
+        good += len(lines[i]) + 1
+        if _is_end(entry):
+            if entry["lines"] != count:
+                raise JournalError(f"batch {entry['commit']} ending at line {i + 1} holds {count} lines, "
+                                   f"not the {entry['lines']} it was written with")
+            batch, count = entry["commit"], 0
+            continue
+        entries.append(entry)
+        count += 1
+    return Contents(entries, good, batch, len(lines) - end - 1 + (1 if tail else 0))
 
 
 def parse(data: bytes) -> tuple[list[dict], int]:
-    """The entries of a journal, and how many bytes of it are whole lines.
+    """The entries of a journal, and how many bytes of it are whole (see :func:`read_contents`)."""
+    c = read_contents(data)
+    return c.entries, c.good
 
-    A torn or unreadable last line is left out (a crash cut it short); an
-    unreadable line before the last raises JournalError.
-    """
-    entries: list[dict] = []
-    good = 0
-    lines = data.split(b"\n")
-    for i, line in enumerate(lines):
-        last = i == len(lines) - 1
-        if not line:
-            if not last:
-                good += 1
-            continue
-        try:
-            entry = loads(line.decode("utf-8"))
-            if not isinstance(entry, dict) or not isinstance(entry.get("seq"), int):
-                raise ValueError("not a journal entry")
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            if last or all(not rest for rest in lines[i + 1:]):
-                break
-            raise JournalError(f"line {i + 1} cannot be read ({exc})") from None
-        if last:
-            break          # no newline: the append was cut short
-        entries.append(entry)
-        good += len(line) + 1
-    return entries, good
+
+def end_line(seq: int, batch: int, lines: int) -> bytes:
+    """The line that closes batch *batch* of *lines* lines."""
+    return line({"seq": seq, "commit": batch, "lines": lines})
 
 
 def line(entry: dict) -> bytes:
@@ -81,15 +136,14 @@ class Journal:
         self.size = 0
         self.snapshot_size = 0
 
-    def read(self) -> tuple[list[dict], bool]:
-        """Its entries, and whether it exists at all."""
+    def read(self) -> Contents | None:
+        """What it holds (None when there is no journal at all)."""
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
-            return [], False
-        entries, _ = parse(data)
-        return entries, True
+            return None
+        return read_contents(data)
 
     def append(self, data: bytes) -> None:
         """Write *data* (whole lines) and make it durable; on failure the file is as it was."""

@@ -1,12 +1,14 @@
 """Formatting for ``dispatch list`` (pure: the caller passes the clock).
 
 Columns: ``<username> <id> <command> <start> <uptime> <max-time> <mem>
-<exclusive> <gpus>``, then ``<state> <exit>`` with ``--finished``. Start is
+<exclusive> <cpus> <gpus>``, then ``<state> <exit>`` with ``--finished``. Start is
 the local time the job began: ``HH:MM:SS`` today, ``YYYY-MM-DD HH:MM``
 earlier. Queued jobs show ``-`` and ``queued``. ``+`` after the memory marks
 a budget spread over more than one NUMA node. ``<gpus>`` is ``-``, the count,
 or count and worst link (``2:NV12``) with ``!`` when the set crosses a host
-bridge or the socket interconnect (``4:SYS!``).
+bridge or the socket interconnect (``4:SYS!``). ``<cpus>`` is the CPUs
+(threads) the job holds and, after a slash, the physical cores they are
+on (``4/2c``: both threads of two cores); ``-`` before it starts.
 """
 
 from __future__ import annotations
@@ -64,12 +66,25 @@ def format_row(job: dict[str, Any], now: float, finished: bool) -> str:
     command = f"[{job['name']}]{job['command']}" if job.get("name") else job["command"]
     cols = [one_line(job["user"]), str(job["id"]), one_line(command), start, uptime,
             format_duration(job["max_time"]), mem, "yes" if job.get("exclusive") else "no",
-            one_line(str(job.get("gpu_label") or "-"))]
+            cpu_column(job), one_line(str(job.get("gpu_label") or "-"))]
     line = " ".join(cols)
     if finished:
         # Accounting goes before <state> <exit>, so those stay the last words (notes aside).
         line += _usage(job) + f" {job['state']} {job.get('exit') or '-'}" + _note(job)
     return line
+
+
+def cpu_column(job: dict[str, Any]) -> str:
+    """``<cpus>``: held CPUs / physical cores (``4/2c``), or ``-`` for a job that holds none."""
+    held, cores = job.get("held_cpus") or job.get("cpus"), job.get("cores")
+    if not held:
+        return "-"
+    return f"{len(held)}/{len(cores) if cores else len(held)}c"
+
+
+def format_cores(cores: list[list[int]]) -> str:
+    """Cores as ``show`` writes them: threads of one core joined by ``+``, cores by commas (``0+40,1+41``)."""
+    return ",".join("+".join(map(str, core)) for core in cores)
 
 
 def _usage(job: dict[str, Any]) -> str:
@@ -88,7 +103,7 @@ def _usage(job: dict[str, Any]) -> str:
 SHOW_FIELDS = (
     ("id", "id"), ("name", "name"), ("user", "user"), ("command", "command"), ("cwd", "directory"),
     ("state", "state"), ("position", "place in queue"), ("why", "waiting because"),
-    ("after", "after"), ("cpus", "cpus"), ("numa_nodes", "numa nodes"), ("gpus", "gpus"),
+    ("after", "after"), ("cpus", "cpus"), ("cores", "cores"), ("numa_nodes", "numa nodes"), ("gpus", "gpus"),
     ("gpu_label", "gpu set"), ("mem", "memory budget"), ("max_time", "max time"), ("deadline", "deadline"),
     ("cgroup", "cgroup"), ("output", "output"), ("submitted", "submitted"), ("started", "started"),
     ("ended", "ended"), ("wall", "wall time"), ("exit", "result"), ("cpu_time", "cpu time"),
@@ -118,6 +133,10 @@ def format_show(job: dict[str, Any], now: float) -> list[str]:
             text = ", ".join(map(str, value)) + (" (only if they exit 0)" if job.get("after_ok") else "")
         elif key in ("cpus", "gpus", "numa_nodes"):
             text = ",".join(map(str, value))
+        elif key == "cores":
+            threads = {len(core) for core in value}
+            text = (f"{len(value)} ({format_cores(value)}; "
+                    f"{'/'.join(map(str, sorted(threads)))} thread{'s' if threads != {1} else ''} each)")
         elif key == "exit":
             text = f"{job['exit']}" + _note(job) if job["state"] == "finished" else ""
         else:

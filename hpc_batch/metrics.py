@@ -11,7 +11,7 @@ The counters (:class:`Tally`) count since the daemon started; a reload
 re-execs the same process and carries them across (``to_text`` /
 ``from_text``), so they reset only when the daemon really restarts, which
 PromQL's ``rate()`` and ``increase()`` take in their stride. Totals over all
-time are the history file's job (``history.jsonl``), not these counters'.
+time are the history files' job (``history/<user>.jsonl``), not these counters'.
 """
 
 from __future__ import annotations

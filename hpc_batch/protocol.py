@@ -217,17 +217,33 @@ class NewJob:
         return total
 
 
+# A list reply is one page: at most this many jobs, about this many bytes, and this many ids
+# looked at (passed-over ones included), so that building one costs the page, whatever the queue.
+LIST_PAGE_JOBS = 1000
+LIST_PAGE_BYTES = 1 << 20
+LIST_PAGE_SCAN = 8 * LIST_PAGE_JOBS
+
+
 @dataclass(frozen=True)
 class ListJobs:
-    """``dispatch list``."""
+    """``dispatch list``: one page of the jobs with ids above *after*.
+
+    The reply's ``more`` is the *after* of the next page, or None at the end.
+    Without *after* (a client older than paging) the whole list must fit one
+    page, or the request is refused with a message saying so.
+    """
 
     all: bool = False
     finished: bool = False
+    after: int | None = None        # the cursor: list jobs with greater ids (0: from the start)
+    limit: int | None = None        # at most this many jobs in the page (capped at LIST_PAGE_JOBS)
 
     @classmethod
     def from_args(cls, args: Args) -> "ListJobs":
         return cls(all=_get(args, "all", (bool,), default=False),
-                   finished=_get(args, "finished", (bool,), default=False))
+                   finished=_get(args, "finished", (bool,), default=False),
+                   after=_int(args, "after", 0, bounds.MAX_ID, default=None, allow_none=True),
+                   limit=_int(args, "limit", 1, LIST_PAGE_JOBS, default=None, allow_none=True))
 
 
 @dataclass(frozen=True)

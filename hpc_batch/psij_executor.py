@@ -102,10 +102,16 @@ class HpcBatchJobExecutor(JobExecutor):
 
     def list(self) -> list[str]:
         """The ids of this user's queued, waiting and running jobs, however they were submitted."""
-        reply = self._call("list", all=False, finished=False)
-        if not reply.get("ok"):
-            raise SubmitException(f"cannot list jobs: {reply.get('error')}")
-        return [str(j["id"]) for j in reply["result"]["jobs"]]
+        ids: list[str] = []
+        cursor: int | None = 0
+        while cursor is not None:   # the daemon answers in pages; "more" is the next page's cursor
+            reply = self._call("list", all=False, finished=False, after=cursor)
+            if not reply.get("ok"):
+                raise SubmitException(f"cannot list jobs: {reply.get('error')}")
+            ids += [str(j["id"]) for j in reply["result"]["jobs"]]
+            more = reply["result"].get("more")
+            cursor = more if isinstance(more, int) and more > cursor else None
+        return ids
 
     def attach(self, job: Job, native_id: str) -> None:
         """Follow a job submitted earlier (by id); *job* takes its state at once."""

@@ -28,7 +28,12 @@ def why_waiting(req: Request, budget: Budget, position: int, head: int | None, f
     elif free.exclusive:
         lacks.append("an exclusive job holds the machine")
     if not req.exclusive and n > free.max_cpus():
-        lacks.append(f"it needs {n} cores on one NUMA node; the most free on one is {free.max_cpus()}")
+        most = max(free.cpus, key=lambda k: (free.free_cpus(k), -k), default=None)
+        units = len(free.free_units(most)) if most is not None else 0
+        most_text = (str(free.max_cpus()) if free.cap.widest_unit == 1
+                     else free.cap.describe_cpus(free.max_cpus(), units))
+        lacks.append(f"it needs {free.cap.describe_cpus(free.cap.held(n))} on one NUMA node; the most free "
+                     f"on one is {most_text}")
     if budget.mem > free.mem_max(local):
         where = " on one NUMA node" if local else ""
         lacks.append(f"it needs {format_bytes(budget.mem)} of memory{where}; "
@@ -57,6 +62,19 @@ def why_waiting(req: Request, budget: Budget, position: int, head: int | None, f
     return "; ".join(lacks) or "it is about to start"
 
 
+def cpu_fields(machine: Machine, alloc: dict[str, Any] | None) -> dict[str, Any]:
+    """A job's ``cores`` (held CPUs grouped by physical core) and ``held_cpus``, for list and show.
+
+    A record from a daemon that did not know cores has none: the machine's
+    topology groups its CPUs instead.
+    """
+    if alloc is None:
+        return {"cores": None, "held_cpus": None}
+    a = Allocation.from_dict(alloc)
+    cores = a.cores or machine.cpu_topology.cores(a.held)
+    return {"cores": [list(c) for c in cores], "held_cpus": list(a.held)}
+
+
 def _node_of(free: Free) -> dict[int, int]:
     return {c: n.id for n in free.cap.nodes for c in n.cpus}
 
@@ -72,8 +90,10 @@ def status(machine: Machine, limits: Limits, running: Sequence[Allocation], poli
     mem_in_use: dict[int, int] = {}
     gpu_in_use: set[int] = set()
     home = {c: n.id for n in machine.nodes for c in n.cpus}
+    held: set[int] = set()
     for a in running:
-        for c in a.cpus:
+        for c in a.held:
+            held.add(c)
             if c in home:
                 cpu_in_use[home[c]] = cpu_in_use.get(home[c], 0) + 1
         for node, b in a.mem_by_node:
@@ -88,6 +108,7 @@ def status(machine: Machine, limits: Limits, running: Sequence[Allocation], poli
         nodes.append({
             "id": n.id,
             "cpus": _quad(len(n.cpus), reserved_cpus, cpu_in_use.get(n.id, 0)),
+            "cores": _cores(machine.cpu_topology.cores(n.cpus), set(cap.reserved_cpus), held),
             "mem": _quad(n.mem, reserved_mem, mem_in_use.get(n.id, 0)),
             "gpus": _quad(len(gpus), 0, sum(1 for g in gpus if g in gpu_in_use)),
         })
@@ -96,11 +117,19 @@ def status(machine: Machine, limits: Limits, running: Sequence[Allocation], poli
     return {
         "policy": policy,
         "memory": "per NUMA node" if not cap.pool else "one machine-wide pool (--no-cgroups)",
+        "cpu_unit": "core" if limits.whole_cores else "thread",
         "nodes": nodes,
         "gpus_without_node": _quad(len(unplaced), 0, sum(1 for g in unplaced if g in gpu_in_use)),
         "jobs": {"running": len(running), "queued": queued, "waiting": waiting},
         "head": head,
     }
+
+
+def _cores(cores: Sequence[tuple[int, ...]], reserved: set[int], held: set[int]) -> dict[str, int]:
+    """Physical cores of a node: total, reserved (a thread held back), in use (a thread held by a job), free."""
+    res = sum(1 for c in cores if reserved.intersection(c))
+    use = sum(1 for c in cores if held.intersection(c) and not reserved.intersection(c))
+    return {"total": len(cores), "reserved": res, "in_use": use, "free": len(cores) - res - use}
 
 
 def _quad(total: int, reserved: int, in_use: int) -> dict[str, int]:
@@ -112,19 +141,29 @@ def format_status(st: dict[str, Any]) -> list[str]:
     lines = [f"policy {st['policy']}; memory budgeted {st['memory']}",
              f"jobs: {st['jobs']['running']} running, {st['jobs']['queued']} queued, "
              f"{st['jobs']['waiting']} waiting on other jobs"]
-    lines.append("node  cpus total/reserved/in use/free   memory total/reserved/in use/free   "
-                 "gpus total/in use/free")
+    lines.append("node  cpus total/reserved/in use/free   cores total/reserved/in use/free   "
+                 "memory total/reserved/in use/free   gpus total/in use/free")
     for n in st["nodes"]:
         c, m, g = n["cpus"], n["mem"], n["gpus"]
-        mem = "/".join(_mem(m[k]) for k in ("total", "reserved", "in_use", "free"))
+        k = n.get("cores") or c
+        mem = "/".join(_mem(m[key]) for key in ("total", "reserved", "in_use", "free"))
         lines.append(f"{n['id']:>4}  {c['total']}/{c['reserved']}/{c['in_use']}/{c['free']}".ljust(36)
+                     + f"  {k['total']}/{k['reserved']}/{k['in_use']}/{k['free']}".ljust(37)
                      + f"  {mem}".ljust(38) + f"  {g['total']}/{g['in_use']}/{g['free']}")
     extra = st["gpus_without_node"]
     if extra["total"]:
         lines.append(f"GPUs with no NUMA node: {extra['total']} total, {extra['in_use']} in use")
+    if st.get("cpu_unit") == "thread":
+        lines.append("CPUs are handed out as single threads (--cpu-unit thread): jobs may share a core")
+    else:
+        lines.append("CPUs are handed out in whole cores: a job gets every thread of its cores")
     head = st.get("head")
-    lines.append(f"head: job {head['id']} ({head['user']}): {head['why']}" if head
-                 else "head: none (the queue is empty)")
+    if not head:
+        lines.append("head: none (the queue is empty)")
+    elif head.get("user") is None:   # another user's, and the list is not public
+        lines.append(f"head: job {head['id']} (another user's)")
+    else:
+        lines.append(f"head: job {head['id']} ({head['user']}): {head['why']}")
     return lines
 
 

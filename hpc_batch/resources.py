@@ -6,11 +6,18 @@ Pure: no I/O and no clock. The daemon describes the machine (see
 
 Placement rules (from the spec):
 
+* The unit of allocation is the physical core, as Slurm's ``CR_Core``: a
+  job asking for N CPUs gets whole cores holding at least N threads, and
+  every thread of those cores, so two jobs never share a core's execution
+  units and caches. ``Limits.whole_cores=False`` (``--cpu-unit thread``)
+  packs single threads as before. A machine without SMT, or whose topology
+  is unknown, has one thread per core and behaves the same either way.
 * A job's CPUs always come from ONE NUMA node and its memory is charged to
   that node. A budget no single node can hold is spread over more nodes,
   never with ``--numa-local``.
 * ``--reserve-cpu`` takes the lowest CPU ids of the lowest-numbered node
-  that has CPUs (CPU 0 is where the OS and interrupts usually live), and
+  that has CPUs (CPU 0 is where the OS and interrupts usually live), in
+  whole cores too (N CPUs rounded up, as for a job), and
   ``--reserve-mem`` comes off that same node, never more than half of it.
 * Under ``--no-cgroups`` (``Limits.per_node_memory=False``) nothing confines
   a job's memory to a node, so memory is one machine-wide pool.
@@ -28,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import gputopo
+from . import cputopo, gputopo
 
 GiB = 1 << 30
 
@@ -54,6 +61,7 @@ class Machine:
     topology: gputopo.Topology | None = field(default=None, hash=False)
     gpu_uuids: dict[int, str] = field(default_factory=dict, hash=False)    # index -> UUID (nvidia-smi -L)
     gpu_minors: dict[int, int] = field(default_factory=dict, hash=False)   # index -> /dev/nvidia<minor>
+    cpu_topology: cputopo.CpuTopology = field(default_factory=cputopo.CpuTopology, hash=False)  # cores' threads
 
 
 @dataclass(frozen=True)
@@ -61,13 +69,15 @@ class Limits:
     """Admin limits (``hpc-batchd`` flags).
 
     ``reserve_cpu`` never takes the machine's last core, so a small
-    development machine still offers one core to jobs.
+    development machine still offers one core to jobs. ``whole_cores``
+    makes the physical core the unit of allocation (``--cpu-unit core``).
     """
 
     reserve_cpu: int = 2
     reserve_mem: int = 2 * GiB
     min_job_mem: int = 2 * GiB
     per_node_memory: bool = True
+    whole_cores: bool = True
 
 
 @dataclass(frozen=True)
@@ -101,13 +111,23 @@ class Allocation:
     """Resources granted to a running job.
 
     ``mem_by_node`` is sorted by node id; in pool mode it is a single entry
-    charged to the node the job's CPUs are on.
+    charged to the node the job's CPUs are on. ``cores`` groups the CPUs
+    the job holds by physical core (each group: the threads of that core
+    the job holds; all of them unless the daemon packs threads); it is ()
+    in a record written by a daemon that did not know cores, and then
+    ``Machine.cpu_topology`` groups ``cpus`` instead.
     """
 
     cpus: tuple[int, ...]
     mem_by_node: tuple[tuple[int, int], ...]
     gpus: tuple[int, ...]
     exclusive: bool
+    cores: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """Every CPU the job holds: those of its cpuset and any thread of its cores."""
+        return tuple(sorted(set(self.cpus).union(*self.cores)))
 
     @property
     def mems(self) -> tuple[int, ...]:
@@ -131,16 +151,22 @@ class Allocation:
             "mem_by_node": [[n, b] for n, b in self.mem_by_node],
             "gpus": list(self.gpus),
             "exclusive": self.exclusive,
+            "cores": [list(c) for c in self.cores],
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Allocation:
-        """Inverse of ``to_dict`` (accepts lists where tuples were)."""
+        """Inverse of ``to_dict`` (accepts lists where tuples were).
+
+        A record without ``cores`` (a job started by a daemon that packed
+        threads without knowing cores) loads with ``cores=()``.
+        """
         return cls(
             cpus=tuple(int(c) for c in d["cpus"]),
             mem_by_node=tuple((int(n), int(b)) for n, b in d["mem_by_node"]),
             gpus=tuple(int(g) for g in d["gpus"]),
             exclusive=bool(d["exclusive"]),
+            cores=tuple(tuple(int(c) for c in core) for core in d.get("cores") or ()),
         )
 
 
@@ -154,7 +180,11 @@ class Capacity:
 
     ``nodes`` mirror the machine's nodes with reserved CPUs removed and
     memory reduced by the reserve; ``reserved_*`` record what was held back
-    (for the startup log).
+    (for the startup log). ``units`` maps each job CPU to the unit it is
+    handed out in: the job CPUs of its core, or the CPU alone when threads
+    are packed (``Limits.whole_cores`` off) or its core is unknown.
+    ``cpu_topology`` is the machine's, for grouping CPUs by physical core
+    whatever the unit.
     """
 
     nodes: tuple[Node, ...]
@@ -163,6 +193,40 @@ class Capacity:
     reserved_mem: int
     pool: bool
     topology: gputopo.Topology | None = None
+    units: dict[int, tuple[int, ...]] = field(default_factory=dict, hash=False)
+    cpu_topology: cputopo.CpuTopology = field(default_factory=cputopo.CpuTopology, hash=False)
+
+    def unit(self, cpu: int) -> tuple[int, ...]:
+        """The CPUs handed out together with ``cpu`` (itself included)."""
+        return self.units.get(cpu, (cpu,))
+
+    @property
+    def widest_unit(self) -> int:
+        """Most threads one unit holds (1 without SMT or when threads are packed)."""
+        return max((len(u) for u in self.units.values()), default=1)
+
+    def held(self, n: int) -> int:
+        """CPUs a job asking for ``n`` holds once rounded up to whole units.
+
+        Exact where every core has the same number of threads (every server
+        we know); on a hybrid part it counts the widest core's.
+        """
+        w = self.widest_unit
+        return max(n, min(-(-n // w) * w, self.max_node_cpus))
+
+    def describe_cpus(self, n: int, cores: int | None = None) -> str:
+        """``n`` CPUs in words: "30 cores" with one thread per unit, else "40 CPUs (20 whole cores)".
+
+        ``cores`` defaults to the units ``n`` CPUs round up to.
+        """
+        if self.widest_unit == 1:
+            return f"{n} cores"
+        k = -(-n // self.widest_unit) if cores is None else cores
+        return f"{n} CPU{'s' if n != 1 else ''} ({k} whole core{'s' if k != 1 else ''})"
+
+    def node_units(self, node: Node) -> int:
+        """Units of allocation (cores, or threads when packed) ``node`` offers to jobs."""
+        return len({self.unit(c) for c in node.cpus})
 
     @property
     def total_cpus(self) -> int:
@@ -184,18 +248,36 @@ class Capacity:
         return max((n.mem for n in self.nodes if len(n.cpus) >= min_cpus), default=0)
 
 
+def _units(machine: Machine, whole_cores: bool) -> dict[int, tuple[int, ...]]:
+    """Each CPU of the machine's nodes mapped to its unit of allocation on its node."""
+    units: dict[int, tuple[int, ...]] = {}
+    for n in machine.nodes:
+        groups = machine.cpu_topology.cores(n.cpus) if whole_cores else tuple((c,) for c in n.cpus)
+        for g in groups:
+            units.update(dict.fromkeys(g, g))
+    return units
+
+
 def capacity(machine: Machine, limits: Limits) -> Capacity:
     """Return what jobs may use once the reserves are taken out."""
     nodes = sorted(machine.nodes, key=lambda n: n.id)
     home = next((n for n in nodes if n.cpus), None)
+    units = _units(machine, limits.whole_cores)
     reserved: tuple[int, ...] = ()
     reserved_mem = 0
     if home is not None:
         # All of it from the lowest node, so the other nodes keep their full
-        # width; only a machine that would be left with no core at all keeps one.
-        total = sum(len(n.cpus) for n in nodes)
-        n_res = max(0, min(limits.reserve_cpu, len(home.cpus), total - 1))
-        reserved = tuple(sorted(home.cpus)[:n_res])
+        # width, in whole units (a job on a reserved core's sibling would share
+        # it with the OS); only a machine that would be left with no unit at
+        # all keeps one.
+        total = len({units[c] for n in nodes for c in n.cpus})
+        taken: list[int] = []
+        for unit in sorted({units[c] for c in home.cpus}):
+            if len(taken) >= limits.reserve_cpu or total <= 1:
+                break
+            taken += unit
+            total -= 1
+        reserved = tuple(sorted(taken))
         reserved_mem = max(0, min(limits.reserve_mem, home.mem // 2))
     out = []
     for n in nodes:
@@ -212,7 +294,26 @@ def capacity(machine: Machine, limits: Limits) -> Capacity:
         reserved_mem=reserved_mem,
         pool=not limits.per_node_memory,
         topology=machine.topology,
+        units={c: units[c] for n in out for c in n.cpus},
+        cpu_topology=machine.cpu_topology,
     )
+
+
+def describe_unit(machine: Machine, limits: Limits) -> str:
+    """One startup log line: the unit CPUs are handed out in, and what the reserve holds back."""
+    cap = capacity(machine, limits)
+    # Cores whose threads the daemon may hand out, not the kernel's siblings: one outside
+    # the daemon's affinity leaves its core a single thread to allocate.
+    smt = any(len(g) > 1 for n in machine.nodes for g in machine.cpu_topology.cores(n.cpus))
+    if not smt:
+        unit = "one thread per core here, so --cpu counts cores"
+    elif limits.whole_cores:
+        unit = ("whole cores (--cpu-unit core): a job gets every thread of the cores it is given, "
+                "its --cpu rounded up, and no two jobs share a core")
+    else:
+        unit = "single threads (--cpu-unit thread): two jobs may run on the threads of one core"
+    held = cputopo.format_cpulist(cap.reserved_cpus) if cap.reserved_cpus else "none"
+    return f"CPU allocation: {unit}; reserved for the OS (--reserve-cpu {limits.reserve_cpu}): CPUs {held}"
 
 
 def format_bytes(n: int) -> str:
@@ -225,7 +326,7 @@ def format_bytes(n: int) -> str:
 
 
 def default_share(cpus: int, machine: Machine) -> int:
-    """Memory ``cpus`` cores represent: cores/node cores x node memory.
+    """Memory ``cpus`` CPUs represent: CPUs/node CPUs x node memory.
 
     Uses each node's size before the reserve and takes the smallest result
     across nodes, so a default budget fits next to its cores on any node.
@@ -273,9 +374,10 @@ def check_request(req: Request, machine: Machine, limits: Limits) -> Budget:
     if cap.total_cpus == 0:
         raise RequestError("no job can fit: this machine offers no cores to jobs")
     if req.cpus is not None and n > cap.max_node_cpus:
+        widest = max(cap.nodes, key=lambda node: len(node.cpus))
         raise RequestError(
             f"--cpu {n} can never fit: the largest NUMA node offers "
-            f"{cap.max_node_cpus} cores to jobs"
+            f"{cap.describe_cpus(cap.max_node_cpus, cap.node_units(widest))} to jobs"
         )
     if req.exclusive and req.cpus is None and req.numa_local and not cap.pool:
         if sum(1 for node in cap.nodes if node.cpus) > 1:
@@ -296,7 +398,8 @@ def check_request(req: Request, machine: Machine, limits: Limits) -> Budget:
         raise RequestError(f"no job can fit: {what} no memory to jobs")
     if req.exclusive:
         return Budget(ceiling, assigned=True)
-    share = max(default_share(n, machine), limits.min_job_mem)
+    # The share of what the job holds: --cpu 3 on cores of two threads holds 4 CPUs.
+    share = max(default_share(cap.held(n), machine), limits.min_job_mem)
     # A floor the machine cannot honour would refuse a job that asked for nothing.
     return Budget(min(share, ceiling), assigned=True)
 
@@ -350,11 +453,14 @@ class Free:
     """Mutable view of what is unallocated, built once per scheduling pass.
 
     ``cpus`` maps node id to its free job CPUs, ``mem`` maps node id (or
-    POOL) to free bytes, ``running`` counts jobs holding resources.
+    POOL) to free bytes, ``running`` counts jobs holding resources. Only a
+    unit (``Capacity.unit``) whose every CPU is free can be handed out, so a
+    core one thread of which is held (by a job a thread-packing daemon
+    started) is not offered.
     """
 
     __slots__ = ("cap", "cpus", "mem", "gpus", "running", "exclusive",
-                 "_cpu_node", "_max", "_mem_max", "_failed")
+                 "_cpu_node", "_max", "_mem_max", "_failed", "_room")
 
     def __init__(self, cap: Capacity, cpus: dict[int, set[int]], mem: dict[int, int], gpus: set[int],
                  running: int = 0, exclusive: bool = False, cpu_node: dict[int, int] | None = None) -> None:
@@ -370,6 +476,7 @@ class Free:
         self._max: int | None = None
         self._mem_max: tuple[int, int] | None = None
         self._failed: set[tuple[int, int, bool]] = set()
+        self._room: dict[int, list[tuple[int, ...]]] = {}   # node -> its whole free units, lowest first
 
     @classmethod
     def of(cls, cap: Capacity, running: Iterable[Allocation] = ()) -> Free:
@@ -392,11 +499,34 @@ class Free:
         return Free(self.cap, cpus, mem, self.gpus & budget.gpus, self.running,
                     self.exclusive, self._cpu_node)
 
+    def free_units(self, node: int) -> list[tuple[int, ...]]:
+        """The units of ``node`` whose every CPU is free, lowest CPU first."""
+        room = self._room.get(node)
+        if room is None:
+            free = self.cpus.get(node, set())
+            units = {self.cap.unit(c) for c in free}
+            room = sorted(u for u in units if free.issuperset(u))
+            self._room[node] = room
+        return room
+
+    def free_cpus(self, node: int) -> int:
+        """CPUs of ``node`` a job could be given now: those of its whole free units."""
+        return sum(len(u) for u in self.free_units(node))
+
     def max_cpus(self) -> int:
-        """Free CPUs on the node with the most of them."""
+        """CPUs that could be given on the node with the most of them (whole free units)."""
         if self._max is None:
-            self._max = max((len(s) for s in self.cpus.values()), default=0)
+            self._max = max((self.free_cpus(k) for k in self.cpus), default=0)
         return self._max
+
+    def _pick(self, node: int, n: int) -> list[int]:
+        """The lowest free units of ``node`` holding at least ``n`` CPUs (the caller checked they exist)."""
+        out: list[int] = []
+        for unit in self.free_units(node):
+            if len(out) >= n:
+                break
+            out += unit
+        return sorted(out)
 
     def mem_max(self, local_only: bool) -> int:
         """Largest budget that could fit: one node's free memory, or all of it."""
@@ -408,9 +538,16 @@ class Free:
     def _mem_key(self, node: int) -> int:
         return POOL if self.cap.pool else node
 
+    def _changed(self, a: Allocation) -> None:
+        self._max = self._mem_max = None
+        for c in a.held:   # only the nodes ``a`` touched have other whole units now
+            node = self._cpu_node.get(c)
+            if node is not None:
+                self._room.pop(node, None)
+
     def take(self, a: Allocation) -> None:
         """Mark ``a`` as in use. Resources outside capacity are ignored."""
-        for c in a.cpus:
+        for c in a.held:
             node = self._cpu_node.get(c)
             if node is not None:
                 self.cpus[node].discard(c)
@@ -421,12 +558,12 @@ class Free:
         self.gpus.difference_update(a.gpus)
         self.running += 1
         self.exclusive = self.exclusive or a.exclusive
-        self._max = self._mem_max = None
+        self._changed(a)
 
     def release(self, a: Allocation) -> None:
         """Give back what ``take(a)`` took."""
         gpus = set(self.cap.gpus)
-        for c in a.cpus:
+        for c in a.held:
             node = self._cpu_node.get(c)
             if node is not None:
                 self.cpus[node].add(c)
@@ -438,7 +575,7 @@ class Free:
         self.running -= 1
         if a.exclusive:
             self.exclusive = False  # only one exclusive job can ever run
-        self._max = self._mem_max = None
+        self._changed(a)
         self._failed.clear()  # more is free: old failures may fit now
 
     def to_dict(self) -> dict[str, Any]:
@@ -501,7 +638,7 @@ class Free:
             self._failed.add(key)
             return None
         home = next(iter(charges))
-        return self._alloc(sorted(self.cpus[home])[:n], charges, gpus, False)
+        return self._alloc(self._pick(home, n), charges, gpus, False)
 
     def _gpus_for(self, req: Request, node: int | None = None) -> tuple[int, ...] | None:
         """The GPUs the job would get (closest-wired free set), or None if none will do now."""
@@ -511,13 +648,13 @@ class Free:
 
     def _fit_near_gpus(self, req: Request, n: int, mem: int, local_only: bool) -> Allocation | None:
         """--numa-local-gpu: the job's CPUs (and memory first) on the node its GPUs hang off."""
-        for node in sorted((k for k, s in self.cpus.items() if len(s) >= n), key=lambda k: (len(self.cpus[k]), k)):
+        for node in sorted((k for k in self.cpus if self.free_cpus(k) >= n), key=lambda k: (self.free_cpus(k), k)):
             gpus = self._gpus_for(req, node)
             if gpus is None:
                 continue
             charges = self._charge(node, mem, local_only)
             if charges is not None:
-                return self._alloc(sorted(self.cpus[node])[:n], charges, gpus, False)
+                return self._alloc(self._pick(node, n), charges, gpus, False)
         return None
 
     def _charge(self, home: int, mem: int, local_only: bool) -> dict[int, int] | None:
@@ -530,18 +667,18 @@ class Free:
 
     def _place(self, n: int, mem: int, local_only: bool, prefer: int | None = None) -> dict[int, int] | None:
         """Memory charges for ``n`` cores and ``mem`` bytes, home node first (*prefer* if it fits there)."""
-        cands = [k for k, s in self.cpus.items() if len(s) >= n]
+        cands = [k for k in self.cpus if self.free_cpus(k) >= n]
         if prefer in cands and (self.cap.pool and self.mem[POOL] >= mem or
                                 not self.cap.pool and self.mem[prefer] >= mem):
             return {prefer: mem}   # next to the job's GPUs
         if self.cap.pool:
             if self.mem[POOL] < mem:
                 return None
-            return {min(cands, key=lambda k: (len(self.cpus[k]), k)): mem}
+            return {min(cands, key=lambda k: (self.free_cpus(k), k)): mem}
         local = [k for k in cands if self.mem[k] >= mem]
         if local:
             # Best fit keeps the emptiest nodes whole for wide jobs.
-            return {min(local, key=lambda k: (len(self.cpus[k]), self.mem[k], k)): mem}
+            return {min(local, key=lambda k: (self.free_cpus(k), self.mem[k], k)): mem}
         if local_only:
             return None
         return self._spread(max(cands, key=lambda k: (self.mem[k], -k)), mem)
@@ -569,12 +706,12 @@ class Free:
                 return None  # part of the machine is outside this view
             home = min((k for k, s in self.cpus.items() if s), default=None)
         else:
-            cands = [k for k, s in self.cpus.items() if len(s) >= req.cpus]
+            cands = [k for k in self.cpus if self.free_cpus(k) >= req.cpus]
             if not cands:
                 return None
             # The roomiest node keeps most of the budget local.
             home = min(cands) if self.cap.pool else max(cands, key=lambda k: (self.mem[k], -k))
-            cpus = sorted(self.cpus[home])[: req.cpus]
+            cpus = self._pick(home, req.cpus)
         if home is None:
             return None
         gpus = self._gpus_for(req)
@@ -604,6 +741,7 @@ class Free:
             mem_by_node=tuple(sorted(charges.items())),
             gpus=tuple(sorted(gpus)),
             exclusive=exclusive,
+            cores=self.cap.cpu_topology.cores(cpus),
         )
 
 

@@ -7,9 +7,11 @@ becomes readable), a job writes output someone is attached to (inotify), a
 signal arrives (the wakeup fd), or the engine's next deadline comes.
 
 Every client is bounded: connections per user (--max-connections-per-user),
-bytes of unfinished frames per user, a deadline to finish a frame once
-begun, an idle timeout, and an attach that stops reading is dropped once its
-backlog has not moved for as long. Running out of descriptors pauses
+bytes of unfinished frames per user, reply bytes a user leaves unread
+(--max-reply-bytes-per-user: past it, no more of that user's requests are
+read until some are), a deadline to finish a frame once begun, an idle
+timeout, and an attach that stops reading is dropped once its backlog has
+not moved for as long. Running out of descriptors pauses
 accepting for a moment instead of spinning.
 """
 
@@ -87,6 +89,8 @@ class Conn:
         self.partial_since: float | None = None   # when the unfinished frame in decoder began
         self.attach: AttachState | None = None    # dict(job, fd, offset, ending, done) while streaming
         self.waiting: list[int] | None = None     # the jobs a dispatch wait names, while it waits
+        self.wait_left = 0                        # ... how many of them are still to end
+        self.stalled = False                      # its user is over --max-reply-bytes-per-user: not read
         self.unsent = False                       # a reply held until this turn's commit
         self.submitted: set[int] = set()          # jobs that held reply acknowledges
         self.watching = False                     # a watch: told of each of its user's job changes
@@ -126,6 +130,8 @@ class Server:
         self.signals: list[int] = []
         self.stop_reason: str | None = None   # "reload" / "terminate"
         self.per_uid: dict[int, int] = {}     # open connections per user
+        self.conns_of: dict[int, set[Conn]] = {}  # uid -> its open connections
+        self.stalled: dict[int, set[Conn]] = {}   # uid -> its connections waiting for its replies to drain
         self.accept_paused_until: float | None = None
         self.metrics: MetricsFile | None = None   # --metrics-file: told of job events, ticked by the loop
         try:
@@ -151,7 +157,9 @@ class Server:
             return   # counted; a submitter already knows (and a watch streams starts and ends)
         if kind == "finished":
             for conn in list(self.waiters.pop(job_id, ())):
-                self._answer_wait(conn)
+                conn.wait_left -= 1   # a count, not a rescan: a wait on n jobs costs O(n) over all their ends
+                if conn.wait_left <= 0:
+                    self._answer_wait(conn)
         self._tell_watchers(job_id)
         for conn in list(self.attached.get(job_id, ())):
             if kind == "started":
@@ -187,7 +195,12 @@ class Server:
             now = time.time()
             resume, self.resume = self.resume, []
             for conn in resume:
-                if conn.open() and conn.may_take_request():
+                if not conn.open() or conn.stalled:
+                    continue
+                if conn.waiting is not None:
+                    if conn.wait_left <= 0 and not conn.closing:
+                        self._answer_wait(conn)   # held back while its user was over the reply budget
+                elif conn.may_take_request():
                     self._requests(conn)
             wake = self.engine.tick(now)
             self._end_turn()   # what the tick did (starts, ends) is made durable and spawned before we sleep
@@ -276,14 +289,16 @@ class Server:
     def _expire_idle(self) -> None:
         now = time.monotonic()
         for conn in list(self.conns.values()):
+            if conn.stalled:
+                continue   # held back by its user's other connections, which expire on their own
             if conn.partial_since is not None and now - conn.partial_since > FRAME_DEADLINE:
                 rlog.warning(f"slow-{conn.caller.uid}", "uid %d took over %ds to send one request; dropped",
                              conn.caller.uid, FRAME_DEADLINE)
                 self._close(conn)
             elif not conn.held and now - conn.last > IDLE_TIMEOUT:
                 self._close(conn)
-            elif (conn.attach is not None or conn.watching) and conn.out and now - conn.last > IDLE_TIMEOUT:
-                self._close(conn)   # an attach or a watch that stopped reading
+            elif conn.out and now - conn.last > IDLE_TIMEOUT:
+                self._close(conn)   # an attach, a watch or an answered wait that stopped reading
 
     # -- connections ------------------------------------------------------------
     def _accept(self) -> None:
@@ -309,6 +324,7 @@ class Server:
             conn = Conn(sock, caller)
             self.conns[sock.fileno()] = conn
             self.per_uid[uid] = self.per_uid.get(uid, 0) + 1
+            self.conns_of.setdefault(uid, set()).add(conn)
             self.sel.register(sock, selectors.EVENT_READ, ("conn", conn))
             if self.per_uid[uid] > self.cfg.max_connections_per_user and uid != 0:
                 rlog.warning(f"conns-{uid}", "uid %d holds more than %d connections; refusing more",
@@ -331,7 +347,7 @@ class Server:
             self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
 
     def _pending_of(self, uid: int) -> int:
-        return sum(c.decoder.pending for c in self.conns.values() if c.caller.uid == uid)
+        return sum(c.decoder.pending for c in self.conns_of.get(uid, ()))
 
     def _service(self, conn: Conn, mask: int) -> None:
         if mask & selectors.EVENT_READ:
@@ -375,9 +391,71 @@ class Server:
         self._reply(conn, protocol.error(
             "too many request bytes in flight from your user; send one request at a time", "busy"), close=True)
 
+    # -- the reply budget ---------------------------------------------------------------
+    def _held_bytes(self, uid: int) -> int:
+        """Reply bytes built for *uid* and not yet taken by its clients (all its connections)."""
+        return sum(len(c.out) for c in self.conns_of.get(uid, ()))
+
+    def _over_budget(self, uid: int) -> bool:
+        return self._held_bytes(uid) >= self.cfg.max_reply_bytes_per_user
+
+    def _stall(self, conn: Conn) -> None:
+        """Read no more of *conn* until its user's unread replies drop below the budget.
+
+        Backpressure rather than a refusal: a client that reads its replies
+        only waits a moment, and one that does not is dropped by the idle
+        timeout, which frees the budget for the user's other connections.
+        """
+        if not conn.stalled:
+            conn.stalled = True
+            self.stalled.setdefault(conn.caller.uid, set()).add(conn)
+            self._arm(conn)
+
+    def _unstall(self, uid: int) -> None:
+        """Its user is under the budget again: its held connections go on next turn."""
+        now = time.monotonic()
+        for conn in self.stalled.pop(uid, ()):
+            conn.stalled = False
+            if conn.open():
+                conn.last = now
+                conn.partial_since = now if conn.decoder.pending else None
+                self._arm(conn)
+                self.resume.append(conn)
+
+    def _drained(self, uid: int) -> None:
+        """Some of *uid*'s reply bytes went (sent, or their connection closed)."""
+        if uid in self.stalled and not self._over_budget(uid):
+            self._unstall(uid)
+
+    def _arm(self, conn: Conn) -> None:
+        """Register *conn* for what it waits for: writing while a reply is unsent, else reading
+        (nothing while stalled)."""
+        if not conn.open():
+            return
+        if conn.out:
+            events = selectors.EVENT_WRITE
+        elif conn.stalled:
+            try:
+                self.sel.unregister(conn.sock)
+            except (KeyError, ValueError):
+                pass
+            return
+        else:
+            events = selectors.EVENT_READ
+        try:
+            self.sel.modify(conn.sock, events, ("conn", conn))
+        except KeyError:
+            self.sel.register(conn.sock, events, ("conn", conn))
+        except ValueError:
+            return
+
     def _requests(self, conn: Conn) -> None:
         assert self.engine is not None  # start() first
         while not conn.closing and not conn.held and conn.may_take_request():
+            d = conn.decoder
+            if d.pending and d.pending >= d.expected and self._over_budget(conn.caller.uid):
+                self._stall(conn)   # a whole request is there, but its user leaves too much unread
+                return
             try:
                 msg = conn.decoder.next()
             except framing.FrameError as exc:
@@ -434,6 +512,7 @@ class Server:
         self._flush(conn)
 
     def _flush(self, conn: Conn) -> None:
+        sent = False
         while conn.out:
             try:
                 n = conn.sock.send(conn.out)
@@ -443,17 +522,16 @@ class Server:
                 self._close(conn)
                 return
             del conn.out[:n]
+            sent = True
             conn.last = time.monotonic()
         if not conn.out and conn.closing and (conn.attach is None or conn.attach.get("done")):
             self._close(conn)
             return
         # Backpressure: while a reply is unsent, read nothing more from this client,
         # so one that never reads its replies cannot make the daemon buffer without end.
-        events = selectors.EVENT_WRITE if conn.out else selectors.EVENT_READ
-        try:
-            self.sel.modify(conn.sock, events, ("conn", conn))
-        except (KeyError, ValueError):
-            return
+        self._arm(conn)
+        if sent:
+            self._drained(conn.caller.uid)
 
     def _close(self, conn: Conn) -> None:
         fd = conn.sock.fileno()
@@ -468,6 +546,18 @@ class Server:
                 self.sel.unregister(conn.sock)
             except (KeyError, ValueError):
                 pass
+            mine = self.conns_of.get(conn.caller.uid)
+            if mine is not None:
+                mine.discard(conn)
+                if not mine:
+                    del self.conns_of[conn.caller.uid]
+        if conn.stalled:
+            conn.stalled = False
+            stalled = self.stalled.get(conn.caller.uid)
+            if stalled is not None:
+                stalled.discard(conn)
+                if not stalled:
+                    del self.stalled[conn.caller.uid]
         if conn.attach is not None:
             self._detach(conn)
         for job_id in conn.waiting or ():
@@ -483,25 +573,37 @@ class Server:
                 if not watchers:
                     del self.watchers[conn.caller.uid]
         conn.sock.close()
+        conn.out = bytearray()
+        self._drained(conn.caller.uid)
 
     # -- wait ---------------------------------------------------------------------
     def _wait(self, conn: Conn, req: protocol.WaitJobs) -> None:
         """dispatch wait: answer once every named job has ended; woken by their ends, never by polling."""
         assert self.engine is not None
-        conn.waiting = list(dict.fromkeys(self.engine.lookup(conn.caller, ref).id for ref in req.ids))
+        # Each distinct ref is resolved once (100,000 copies of one name are one lookup), then
+        # each distinct job counted once: the wait is answered when the count of those
+        # still to end reaches 0, so its cost is O(refs) in all, never refs x ends.
+        ids = [self.engine.lookup(conn.caller, ref).id for ref in dict.fromkeys(req.ids)]
+        conn.waiting = list(dict.fromkeys(ids))
+        left = 0
         for job_id in conn.waiting:
             if self.engine.jobs[job_id].state != FINISHED:
                 self.waiters.setdefault(job_id, set()).add(conn)
-        self._answer_wait(conn)
+                left += 1
+        conn.wait_left = left
+        if left == 0:
+            self._answer_wait(conn)
 
     def _answer_wait(self, conn: Conn) -> None:
-        """Reply to a wait if none of its jobs is still to end."""
+        """Reply to a wait whose jobs have all ended (or wait for its user's replies to drain)."""
         assert self.engine is not None and conn.waiting is not None
-        jobs = [self.engine.jobs.get(j) for j in conn.waiting]
-        if any(j is not None and j.state != FINISHED for j in jobs):
+        if self._over_budget(conn.caller.uid):
+            self._stall(conn)   # answered when its user's unread replies drop below the budget
             return
+        conn.last = time.monotonic()   # the idle clock for reading the answer starts now
         done = []
-        for job_id, job in zip(conn.waiting, jobs):
+        for job_id in conn.waiting:
+            job = self.engine.jobs.get(job_id)
             if job is None:   # forgotten (--keep-finished) while we waited: say so rather than guess
                 done.append({"id": job_id, "state": "unknown", "exit": None, "wait_status": 246, "note": None})
             else:

@@ -33,7 +33,7 @@ def _fill(path):
 
 
 def test_full_disk_refuses_submits_and_loses_nothing(daemon_factory, users, tiny_state, scratch):
-    d = daemon_factory()
+    d = daemon_factory("--state-reserve", "0")   # below 64M free every submit would be refused at once
     assert d.state_dir == tiny_state
     flag = os.path.join(scratch, "go")
     accepted = [d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done; exit {i}")

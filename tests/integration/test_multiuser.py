@@ -149,13 +149,16 @@ def test_env_secret_never_readable_by_others(daemon, users, scratch):
     d.wait_finished(job, user=alice.pw_name)
 
 
-def test_dev_dir_entry_owner_group_mode(daemon, users):
+@pytest.mark.parametrize("public", [False, True])
+def test_dev_dir_entry_owner_group_mode(daemon_factory, users, public):
+    daemon = daemon_factory(*(("--list-is-public",) if public else ()))
     alice = users["alice"]
     job = daemon.submit("sleep", "30", user=alice.pw_name, cwd=alice.pw_dir)
     entry = os.path.join(daemon.dev_dir, "jobs", str(job))
     admin_gid = grp.getgrnam(ADMIN_GROUP).gr_gid
     lst = os.lstat(entry)
-    assert stat.S_ISLNK(lst.st_mode) and (lst.st_uid, lst.st_gid) == (alice.pw_uid, admin_gid)
+    # The submitter owns it only where everyone may list jobs anyway: otherwise an id says nobody's name.
+    assert stat.S_ISLNK(lst.st_mode) and (lst.st_uid, lst.st_gid) == (alice.pw_uid if public else 0, admin_gid)
     # The files stay root's (a user could lease, chmod or truncate a file of
     # their own under the daemon); an ACL lets the submitter read them.
     for name in ("info.json", "output"):

@@ -80,3 +80,24 @@ def test_identity_comes_from_the_socket_not_the_message(daemon, users):
     s.sendall(_frame({"v": 1, "op": "ping", "args": {}, "uid": 12345}))
     assert _reply(s)["ok"] is True
     s.close()
+
+
+def test_list_answers_in_pages_and_an_old_client_still_gets_a_short_list(daemon):
+    hold = daemon.submit("sleep", "60", flags=("--name", "hold"))
+    out = daemon.ok("new", "--after", "hold", "--array", "1-7", "--", "true")
+    first = int(out.split()[1].split("-")[0])
+    s = _conn(daemon)
+    ids, cursor, pages = [], 0, 0
+    while cursor is not None:
+        s.sendall(framing.encode(protocol.request("list", all=True, finished=False, after=cursor, limit=3)))
+        reply = _reply(s)
+        assert reply["ok"], reply
+        ids += [j["id"] for j in reply["result"]["jobs"]]
+        assert len(reply["result"]["jobs"]) <= 3
+        cursor, pages = reply["result"]["more"], pages + 1
+    assert ids == [hold, *range(first, first + 7)] and pages == 3
+    s.sendall(framing.encode(protocol.request("list", all=True, finished=False)))   # no cursor: one reply
+    reply = _reply(s)
+    assert "more" not in reply["result"] and len(reply["result"]["jobs"]) == 8
+    s.close()
+    assert len(daemon.rows("--all")) == 8     # dispatch pages through it as before

@@ -126,3 +126,25 @@ def test_user_mode_accepts_only_own_uid(daemon_factory, users, scratch):
         assert f.read().strip() == str(alice.pw_uid)
     r = d.dispatch("new", "--", "true", user=bob.pw_name, cwd="/tmp")
     assert r.returncode == 4 and "only accepts" in r.stderr
+
+
+def test_a_journal_cut_in_half_loses_no_acknowledged_job(daemon_factory, users, scratch):
+    """F12: a damaged disk or a bad copy cut the journal; the caches hold what it lost."""
+    d = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0")
+    journal = os.path.join(d.state_dir, "journal")
+    wait_for(lambda: "ready on" in d.log(), what="the daemon's start-up")
+    with open(journal, "rb") as f:
+        first_batch = f.read()             # the snapshot written at start-up: one whole batch
+    blocker = d.submit("sleep", "60", flags=("--exclusive", "--no-output"))
+    queued = [d.submit("true", flags=("--no-output", "--env"), env={"TOKEN": f"t{i}"}) for i in range(3)]
+    d.kill9()
+    with open(journal, "r+b") as f:
+        f.truncate(len(first_batch))       # every acknowledged submit's line is gone
+    d2 = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0")
+    wanted = f"recovered jobs {blocker}-{queued[-1]} from their job.json files"
+    wait_for(lambda: wanted in d2.log(), what="the log to name every recovered job")
+    rows = d2.rows()
+    assert set(rows) == {blocker, *queued}, rows
+    d2.ok("kill", str(blocker))
+    assert d2.dispatch("wait", f"{queued[0]}-{queued[-1]}").returncode == 0
+    assert d2.submit("true", flags=("--no-output",)) == queued[-1] + 1

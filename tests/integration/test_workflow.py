@@ -156,7 +156,7 @@ def test_json_documents_field_by_field(daemon, scratch):
     assert shown["argv"] == ["sh", "-c", "exit 2"] and shown["code"] == 2 and shown["wall"] >= 0
     r, st = _json(daemon, "status")
     assert st["policy"] == "fifo-strict" and st["nodes"][0]["cpus"]["total"] >= 1
-    assert set(st["nodes"][0]) == {"id", "cpus", "mem", "gpus"}
+    assert set(st["nodes"][0]) == {"id", "cpus", "cores", "mem", "gpus"}      # cores: issue 21
     assert set(st["nodes"][0]["mem"]) == {"total", "reserved", "in_use", "free"}
     # Errors are JSON too, with the code and the exit status.
     r = daemon.dispatch("show", "--json", "4242")
@@ -186,8 +186,9 @@ def test_accounting_without_cgroups_and_history(daemon, scratch):
     cpu = float(words[words.index("cpu") + 1].rstrip("s"))
     peak = words[words.index("peak") + 1]
     assert cpu > 0.05 and peak.endswith("M") and int(peak[:-1]) >= 64, row
-    path = os.path.join(daemon.state_dir, "history.jsonl")
+    path = os.path.join(daemon.state_dir, "history", "root.jsonl")   # per user
     assert os.stat(path).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
     with open(path) as f:
         line = json.loads(f.read().splitlines()[-1])
     assert line["id"] == job and line["result"] == "exited" and line["code"] == 0

@@ -225,10 +225,13 @@ def test_discover_intel_with_gpus(monkeypatch, smi_dir):
     assert log[1] == "NUMA node 0: cpus 0-19,40-59 (40), memory 187.3 GiB"
     assert any(line.startswith("GPUs: 4 from") for line in log)
     assert any(line.startswith("GPU topology: unknown") for line in log)   # this fake has no topo -m
-    # Reserve comes off node 0, so node 1 is the widest: 40 cores.
+    # Reserve comes off node 0, so node 1 is the widest: 40 CPUs, the two threads of 20 cores.
     assert check_request(Request(cpus=40), machine, Limits()).mem > 0
-    with pytest.raises(RequestError, match="--cpu 41 can never fit: the largest NUMA node offers 40 cores"):
+    with pytest.raises(RequestError, match=r"--cpu 41 can never fit: the largest NUMA node offers 40 CPUs "
+                                           r"\(20 whole cores\) to jobs"):
         check_request(Request(cpus=41), machine, Limits())
+    with pytest.raises(RequestError, match="offers 40 cores to jobs"):     # packing threads, as before
+        check_request(Request(cpus=41), machine, Limits(whole_cores=False))
     # Default share: 4 of 40 cores on a ~187 GiB node.
     assert 18 * GiB < check_request(Request(cpus=4), machine, Limits()).mem < 19 * GiB
 

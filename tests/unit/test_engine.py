@@ -74,7 +74,20 @@ class MemoryStore:
 
     has_pending = False   # every save is "durable" at once here: nothing waits for a commit
     commit_error = None   # set to make the next commits fail
-    compact_due = None
+
+    def short_of_room(self, reserve):
+        return None
+
+    def add_jobs(self, new_jobs, env, gid, argv=None):
+        try:
+            for job in new_jobs:
+                self.create_job_dir(job.id, gid)
+                self.save_job(job)
+                self.env[job.id] = env
+        except OSError:   # as the real store: nothing of the submit stays
+            for job in new_jobs:
+                self.remove_job(job.id)
+            raise
 
     def commit(self, now=None):
         if self.commit_error:
@@ -83,15 +96,13 @@ class MemoryStore:
     def forget(self, job_ids):
         pass
 
-    def save_job(self, job, env=None, durable=True):
+    def save_job(self, job, durable=True):
         if self.fail_writes:
             raise OSError(28, "No space left on device")
         self.records[job.id] = job.to_dict()
-        if env is not None:
-            self.env[job.id] = env
 
-    def load_env(self, job_id):
-        return self.env.get(job_id, {})
+    def load_env(self, job):
+        return self.env.get(job.id, {})
 
     def remove_job(self, job_id):
         self.records.pop(job_id, None)
@@ -618,3 +629,54 @@ def test_a_job_is_remembered_until_its_dependents_have_seen_how_it_ended(world):
         job = eng.jobs.get(job_id)
         assert job is None or job.result is None or job.get_result().kind != jobs.DEPENDENCY_FAILED, job_id
     assert not eng.waiting and not eng.pinned and len(eng.queued) + len(eng.running) > 1000
+
+
+def test_a_submit_after_jobs_that_already_ended_is_settled_at_once(world):
+    eng, store, fake, _ = world
+    eng.cfg.max_queued_per_user = 100
+    good = submit(eng, cpus=2)["id"]
+    start_pending(eng)
+    end(eng, store, good, code=0)
+    bad = submit(eng, cpus=2)["id"]
+    start_pending(eng)
+    end(eng, store, bad, code=2)
+    ok = submit(eng, after=(good,), after_ok=True, cpus=2)
+    doomed = submit(eng, after=(good, bad), after_ok=True, array=(1, 2))
+    settle(eng)
+    assert eng.jobs[ok["id"]].state in (jobs.QUEUED, jobs.RUNNING)
+    for job_id in (doomed["id"], doomed["last"]):
+        assert eng.jobs[job_id].get_result().kind == jobs.DEPENDENCY_FAILED
+        assert f"job {bad}" in eng.jobs[job_id].get_result().note
+    assert not eng.waiting and eng.held_by_uid.get(0, 0) == len(eng.queued)
+
+
+def test_a_running_job_from_a_daemon_that_did_not_know_cores_is_readopted_and_its_core_kept(world):
+    """Issue 21: a reload onto whole cores, with a job an older daemon gave one thread of a core."""
+    from pathlib import Path
+
+    from hpc_batch.discovery import read_cpu_topology, read_numa
+    eng, store, fake, hooks = world
+    tree = str(Path(__file__).resolve().parent.parent / "fixtures" / "sysfs" / "qemu-2s-smt-adjacent")
+    nodes = read_numa(tree)
+    machine = resources.Machine(nodes, cpu_topology=read_cpu_topology(tree, range(8))[0])   # cores 0+1 ... 6+7
+    old = jobs.Job(id=5, uid=0, gid=0, user="root", argv=["true"], cwd="/", submitted=T0, max_time=600,
+                   budget={"mem": 1 << 20, "assigned": False}, state=jobs.RUNNING, started=T0,
+                   alloc={"cpus": [4], "mem_by_node": [[1, 1 << 20]], "gpus": [], "exclusive": False})
+    store.records[5] = old.to_dict()
+    os.mkdir(store.job_dir(5))
+    fake.adoptable = (4242, os.open(os.devnull, os.O_RDONLY))
+    again = TurnEngine(eng.cfg, store, machine, eng.limits, devdir.DevDir(None, 0), hooks)
+    again.root_mode = True
+    again.recover()
+    assert 5 in again.running and again.jobs[5].state == jobs.RUNNING
+    ids = []
+    for _ in range(4):
+        ids.append(submit(again, cpus=1, mem=1 << 20)["id"])
+        start_pending(again)
+    got = [again.jobs[i].alloc and again.jobs[i].alloc["cpus"] for i in ids]
+    assert got == [[6, 7], [0, 1], [2, 3], None]     # CPU 5 is free, but its core runs job 5
+    shown = again.show(ROOT, 5, T0)
+    assert shown["cores"] == [[4]] and shown["held_cpus"] == [4]
+    assert again.show(ROOT, ids[0], T0)["cores"] == [[6, 7]]
+    assert again.why(again.jobs[ids[3]])[1] == ("it needs 2 CPUs (1 whole core) on one NUMA node; "
+                                                "the most free on one is 0 CPUs (0 whole cores)")

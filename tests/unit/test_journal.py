@@ -54,3 +54,32 @@ def test_compaction_is_wanted_past_twice_the_snapshot(tmp_path):
     assert not j.wants_compaction()
     j.append(b"y\n" * (journal.MIN_COMPACT // 2 + 1))
     assert j.wants_compaction()
+
+
+def _batch(number, *entries, seq=100):
+    return _lines(*entries) + journal.end_line(seq + number, number, len(entries))
+
+
+def test_only_whole_batches_are_read_and_a_damaged_unacknowledged_tail_is_dropped():
+    data = _batch(1, {"seq": 1, "job": {"id": 1}}) + _batch(2, {"seq": 2, "job": {"id": 2}}, {"seq": 3, "drop": 1})
+    tail = _lines({"seq": 4, "job": {"id": 3}}) + b"\x00\x00garbage\n" + b'{"seq": 5'
+    c = journal.read_contents(data + tail)
+    assert [e["seq"] for e in c.entries] == [1, 2, 3] and c.batch == 2 and c.good == len(data)
+    assert c.dropped == 3
+
+
+def test_damage_inside_an_acknowledged_batch_is_an_error():
+    with pytest.raises(journal.JournalError, match="line 1"):
+        journal.read_contents(b"garbage\n" + _batch(1, {"seq": 1, "job": {"id": 1}}))
+
+
+def test_a_batch_that_lost_lines_is_an_error():
+    whole = _batch(1, {"seq": 1, "job": {"id": 1}}, {"seq": 2, "job": {"id": 2}})
+    cut = whole.split(b"\n", 1)[1]              # its first line gone
+    with pytest.raises(journal.JournalError, match="holds 1 lines, not the 2"):
+        journal.read_contents(cut)
+
+
+def test_a_journal_without_batches_has_no_batch_number():
+    c = journal.read_contents(_lines({"seq": 1, "job": {"id": 1}}))
+    assert c.batch is None and [e["seq"] for e in c.entries] == [1]

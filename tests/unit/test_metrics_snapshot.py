@@ -158,13 +158,11 @@ def test_the_flag_is_checked_as_it_is_parsed(tmp_path, monkeypatch):
     assert info.value.status == 78 and "does not exist" in str(info.value)
 
 
-def test_write_replaces_whole_with_0644_whatever_the_umask(tmp_path):
+def test_write_replaces_whole_with_0640_whatever_the_umask(tmp_path):
     path = str(tmp_path / "m.prom")
     target = tmp_path / "elsewhere"
     target.write_text("keep")
     os.symlink(target, path)                          # a link at the path is replaced, never followed
-    stale = tmp_path / f".m.prom.{os.getpid()}.tmp"
-    os.symlink(target, stale)                         # nor is one at the temporary name
     old = os.umask(0o077)
     try:
         metrics_file.write_atomic(path, b"a 1\n")
@@ -172,7 +170,7 @@ def test_write_replaces_whole_with_0644_whatever_the_umask(tmp_path):
         os.umask(old)
     assert open(path, "rb").read() == b"a 1\n" and target.read_text() == "keep"
     st = os.lstat(path)
-    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o644
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o640
     assert sorted(os.listdir(tmp_path)) == ["elsewhere", "m.prom"]
 
 

@@ -46,6 +46,9 @@ def test_status_per_node_totals_reserves_use_and_free():
     assert lines[0] == "policy easy-backfill; memory budgeted per NUMA node"
     assert lines[3].split()[:2] == ["0", f"40/2/{n0['cpus']['in_use']}/{n0['cpus']['free']}"]
     assert lines[-1] == "head: job 9 (alice): it needs ..."
+    # Another user's head, the list not public: the daemon sent its id only.
+    st["head"] = {"id": 9, "user": None, "name": None, "why": None}
+    assert report.format_status(st)[-1] == "head: job 9 (another user's)"
 
 
 def test_why_a_job_waits():

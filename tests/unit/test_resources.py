@@ -160,7 +160,8 @@ def test_why_never_fits_checks_the_fixed_budget():
 
 
 def alloc(cpus, mem_by_node, gpus=(), exclusive=False):
-    return Allocation(tuple(cpus), tuple(mem_by_node), tuple(gpus), exclusive)
+    # Machines here have no known topology: each CPU is a core of its own.
+    return Allocation(tuple(cpus), tuple(mem_by_node), tuple(gpus), exclusive, tuple((c,) for c in cpus))
 
 
 def place(machine, req, running=(), limits=NO_RESERVE, mem=None, numa_only=False):

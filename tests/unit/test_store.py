@@ -1,62 +1,277 @@
-"""The store over a real directory: journal replay, caches, and secrets that must not outlive the start."""
+"""The store over a real directory: journal replay, caches, environments that never enter the journal,
+bulk submits stored once, damaged journals, and the free-space reserve."""
 
 import os
+import shutil
 
-from hpc_batch import jobs
+import pytest
+
+from hpc_batch import jobs, journal
 from hpc_batch.store import Store
 
 
-def _job(job_id, state=jobs.QUEUED):
-    return jobs.Job(id=job_id, uid=0, gid=0, user="root", argv=["true"], cwd="/", submitted=1.8e9,
-                    max_time=60, budget={"mem": 1 << 20}, state=state)
+def _job(job_id, state=jobs.QUEUED, argv=None, first=None):
+    return jobs.Job(id=job_id, uid=0, gid=0, user="root", argv=argv or ["true"], cwd="/", submitted=1.8e9,
+                    max_time=60, budget={"mem": 1 << 20}, state=state,
+                    array=None if first is None else {"first": first, "index": job_id - first + 1, "limit": None})
 
 
-def _open(path):
+def _open(path, lock=None):
     s = Store(str(path))
-    s.open()
+    s.open(inherited_lock=lock)
     s.load_jobs()
     return s
 
 
-def test_a_started_jobs_environment_leaves_the_journal(tmp_path):
+def _reopen(path, old):
+    return _open(path, lock=old.lock_fd)
+
+
+def _add(s, job_id, env=None):
+    job = _job(job_id)
+    s.add_jobs([job], env or {"base": {"PATH": "/bin"}}, None)
+    return job
+
+
+def _start(job):
+    jobs.move(job, jobs.RUNNING, 1.8e9 + 1, alloc={"cpus": [0]})
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+SECRET = {"forward": {"TOKEN": "hunter2"}, "job_env": {"X": "y"}, "base": {"PATH": "/bin"}}
+
+
+def test_a_forwarded_environment_never_enters_the_journal_and_goes_at_the_durable_start(tmp_path):
     s = _open(tmp_path)
-    job = _job(1)
-    s.create_job_dir(1, None)
-    s.save_job(job, {"forward": {"TOKEN": "hunter2"}, "job_env": {}, "base": {}})
+    job = _add(s, 1, SECRET)
     s.commit()
-    journal = os.path.join(tmp_path, "journal")
-    assert b"hunter2" in open(journal, "rb").read()
-    s.save_job(job)                      # started: the record drops its environment
+    path = os.path.join(tmp_path, "env", "1")
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert b"hunter2" not in _read(s.journal.path)
+    assert b"hunter2" not in _read(os.path.join(tmp_path, "jobs", "1", "job.json"))
+    assert s.load_env(job)["forward"] == {"TOKEN": "hunter2"} and s.load_env(job)["job_env"] == {"X": "y"}
+    inode = os.stat(s.journal.path).st_ino
+    _start(job)
+    s.save_job(job)
+    assert os.path.exists(path), "the start is not durable yet: a failed commit puts the job back"
     s.commit()
-    assert b"hunter2" not in open(journal, "rb").read()
-    assert b"hunter2" not in open(os.path.join(tmp_path, "jobs", "1", "job.json"), "rb").read()
+    assert not os.path.exists(path)
+    assert os.stat(s.journal.path).st_ino == inode, "dropping a secret must not rewrite the journal"
+    out = b"".join(_read(os.path.join(dp, f)) for dp, _, fs in os.walk(tmp_path) for f in fs if f != "daemon.lock")
+    assert b"hunter2" not in out
 
 
-def test_replay_rebuilds_lost_caches_and_drops_unacknowledged_dirs(tmp_path):
+def test_a_start_the_commit_refused_keeps_the_environment(tmp_path):
+    s = _open(tmp_path)
+    job = _add(s, 1, SECRET)
+    s.commit()
+    _start(job)
+    s.save_job(job)
+    jobs.move(job, jobs.QUEUED, 1.8e9 + 2)   # what the engine does when the commit fails
+    s.save_job(job)
+    s.commit()
+    assert s.load_env(job)["forward"] == {"TOKEN": "hunter2"}
+
+
+def test_a_start_put_back_on_a_full_disk_keeps_the_environment(tmp_path, monkeypatch):
+    s = _open(tmp_path)
+    job = _add(s, 1, SECRET)
+    s.commit()
+    _start(job)
+    s.save_job(job)                          # its start is staged; then the commit fails
+
+    def full(*_):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(s, "_write_cache", full)
+    jobs.move(job, jobs.QUEUED, 1.8e9 + 2)   # the engine puts it back in the queue; that record fails too
+    with pytest.raises(OSError):
+        s.save_job(job)
+    monkeypatch.undo()
+    s.commit()                               # the next commit that succeeds
+    assert s.load_env(job)["forward"] == {"TOKEN": "hunter2"}
+
+
+def test_an_environment_survives_a_restart_until_the_start_and_is_swept_after_it(tmp_path):
+    s = _open(tmp_path)
+    _add(s, 1, SECRET)
+    s.commit()
+    s2 = _reopen(tmp_path, s)
+    job = s2.load_jobs()[0]
+    assert s2.load_env(job)["forward"] == {"TOKEN": "hunter2"}
+    _start(job)
+    s2.save_job(job)           # the start's cache is written; the daemon dies before the commit
+    s3 = _reopen(tmp_path, s2)
+    assert s3.load_jobs()[0].state == jobs.RUNNING    # the newer cache wins (a launch spec is there)
+    assert not os.path.exists(os.path.join(tmp_path, "env", "1"))
+
+
+def test_a_bulk_stores_its_command_and_environment_once(tmp_path):
+    s = _open(tmp_path)
+    big = ["x" * 100_000]
+    env = {"forward": {"BIG": "y" * 100_000}, "job_env": {}, "base": {}}
+    bulk = [_job(i, argv=big, first=1) for i in range(1, 301)]
+    before = s.journal.size
+    s.add_jobs(bulk, env, None, argv=big)
+    s.commit()
+    written = s.journal.size - before
+    caches = sum(os.path.getsize(os.path.join(tmp_path, "jobs", str(i), "job.json")) for i in range(1, 301))
+    # One copy of each 100 kB, and well under 1 kB of journal and cache per element.
+    assert written < 200_000 + 300 * 1000, written
+    assert caches < 300 * 1000, caches
+    assert os.path.getsize(os.path.join(tmp_path, "env", "1")) > 100_000
+    s2 = _reopen(tmp_path, s)
+    loaded = s2.load_jobs()
+    assert len(loaded) == 300 and loaded[0].argv == big
+    assert all(j.argv is loaded[0].argv for j in loaded), "elements share one argv list after a restart"
+    for job in loaded[:-1]:
+        _start(job)
+        s2.save_job(job)
+    s2.commit()
+    assert os.path.exists(os.path.join(tmp_path, "env", "1")), "one element has not started yet"
+    _start(loaded[-1])
+    s2.save_job(loaded[-1])
+    s2.commit()
+    assert not os.path.exists(os.path.join(tmp_path, "env", "1"))
+    for job in loaded[:-1]:
+        s2.remove_job(job.id)
+    s2.commit()
+    assert os.path.exists(os.path.join(tmp_path, "shared", "1.json")), "one element still refers to it"
+    s2.remove_job(loaded[-1].id)
+    s2.commit()
+    assert not os.path.exists(os.path.join(tmp_path, "shared", "1.json"))
+    assert _reopen(tmp_path, s2).load_jobs() == []
+
+
+def test_replay_rebuilds_lost_caches_and_drops_the_unacknowledged_tail(tmp_path):
     s = _open(tmp_path)
     for i in (1, 2):
-        s.create_job_dir(i, None)
-        s.save_job(_job(i), {"base": {"PATH": "/bin"}})
+        _add(s, i)
     s.commit()
-    s.create_job_dir(3, None)            # written, never committed: never acknowledged
-    s.save_job(_job(3))
+    _add(s, 3)                           # written, never committed: never acknowledged
     os.remove(os.path.join(tmp_path, "jobs", "1", "job.json"))
-    s2 = Store(str(tmp_path))
-    s2.open(inherited_lock=s.lock_fd)
+    s2 = _reopen(tmp_path, s)
     assert [j.id for j in s2.load_jobs()] == [1, 2]
     assert os.path.exists(os.path.join(tmp_path, "jobs", "1", "job.json"))
     assert not os.path.exists(os.path.join(tmp_path, "jobs", "3"))
     assert any("rebuilt 1" in n for n in s2.notes)
+    assert any(n.startswith("dropped jobs 3:") for n in s2.notes), s2.notes
 
 
 def test_a_newer_cache_wins_over_the_journal(tmp_path):
     s = _open(tmp_path)
-    job = _job(1)
-    s.create_job_dir(1, None)
-    s.save_job(job)
+    job = _add(s, 1)
     s.commit()
     job.name = "renamed"
     s.save_job(job, durable=False)       # e.g. a finished job's record, its exit record already on disk
-    s2 = Store(str(tmp_path))
-    s2.open(inherited_lock=s.lock_fd)
-    assert s2.load_jobs()[0].name == "renamed"
+    assert _reopen(tmp_path, s).load_jobs()[0].name == "renamed"
+
+
+def _batches(tmp_path):
+    """A store that committed jobs 1..5 one batch each; the journal's byte offsets after each batch."""
+    s = _open(tmp_path)
+    ends = [s.journal.size]
+    for i in range(1, 6):
+        _add(s, i, SECRET if i == 4 else None)
+        s.commit()
+        ends.append(s.journal.size)
+    return s, ends
+
+
+@pytest.mark.parametrize("cut", ["boundary", "mid_line"])
+def test_a_journal_cut_in_half_recovers_every_acknowledged_job_and_names_them(tmp_path, cut):
+    s, ends = _batches(tmp_path)
+    data = _read(s.journal.path)
+    size = ends[2] if cut == "boundary" else ends[2] + (ends[3] - ends[2]) // 2
+    with open(s.journal.path, "r+b") as f:
+        f.truncate(size)                 # jobs 3, 4 and 5 lost their lines (acknowledged all)
+    s2 = _reopen(tmp_path, s)
+    loaded = s2.load_jobs()
+    assert [j.id for j in loaded] == [1, 2, 3, 4, 5]
+    assert any("recovered jobs 3-5" in n for n in s2.notes), s2.notes
+    assert s2.load_env(loaded[3])["forward"] == {"TOKEN": "hunter2"}
+    kept = [n for n in os.listdir(os.path.join(tmp_path, "quarantine")) if n.startswith("journal.")]
+    assert kept and _read(os.path.join(tmp_path, "quarantine", kept[0])) == data[:size]
+    assert [j.id for j in _reopen(tmp_path, s2).load_jobs()] == [1, 2, 3, 4, 5]
+
+
+def test_only_a_torn_unacknowledged_last_batch_is_dropped(tmp_path):
+    s, ends = _batches(tmp_path)
+    with open(s.journal.path, "r+b") as f:
+        f.truncate(ends[4] + (ends[5] - ends[4]) // 2)    # a crash mid-append of job 5's batch
+    s2 = _reopen(tmp_path, s)
+    assert [j.id for j in s2.load_jobs()] == [1, 2, 3, 4]
+    assert any(n.startswith("dropped jobs 5:") for n in s2.notes), s2.notes
+    assert not any("recovered" in n for n in s2.notes)
+
+
+def test_a_lost_line_of_an_old_batch_is_damage_and_every_cache_is_kept(tmp_path):
+    s, _ = _batches(tmp_path)
+    lines = _read(s.journal.path).split(b"\n")
+    hit = next(i for i, raw in enumerate(lines) if b'"job"' in raw and b'"id":2' in raw.replace(b" ", b""))
+    with open(s.journal.path, "wb") as f:
+        f.write(b"\n".join(lines[:hit] + lines[hit + 1:]))
+    s2 = _reopen(tmp_path, s)
+    assert [j.id for j in s2.load_jobs()] == [1, 2, 3, 4, 5]
+    assert any("journal" in n and "quarantine" in n for n in s2.notes), s2.notes
+
+
+def test_an_old_journal_without_batches_still_loads(tmp_path):
+    s = _open(tmp_path)
+    old = {"id": 7, "uid": 0, "gid": 0, "user": "root", "argv": ["true"], "cwd": "/", "submitted": 1.8e9,
+           "max_time": 60, "budget": {"mem": 1 << 20}, "state": "queued", "seq": 2,
+           "env": {"forward": {"TOKEN": "hunter2"}, "job_env": {}, "base": {}}}
+    with open(s.journal.path, "wb") as f:
+        f.write(journal.line({"seq": 1, "meta": {"next_id": 8}}) + journal.line({"seq": 2, "job": old}))
+    shutil.rmtree(os.path.join(tmp_path, "jobs"))
+    os.mkdir(os.path.join(tmp_path, "jobs"))
+    s2 = _reopen(tmp_path, s)
+    job = s2.load_jobs()[0]
+    assert job.id == 7 and s2.load_meta()["next_id"] == 8
+    assert s2.load_env(job)["forward"] == {"TOKEN": "hunter2"}     # moved to its env file
+    assert b"hunter2" not in _read(s2.journal.path)
+    assert b"hunter2" not in _read(os.path.join(tmp_path, "jobs", "7", "job.json"))
+
+
+def test_submits_wait_while_the_state_filesystem_is_below_its_reserve(tmp_path):
+    s = _open(tmp_path)
+    assert s.short_of_room(0) is None
+    why = s.short_of_room(1 << 62)
+    assert str(tmp_path) in why and "--state-reserve" in why and "\n" not in why
+
+
+def test_commands_share_their_environment_and_a_lone_jobs_shared_record_goes_at_its_start(tmp_path):
+    s = _open(tmp_path)
+    lines = [_job(i, argv=["/bin/sh", "-c", f"echo {i}"], first=1) for i in (1, 2)]
+    s.add_jobs(lines, SECRET, None)                 # --commands: each its own argv, one environment
+    lone = _job(3)
+    s.add_jobs([lone], SECRET, None)
+    s.commit()
+    assert sorted(os.listdir(os.path.join(tmp_path, "env"))) == ["1", "3"]
+    assert b"echo 2" in _read(os.path.join(tmp_path, "jobs", "2", "job.json"))
+    for job in (*lines, lone):
+        _start(job)
+        s.save_job(job)
+    s.commit()
+    assert os.listdir(os.path.join(tmp_path, "env")) == [] and os.listdir(os.path.join(tmp_path, "shared")) == []
+    assert [j.argv[-1] for j in _reopen(tmp_path, s).load_jobs()] == ["echo 1", "echo 2", "true"]
+
+
+def test_a_compacted_journal_leaves_the_caches_current(tmp_path):
+    """A snapshot keeps each record's seq, so the next start rewrites no job.json."""
+    from hpc_batch.jobs import Job
+    store = Store(str(tmp_path))
+    store.open()
+    store.load_jobs()
+    jobs = [Job(id=i, uid=0, gid=0, user="root", argv=["true"], cwd="/", submitted=1.0, max_time=60,
+                budget={"mem": 1 << 20}) for i in range(1, 6)]
+    store.add_jobs(jobs, {}, None)
+    store.commit()
+    store._snapshot()
+    again = Store(str(tmp_path))
+    again._lock_fd = -1
+    assert [j.id for j in again.load_jobs()] == [1, 2, 3, 4, 5]
+    assert not any("rebuilt" in n for n in again.notes), again.notes

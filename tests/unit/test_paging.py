@@ -1,0 +1,161 @@
+"""Bounded replies: the cut command, the id-ordered job table, and list pages."""
+
+import dataclasses
+import pwd
+import shlex
+
+import pytest
+from test_engine import ROOT, submit, world  # noqa: F401 (world is a fixture)
+
+from hpc_batch import handlers, protocol
+from hpc_batch.access import Caller
+from hpc_batch.cut import COMMAND_CUT, MARK, cut_command
+from hpc_batch.jobtable import COMPACT_FLOOR, JobTable
+from hpc_batch.protocol import ListJobs, ProtocolError
+
+NOBODY = pwd.getpwnam("nobody")
+OTHER = Caller(uid=NOBODY.pw_uid, gid=NOBODY.pw_gid, pid=2, name="nobody", is_admin=False)
+
+
+# -- the cut ---------------------------------------------------------------------------
+
+def test_a_short_command_is_whole():
+    assert cut_command(["echo", "a b"]) == ("echo 'a b'", len("echo 'a b'"))
+
+
+def test_a_long_command_is_cut_with_its_length():
+    argv = ["printf", "x" * 100_000, "y"]
+    text, full = cut_command(argv)
+    assert full == len(shlex.join(argv))
+    assert len(text) == COMMAND_CUT and text.endswith(MARK)
+    assert shlex.join(argv).startswith(text[:-len(MARK)])
+
+
+def test_the_memo_never_answers_for_another_argv():
+    a = ["a"] * 3000
+    b = ["b"] * 3000
+    assert cut_command(a)[0].startswith("a a")
+    assert cut_command(b)[0].startswith("b b")
+    assert cut_command(list(a)) == cut_command(a)
+
+
+# -- the table -------------------------------------------------------------------------
+
+class J:
+    def __init__(self, uid):
+        self.uid = uid
+
+
+def test_table_ids_after_a_cursor_all_and_per_user():
+    t = JobTable()
+    for i in range(1, 11):
+        t[i] = J(i % 2)
+    assert list(t.ids_after(4)) == [5, 6, 7, 8, 9, 10]
+    assert list(t.ids_after(4, uid=1)) == [5, 7, 9]
+    assert list(t.ids_after(0, uid=7)) == []
+    del t[5]
+    assert t.pop(7).uid == 1 and t.pop(7, None) is None
+    assert [i for i in t.ids_after(0, uid=1) if i in t] == [1, 3, 9]
+
+
+def test_table_sweeps_dead_ids_so_removal_is_amortised():
+    t = JobTable()
+    n = 10 * COMPACT_FLOOR
+    for i in range(1, n + 1):
+        t[i] = J(0)
+    for i in range(1, n):
+        del t[i]
+    assert len(t.order.ids) <= 2 * COMPACT_FLOOR + 2   # not n: the dead were swept
+    assert [i for i in t.ids_after(0) if i in t] == [n]
+    del t[n]
+    assert 0 not in t.by_uid_order
+
+
+def test_table_an_id_refused_and_made_again_is_listed_once():
+    t = JobTable()
+    t[1], t[2] = J(0), J(0)
+    t.pop(2)
+    t[2] = J(5)                      # the same id, made again for another user
+    assert [i for i in t.ids_after(0) if i in t] == [1, 2]
+    assert list(t.ids_after(0, uid=5)) == [2]
+
+
+def test_table_refuses_bulk_changes():
+    with pytest.raises(TypeError):
+        JobTable().update({1: J(0)})
+
+
+# -- the protocol ----------------------------------------------------------------------
+
+def test_list_cursor_and_limit_are_checked():
+    assert ListJobs.from_args({}) == ListJobs(False, False, None, None)
+    assert ListJobs.from_args({"after": 0, "limit": 5}).after == 0
+    for bad in ({"after": -1}, {"after": "3"}, {"limit": 0}, {"limit": protocol.LIST_PAGE_JOBS + 1},
+                {"after": True}):
+        with pytest.raises(ProtocolError):
+            ListJobs.from_args(bad)
+
+
+# -- pages -----------------------------------------------------------------------------
+
+@pytest.fixture
+def eng(world):  # noqa: F811
+    e = world[0]
+    e.cfg = dataclasses.replace(e.cfg, max_queued_per_user=10_000)
+    return e
+
+
+def pages(e, caller, **kw):
+    """Every page of a listing, as a client reads them."""
+    out, cursor = [], 0
+    while cursor is not None:
+        page = handlers.list_page(e, caller, ListJobs(after=cursor, **kw))
+        out.append(page["jobs"])
+        assert page["more"] is None or page["more"] > cursor
+        cursor = page["more"]
+    return out
+
+
+def test_pages_add_up_to_the_whole_list_in_order(eng):
+    submit(eng, argv=("sleep", "9"), array=tuple(range(25)), cpus=2)
+    got = pages(eng, ROOT, all=True, limit=4)
+    assert [len(p) for p in got] == [4] * 6 + [1]
+    assert [j["id"] for p in got for j in p] == sorted(eng.jobs)
+
+
+def test_a_page_is_bounded_in_bytes(eng, monkeypatch):
+    monkeypatch.setattr(protocol, "LIST_PAGE_BYTES", 3 * COMMAND_CUT)
+    submit(eng, argv=("echo", "z" * 20_000), array=tuple(range(10)), cpus=2)
+    got = pages(eng, ROOT, all=True)
+    assert len(got) > 2 and all(len(p) <= 4 for p in got)
+    assert sum(len(p) for p in got) == 10
+    job = got[0][0]
+    assert len(job["command"]) == COMMAND_CUT and job["command_len"] == len(shlex.join(["echo", "z" * 20_000]))
+
+
+def test_show_and_info_keep_and_cut_the_command(eng):
+    argv = ("echo", "w" * 9000)
+    first = submit(eng, argv=argv)["id"]
+    assert eng.show(ROOT, first, 0)["command"] == shlex.join(argv)
+    info = eng._info(eng.jobs[first])
+    assert len(info["command"]) == COMMAND_CUT and info["command_len"] == len(shlex.join(argv))
+
+
+def test_own_list_pages_skip_other_users_without_scanning_them(eng):
+    submit(eng, argv=("true",), array=tuple(range(300)), cpus=2)
+    mine = eng.submit(OTHER, protocol.NewJob(argv=("true",), cwd="/tmp", no_output=True, cpus=2), 0)["id"]
+    looked = []
+    real_get = eng.jobs.get
+    eng.jobs.get = lambda i, *d: looked.append(i) or real_get(i, *d)
+    got = pages(eng, OTHER)
+    assert [[j["id"] for j in p] for p in got] == [[mine]]
+    assert looked == [mine]          # the per-user order: root's 300 jobs were never looked at
+
+
+def test_an_old_client_gets_a_short_list_whole_and_a_long_one_refused(eng):
+    submit(eng, argv=("true",), array=tuple(range(3)), cpus=2)
+    assert "more" not in handlers.list_page(eng, ROOT, ListJobs(all=True))
+    assert len(handlers.list_page(eng, ROOT, ListJobs(all=True))["jobs"]) == 3
+    submit(eng, argv=("true",), array=tuple(range(protocol.LIST_PAGE_JOBS)), cpus=2)
+    with pytest.raises(handlers.Refused, match="older than"):
+        handlers.list_page(eng, ROOT, ListJobs(all=True))

@@ -1,0 +1,105 @@
+"""undelivered/: the pure policy (which files go, and why) and the sweeping directory."""
+
+import logging
+import os
+
+from hpc_batch.undelivered import SWEEP_EVERY, Bounds, Entry, Undelivered, owner_of, to_drop
+
+T0 = 1_800_000_000.0
+DAY = 86400.0
+M = 1 << 20
+
+
+def e(name, size, age_days, owner):
+    return Entry(name, size, T0 - age_days * DAY, owner)
+
+
+def names(dropped):
+    return [(x.name, why.split()[0]) for x, why in dropped]
+
+
+def test_owner_comes_from_the_name():
+    assert owner_of("output.12.alice.log") == "alice"
+    assert owner_of("output.12.a.b.log") == "a.b"
+    assert owner_of("output.12.log") == ""           # an earlier version's name
+    assert owner_of("notes.txt") == "" and owner_of("output.x.alice.log") == ""
+
+
+def test_nothing_goes_within_the_bounds():
+    b = Bounds(max_total=10 * M, per_user=5 * M, max_age=30 * DAY)
+    assert to_drop([e("a", M, 1, "alice"), e("b", M, 29, "bob")], T0, b) == []
+    assert to_drop([], T0, b) == []
+
+
+def test_too_old_goes_whoever_it_is():
+    b = Bounds(max_total=10 * M, per_user=5 * M, max_age=30 * DAY)
+    dropped = to_drop([e("old", 1, 31, "bob"), e("new", 1, 1, "bob")], T0, b)
+    assert names(dropped) == [("old", "older")]
+
+
+def test_a_users_oldest_go_past_their_share_and_others_are_untouched():
+    b = Bounds(max_total=100 * M, per_user=5 * M, max_age=30 * DAY)
+    entries = [e("bob1", 2 * M, 5, "bob")] + [e(f"al{i}", 2 * M, 4 - i * 0.1, "alice") for i in range(6)]
+    dropped = to_drop(entries, T0, b)
+    assert [x.name for x, _ in dropped] == ["al0", "al1", "al2", "al3"]   # 12 MiB -> 4 MiB, oldest first
+    assert all("alice's files past --undelivered-per-user" in why for _, why in dropped)
+
+
+def test_a_file_larger_than_the_share_goes_at_once():
+    b = Bounds(max_total=100 * M, per_user=5 * M, max_age=30 * DAY)
+    assert names(to_drop([e("big", 6 * M, 0, "alice")], T0, b)) == [("big", "alice's")]
+
+
+def test_past_the_total_the_oldest_go_whoever_they_are():
+    b = Bounds(max_total=5 * M, per_user=4 * M, max_age=30 * DAY)
+    entries = [e("a", 2 * M, 3, "alice"), e("b", 2 * M, 2, "bob"), e("c", 2 * M, 1, "carol")]
+    assert names(to_drop(entries, T0, b)) == [("a", "all")]
+
+
+def test_past_the_file_count_a_tenth_more_goes():
+    b = Bounds(max_total=1 << 40, per_user=1 << 40, max_age=30 * DAY, max_files=100)
+    entries = [e(f"f{i:03}", 1, 10 - i / 1000, f"u{i}") for i in range(101)]
+    dropped = to_drop(entries, T0, b)
+    assert [x.name for x, _ in dropped] == [f"f{i:03}" for i in range(11)]   # 101 -> 90
+    assert all("more than 100 files" in why for _, why in dropped)
+
+
+def test_keep_moves_in_sweeps_when_a_bound_is_crossed_and_logs_each_drop(tmp_path, caplog):
+    u = Undelivered(str(tmp_path), Bounds(max_total=10 * M, per_user=3 * M, max_age=30 * DAY))
+    bufs = tmp_path / "bufs"
+    bufs.mkdir()
+
+    def buffer(job_id, size):
+        p = bufs / f"{job_id}"
+        p.write_bytes(b"x" * size)
+        return str(p)
+
+    with caplog.at_level(logging.INFO, "hpc-batchd"):
+        u.keep(1, "bob", buffer(1, M), T0)
+        for i in range(2, 6):
+            u.keep(i, "alice", buffer(i, M), T0 + i)
+    d = tmp_path / "undelivered"
+    assert sorted(os.listdir(d)) == ["output.1.bob.log", "output.3.alice.log", "output.4.alice.log",
+                                     "output.5.alice.log"]
+    assert f"dropped {d / 'output.2.alice.log'} ({M} bytes" in caplog.text
+    assert "alice's files past --undelivered-per-user" in caplog.text
+    assert oct(os.stat(d).st_mode & 0o777) == "0o700"
+    # A buffer already gone (never written) is no error.
+    u.keep(9, "bob", str(bufs / "missing"), T0 + 9)
+
+
+def test_the_tick_sweeps_at_start_then_every_few_minutes(tmp_path, caplog):
+    d = tmp_path / "undelivered"
+    d.mkdir()
+    old = d / "output.7.log"                # an earlier version's name, kept long ago
+    old.write_bytes(b"x")
+    os.utime(old, (T0 - 40 * DAY, T0 - 40 * DAY))
+    (d / "sub").mkdir()                      # not a plain file: left alone
+    u = Undelivered(str(tmp_path), Bounds(max_total=10 * M, per_user=3 * M, max_age=30 * DAY))
+    with caplog.at_level(logging.WARNING, "hpc-batchd"):
+        assert u.tick(T0) == T0 + SWEEP_EVERY
+    assert sorted(os.listdir(d)) == ["sub"] and "older than --undelivered-max-age" in caplog.text
+    assert u.tick(T0 + 1) == T0 + SWEEP_EVERY                  # not due: nothing looked at
+    assert u.tick(T0 - 10 * SWEEP_EVERY) == T0 - 9 * SWEEP_EVERY  # the clock went back: no stall
+    # No directory at all (nothing ever undelivered): fine.
+    assert Undelivered(str(tmp_path / "none"), u.bounds).tick(T0) == T0 + SWEEP_EVERY
