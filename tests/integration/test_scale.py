@@ -307,12 +307,13 @@ def show(report):
 
 def test_scale_n_jobs_held_and_another_user_answered(daemon_factory, users, scratch):
     cap = N + 50_000   # above everything alice and bob hold, waiting jobs included
-    args = ("--reserve-cpu", "0", "--reserve-mem", "0", "--max-queued-per-user", str(cap),
+    # --cpu-unit thread: the test needs two hardware threads, not two whole cores.
+    args = ("--reserve-cpu", "0", "--reserve-mem", "0", "--cpu-unit", "thread", "--max-queued-per-user", str(cap),
             "--keep-finished", str(cap))
     d = daemon_factory(*args)
     cpus = offered_cpus(d)
     if cpus < 2:
-        pytest.skip("needs 2 CPUs: the two gate jobs run side by side")
+        pytest.skip("needs 2 hardware threads: the two gate jobs run side by side")
     mix = Mix.of(N, cpus)
     report = {"n": N, "full": FULL, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "cpus": os.cpu_count(), "load_at_start": os.getloadavg()[0], "mix": mix.__dict__, "phases": {},
