@@ -111,6 +111,15 @@ def shepherds_path(root: str) -> str:
     return os.path.join(root, SHEPHERDS)
 
 
+def pin_shepherds(root: str, cpus) -> None:
+    """Confine the shepherds' cgroup to ``cpus`` (the housekeeping CPUs; empty: wherever the tree may run).
+
+    Raises OSError when the kernel refuses; a job's child leaves for its own
+    cgroup before it execs, so this never confines a job.
+    """
+    _write(os.path.join(shepherds_path(root), "cpuset.cpus"), format_cpulist(cpus))
+
+
 def check_pids(root: str = defaults.CGROUP_ROOT) -> None:
     """Refuse (CgroupError) unless job cgroups get the pids controller (for --max-pids)."""
     try:

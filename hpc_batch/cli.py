@@ -146,6 +146,50 @@ def _bulk(a) -> dict:
     return {}
 
 
+def _bench_args(a) -> dict:
+    """The request fields of --benchmark, --whole-l3, --aslr and --thp (only those given)."""
+    out: dict = {}
+    mode = a.get("--benchmark")
+    if mode is not None:
+        if mode not in ("warn", "strict"):
+            raise UsageError(f"--benchmark={mode}: choose --benchmark (warn) or --benchmark=strict")
+        out["benchmark"] = mode
+    if a.get("--whole-l3"):
+        if mode is None:
+            raise UsageError("--whole-l3 goes with --benchmark")
+        out["whole_l3"] = True
+    for flag, key in (("--aslr", "aslr"), ("--thp", "thp")):
+        value = a.get(flag) or "on"
+        if value not in ("on", "off"):
+            raise UsageError(f"{flag} {value!r}: expected on or off")
+        if value != "on":
+            out[key] = value
+    return out
+
+
+def bare_benchmark(argv: list) -> list:
+    """``--benchmark`` written alone (before the command) as ``--benchmark=warn``, and
+    ``--benchmark strict`` as ``--benchmark=strict``: docopt knows no option whose value may be
+    left out."""
+    from .argscan import options
+    takes = {n for o in options(SUBCOMMANDS["new"]) if o.takes_value for n in o.names}
+    out = list(argv)
+    i = 1
+    while i < len(out):
+        word = out[i]
+        if word == "--" or not word.startswith("-"):
+            break
+        if word == "--benchmark":
+            if i + 1 < len(out) and out[i + 1] in ("warn", "strict"):   # --benchmark strict
+                out[i:i + 2] = [f"--benchmark={out[i + 1]}"]
+            else:
+                out[i] = "--benchmark=warn"
+        elif word in takes:
+            i += 1   # its value follows
+        i += 1
+    return out
+
+
 def cmd_new(conn, a) -> int:
     out = Out(a["--json"])
     bulk = _bulk(a)
@@ -171,6 +215,7 @@ def cmd_new(conn, a) -> int:
         del args["argv"]
     if a["--gpu-link"] is not None:
         args["gpu_link"] = a["--gpu-link"]
+    args.update(_bench_args(a))
     if a["--name"] is not None:
         from .arrays import is_range
         if a["--name"].isdigit() or is_range(a["--name"]):
@@ -281,13 +326,11 @@ def cmd_kill(conn, a) -> int:
               else f"job {r['id']} cancelled (removed from the queue before it started)")
         return 0
     # Several: one connection, a request each; an already-ended job in a range is no failure.
-    # Newest first: the queued ones go before the running ones end, so the CPUs a kill frees
-    # never start a job of the same range only for it to be killed a moment later.
     from .arrays import format_ids
     c = conn()
     done: dict[str, list] = {"killed": [], "cancelled": [], "ended": []}
     status = 0
-    for ref in reversed(refs):
+    for ref in refs:
         reply = c.call("kill", id=ref)
         if reply.get("ok"):
             r = reply["result"]
@@ -297,8 +340,7 @@ def cmd_kill(conn, a) -> int:
         else:
             status = status or Out(False).refused(reply, f"kill {ref} failed")
     c.close()
-    parts = [f"{len(v)} {k if k != 'ended' else 'had already ended'} ({format_ids(v[::-1])})"
-             for k, v in done.items() if v]
+    parts = [f"{len(v)} {k if k != 'ended' else 'had already ended'} ({format_ids(v)})" for k, v in done.items() if v]
     print(f"jobs {format_ids(refs)}: {'; '.join(parts) or 'nothing to do'}")
     return status
 
@@ -472,6 +514,8 @@ def main(argv=None) -> int:
     """Entry point of ``dispatch``."""
     args = sys.argv[1:] if argv is None else list(argv)
     verb = args[0] if args and args[0] in COMMANDS else None
+    if verb == "new" and "--benchmark" in args:
+        args = bare_benchmark(args)
     sub = scan(args, "new", SUBCOMMANDS["new"]) if verb == "new" else None
     return run(verb, sub or _docopt(args, verb))
 

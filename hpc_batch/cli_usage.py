@@ -72,6 +72,24 @@ Options:
   --numa-local-mem  Wait for one NUMA node that fits the whole budget rather
                     than spreading it over nodes.
   --numa-local-gpu  Take CPUs only on the NUMA node the job's GPUs hang off.
+  --benchmark MODE  Benchmark mode: warn (what a bare --benchmark means) or
+                    strict. The job's --cpu N counts physical cores: its
+                    cpuset holds ONE thread of each, and their other threads
+                    are held idle (no job runs there). Cores touching the
+                    daemon's housekeeping CPUs are never given. Memory stays
+                    on the job's NUMA node (as with --numa-local-mem) and
+                    swap is off. warn runs the job on what is free and
+                    records every way the machine fell short (show lists
+                    them); strict waits instead: for cores whose every
+                    thread can be held, and while the machine swaps or a
+                    thermal throttle counter rises.
+  --whole-l3        With --benchmark: hold every CPU sharing a last-level
+                    cache (L3) with the job's, so no other job runs there;
+                    strict waits for caches no other job uses.
+  --aslr MODE       off: run the job without address space randomisation
+                    (personality ADDR_NO_RANDOMIZE) [default: on].
+  --thp MODE        off: no transparent huge pages for the job
+                    (prctl PR_SET_THP_DISABLE) [default: on].
   --env             Forward this environment instead of a clean one.
   --output PATH     Directory or file for the log [default: ./output.<id>.log].
   --no-output       Discard the output when the job ends.
@@ -146,7 +164,9 @@ Options:
 
 SHOW_USAGE = """Everything about one job: command, user, name, state, why it waits and its
 place in the queue, CPUs, NUMA nodes, GPUs, memory budget, max time and
-deadline, cgroup, output, start and end, result, CPU time and peak memory.
+deadline, cgroup, output, start and end, result, CPU time and peak memory;
+for a --benchmark job the CPUs it holds idle and every way the machine fell
+short; whether ASLR and transparent huge pages were on.
 
 Usage:
   dispatch show [--json] <job>

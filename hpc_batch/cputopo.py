@@ -55,8 +55,8 @@ def parse_cpulist(text: str) -> tuple[int, ...]:
     return tuple(sorted(cpus))
 
 
-def format_cpulist(cpus) -> str:
-    """Inverse of parse_cpulist: (0, 1, 2, 3, 8) -> "0-3,8"."""
+def format_cpulist(cpus, sep: str = ",") -> str:
+    """Inverse of parse_cpulist: (0, 1, 2, 3, 8) -> "0-3,8" (also how a log line names many job ids)."""
     out: list[str] = []
     ids = sorted(set(cpus))
     i = 0
@@ -66,7 +66,7 @@ def format_cpulist(cpus) -> str:
             j += 1
         out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
         i = j + 1
-    return ",".join(out)
+    return sep.join(out)
 
 
 @dataclass(frozen=True)

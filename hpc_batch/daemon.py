@@ -34,6 +34,25 @@ Options:
                            no two jobs share a core; thread: single threads
                            are packed, siblings may go to other jobs
                            [default: {defaults.CPU_UNIT}]
+  --housekeeping-cpus LIST
+                           CPUs (a list: 0,1 or 0-3) where the daemon and the
+                           shepherds run and interrupts are steered; benchmark
+                           jobs never get a thread of their cores. auto: those
+                           of --reserve-cpu, else the lowest CPU's core; none:
+                           no such CPUs [default: {defaults.HOUSEKEEPING_CPUS}]
+  --cpufreq POLICY         What a benchmark job's start does to the frequency
+                           of its CPUs: record (read it into the job's record)
+                           or enforce (also governor performance and minimum
+                           frequency = maximum on the job's own cpufreq
+                           policies; undone when it ends)
+                           [default: {defaults.CPUFREQ}]
+  --allow-turbo-off        With --cpufreq enforce, turn turbo off for a
+                           benchmark job: per-policy boost always, the
+                           machine-wide switch only while no other job runs.
+  --irqbalance-ban         When irqbalance runs, tell it (its control socket)
+                           to keep IRQs off benchmark jobs' CPUs while they
+                           run; without it irqbalance is only detected and
+                           the job's record says it may undo the IRQ moves.
   --reserve-mem GB         Memory (GiB) held back for the OS [default: {defaults.RESERVE_MEM_GB}]
   --min-job-mem GB         Floor of an assigned memory budget [default: {defaults.MIN_JOB_MEM_GB}]
   --keep-finished N        Finished jobs remembered per user [default: {defaults.KEEP_FINISHED}]
@@ -135,6 +154,13 @@ class Config:
     undelivered_per_user: int = parse_size(defaults.UNDELIVERED_PER_USER, "M")
     undelivered_max_age: int = parse_duration(defaults.UNDELIVERED_MAX_AGE)
     cpu_unit: str = defaults.CPU_UNIT
+    housekeeping_flag: tuple[int, ...] | str = defaults.HOUSEKEEPING_CPUS   # --housekeeping-cpus, parsed
+    # The housekeeping CPUs in force (filled by build()): the daemon, fork server and shepherds run
+    # there, steered interrupts go there, benchmark jobs never get their cores. Also Limits.housekeeping.
+    housekeeping: tuple[int, ...] = ()
+    cpufreq: str = defaults.CPUFREQ
+    allow_turbo_off: bool = False
+    irqbalance_ban: bool = False
 
 
 def _size(flag: str, text: str, unit: str = "G", minimum: int = 0) -> int:
@@ -174,9 +200,18 @@ def parse_args(argv) -> Config:
         raise ConfigError(f"--max-lifetime {a['--max-lifetime']!r}: at most a century", 2)
     if a["--cpu-unit"] not in defaults.CPU_UNITS:
         raise ConfigError(f"--cpu-unit {a['--cpu-unit']!r}: choose {' or '.join(defaults.CPU_UNITS)}", 2)
+    if a["--cpufreq"] not in defaults.CPUFREQ_POLICIES:
+        raise ConfigError(f"--cpufreq {a['--cpufreq']!r}: choose {' or '.join(defaults.CPUFREQ_POLICIES)}", 2)
+    if a["--allow-turbo-off"] and a["--cpufreq"] != "enforce":
+        raise ConfigError("--allow-turbo-off needs --cpufreq enforce", 2)
     if a["--schedule"] not in POLICIES:
         raise ConfigError(f"--schedule {a['--schedule']!r}: choose one of {', '.join(POLICIES)}", 2)
     metrics = _metrics_file(a["--metrics-file"], a["--metrics-group"])
+    from . import housekeeping
+    try:
+        hk_flag = housekeeping.parse_flag(a["--housekeeping-cpus"])
+    except ValueError as exc:
+        raise ConfigError(str(exc) if "housekeeping" in str(exc) else f"--housekeeping-cpus: {exc}", 2) from None
     return Config(
         socket=os.path.abspath(a["--socket"]),
         state_dir=os.path.abspath(a["--state-dir"]),
@@ -205,6 +240,10 @@ def parse_args(argv) -> Config:
         metrics_file=metrics[0],
         metrics_gid=metrics[1],
         cpu_unit=a["--cpu-unit"],
+        cpufreq=a["--cpufreq"],
+        allow_turbo_off=bool(a["--allow-turbo-off"]),
+        irqbalance_ban=bool(a["--irqbalance-ban"]),
+        housekeeping_flag=hk_flag,
     )
 
 
@@ -311,9 +350,34 @@ def _gpu_masking(cfg: Config, machine) -> bool:
     return True
 
 
+def _housekeeping(cfg: Config, machine, limits, allowed: set):
+    """Choose the housekeeping CPUs, log them, pin the daemon (and the shepherds' cgroup) there;
+    returns ``limits`` with them."""
+    import dataclasses
+
+    from . import cgroups, housekeeping, resources
+    reserved = resources.capacity(machine, limits).reserved_cpus
+    try:
+        cpus, why = housekeeping.choose(machine, reserved, cfg.housekeeping_flag)
+    except ValueError as exc:
+        raise ConfigError(f"refusing to start: {exc}") from None
+    log.info("%s", housekeeping.describe(cpus, why))
+    cfg.housekeeping = cpus
+    try:
+        housekeeping.pin(cpus, allowed)
+    except OSError as exc:
+        log.warning("cannot pin the daemon to its housekeeping CPUs (%s); it runs where it may", exc)
+    if cfg.cgroups:
+        try:
+            cgroups.pin_shepherds(cfg.cgroup_root, cpus)
+        except OSError as exc:
+            log.warning("cannot confine the shepherds' cgroup to the housekeeping CPUs (%s)", exc)
+    return dataclasses.replace(limits, housekeeping=cpus)
+
+
 def build(cfg: Config, inherited: dict):
     """Set everything up (or raise ConfigError) and return a ready Server."""
-    from . import access, cgroups, devdir, discovery, metrics_file, resources
+    from . import access, cgroups, devdir, discovery, housekeeping, metrics_file, resources
     from .engine import Engine
     from .server import Server
     from .store import StateError, Store
@@ -345,7 +409,8 @@ def build(cfg: Config, inherited: dict):
         store.open(inherited.get("lock"))
     except StateError as exc:
         raise ConfigError(f"refusing to start: {exc}") from None
-    machine, lines = discovery.discover(allowed_cpus=os.sched_getaffinity(0))
+    allowed = housekeeping.allowed_cpus()
+    machine, lines = discovery.discover(allowed_cpus=allowed)
     for line in lines:
         log.info("%s", line)
     cfg.mask_gpus = _gpu_masking(cfg, machine)
@@ -353,6 +418,7 @@ def build(cfg: Config, inherited: dict):
                               min_job_mem=cfg.min_job_mem, per_node_memory=cfg.cgroups,
                               whole_cores=cfg.cpu_unit == "core")
     log.info("%s", resources.describe_unit(machine, limits))
+    limits = _housekeeping(cfg, machine, limits, allowed)
     listener = _listen(cfg.socket, inherited.get("listen"))
     server = Server(cfg, listener)
     engine = Engine(cfg, store, machine, limits, dev, server)

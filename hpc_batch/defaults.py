@@ -21,6 +21,13 @@ SCHEDULE = "fifo-strict"
 # cores, so no two jobs share a core) or "thread" (single threads, packed as before).
 CPU_UNIT = "core"
 CPU_UNITS = ("core", "thread")
+# What a benchmark job's start does to the CPU frequency of its CPUs: "record" reads and records
+# it, "enforce" also sets governor performance and minimum = maximum frequency (undone at its end).
+CPUFREQ = "record"
+CPUFREQ_POLICIES = ("record", "enforce")
+# CPUs for the daemon, its shepherds and steered interrupts, never given to benchmark jobs:
+# "auto" (the --reserve-cpu CPUs, else the lowest CPU's core), "none", or a CPU list.
+HOUSEKEEPING_CPUS = "auto"
 
 # Per-user bounds (daemon flags): nothing one user does may exhaust the daemon.
 MAX_QUEUED_PER_USER = 1000
@@ -39,8 +46,17 @@ METRICS_GROUP = ""           # group that reads --metrics-file (0640); empty: th
 # room for the records, exit records and history of the jobs already taken to end, and for compaction.
 STATE_RESERVE = "64M"
 
+# Seconds between two readings of the swap and throttle counters while a --benchmark=strict job
+# waits: "rising" means they rose between two readings this far apart.
+BENCH_PROBE_INTERVAL = 1.0
+
 # Seconds a shepherd gives the copy of a job's output to the user's log file.
 DELIVERY_LIMIT = 600.0
+
+# Seconds a shepherd retries a fork that fails for want of pids or memory (EAGAIN, ENOMEM) before
+# it gives up: a job it could not fork goes back to the queue, retried every START_RETRY seconds.
+FORK_RETRY = 10.0
+START_RETRY = 2.0
 
 # Seconds between SIGTERM and SIGKILL when a job is timed out or killed.
 KILL_GRACE = 5.0

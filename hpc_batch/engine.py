@@ -27,7 +27,21 @@ from typing import Any
 
 from shepherd import records
 
-from . import bounds, cgroups, defaults, dependencies, devdir, gputopo, launcher, report, resources, scheduler
+from . import (
+    benchmark,
+    bounds,
+    cgroups,
+    defaults,
+    dependencies,
+    devdir,
+    gputopo,
+    launcher,
+    probe,
+    quiet,
+    report,
+    resources,
+    scheduler,
+)
 from .access import Caller
 from .durations import format_duration
 from .history import History
@@ -103,6 +117,8 @@ class Engine:
         self.batch_new: set[int] = set()    # jobs submitted this turn (refused if the commit fails)
         self.to_spawn: list = []            # (job, cgroup) started this turn, spawned after the commit
         self.capped_queued = 0              # queued elements of arrays with a %N cap
+        self.strict_queued = 0              # queued --benchmark=strict jobs: while any, the machine is watched
+        self.bench_watch = benchmark.Watch(defaults.BENCH_PROBE_INTERVAL)
         self.history = History(store.root, cfg.history_per_user)
         self.undelivered = Undelivered(store.root, UndeliveredBounds(
             cfg.undelivered_max, cfg.undelivered_per_user, cfg.undelivered_max_age))
@@ -115,6 +131,15 @@ class Engine:
         self.resched = False                # something freed resources: schedule on the next tick
         self.retry_at: float | None = None  # when to retry starts that failed to write
         self.root_mode = os.geteuid() == 0
+        # Benchmark jobs' quiet cores (IRQs, frequency, partition): the admin's flags, and where
+        # interrupts go when no housekeeping CPUs are named: the CPUs reserved for the OS.
+        self.quiet = quiet.Settings(cpufreq=cfg.cpufreq, allow_turbo_off=cfg.allow_turbo_off,
+                                    irqbalance_ban=cfg.irqbalance_ban)
+        self.irq_banned: dict[int, set[int]] = {}   # job -> CPUs irqbalance was told to keep IRQs off
+        self.benchmarks: dict[int, tuple[int, ...]] = {}   # running job with changes to undo -> CPUs it holds
+        reserved = resources.capacity(machine, limits).reserved_cpus
+        self.housekeeping_default = tuple(reserved) or tuple(
+            sorted({c for n in machine.nodes for c in n.cpus}))
 
     # -- start-up -------------------------------------------------------------
     def recover(self) -> list:
@@ -136,6 +161,12 @@ class Engine:
                 heapq.heappush(self.finished_by_uid.setdefault(job.uid, []), job.id)
             if job.state in (QUEUED, WAITING):
                 self.dev.add(job.id, job.uid, self.store.job_dir(job.id))
+        for job in jobs:   # first every benchmark job with changes to undo, so an end hands them over
+            if job.state == RUNNING and job.alloc is not None and quiet.pending(self.store.job_dir(job.id)):
+                try:
+                    self.benchmarks[job.id] = resources.Allocation.from_dict(job.alloc).held
+                except (KeyError, TypeError, ValueError):
+                    pass   # a record the daemon cannot re-adopt fails below, and its end undoes its changes
         for job in jobs:
             if job.state == RUNNING:
                 try:
@@ -164,6 +195,8 @@ class Engine:
             pid, fd = found
             self.running[job.id] = {"pid": pid, "pidfd": fd, "alloc": alloc, "cgroup": cg}
             self.hooks.watch_pidfd(fd, job.id)
+            if job.quiet and job.quiet.get("irqbalance_banned"):
+                self.irq_banned[job.id] = set(job.quiet["irqbalance_banned"])
             # A change of max time the last daemon could not pass on before it died.
             self._send_deadline(job, time.time())
             return f"job {job.id}: re-adopted shepherd pid {pid}"
@@ -196,6 +229,9 @@ class Engine:
                 self._watch(job_id, *launcher.spawn(job_id, job.user, jdir))
                 log.info("job %d: its shepherd never started; started it now", job_id)
             except OSError as exc:
+                if records.not_now(exc):   # out of pids: look again shortly
+                    self.running[job_id]["recheck"] = time.time() + defaults.START_RETRY
+                    return
                 self._lost(job, f"its shepherd could not be started: {exc}")
         else:
             self._lost(job, "its shepherd was killed or vanished while the daemon was down")
@@ -248,6 +284,8 @@ class Engine:
             return None, None
         order = list(self._in_order())
         position = order.index(job.id) + 1
+        if job.request.get("benchmark") == "strict" and self.bench_watch.hold is not None:
+            return position, self.bench_watch.hold
         if job.array is not None and job.array.get("limit") and \
                 self._array_room().get(job.array["first"], 1) <= 0:
             return position, (f"{job.array['limit']} of its array (jobs from {job.array['first']}) "
@@ -274,7 +312,8 @@ class Engine:
             "cgroup": handle.get("cgroup"),
             "wall": (job.ended or now) - job.started if job.started is not None else None,
             "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
-            "after": job.after, "after_ok": job.after_ok,
+            "after": job.after, "after_ok": job.after_ok, "quiet": job.quiet,
+            **report.bench_fields(job.request, job.alloc, job.shortfalls),
             "note": res.note if res else None, "code": res.code if res else None,
             "signal": res.signal if res else None,
         })
@@ -347,7 +386,9 @@ class Engine:
             raise Refused(f"{many} queued or waiting, more than the {self.cfg.max_queued_per_user} one user may "
                           f"have (the admin's --max-queued-per-user); wait for some to start", "queue_full")
         wanted = {"cpus": req.cpus, "mem": req.mem, "gpus": req.gpus, "exclusive": req.exclusive,
-                  "numa_local": req.numa_local, "numa_local_gpu": req.numa_local_gpu, "gpu_link": req.gpu_link}
+                  "numa_local": req.numa_local or req.benchmark is not None,   # --benchmark keeps memory local
+                  "numa_local_gpu": req.numa_local_gpu, "gpu_link": req.gpu_link,
+                  "benchmark": req.benchmark, "whole_l3": req.whole_l3, "aslr": req.aslr, "thp": req.thp}
         request = _request(wanted)
         try:
             budget = resources.check_request(request, self.machine, self.limits)
@@ -495,6 +536,8 @@ class Engine:
             self._hold(job.uid, 1)
             if job.array is not None and job.array.get("limit"):
                 self.capped_queued += 1
+            if r.get("benchmark") == "strict":
+                self.strict_queued += 1
             if self.queued and next(reversed(self.queued)) > job.id:
                 self.queue_sorted = False   # its place is its submission order: sorted before the next use
         self.queued[job.id] = scheduler.QueuedJob(
@@ -507,6 +550,10 @@ class Engine:
         del self.queued[job.id]
         if job.array is not None and job.array.get("limit"):
             self.capped_queued -= 1
+        if job.request.get("benchmark") == "strict":
+            self.strict_queued -= 1
+            if not self.strict_queued:
+                self.bench_watch.forget()
         self._hold(job.uid, -1)
 
     def _in_order(self) -> dict[int, scheduler.QueuedJob]:
@@ -535,7 +582,7 @@ class Engine:
             return None
         running = [scheduler.RunningJob(jid, r["alloc"], (self.jobs[jid].deadline or now))
                    for jid, r in self.running.items()]
-        return scheduler.schedule(self.cfg.schedule, self._eligible(), running,
+        return scheduler.schedule(self.cfg.schedule, self._eligible(now), running,
                                   self.machine, self.limits, self.policy_state, now)
 
     def apply(self, decision: scheduler.Decision, now: float) -> None:
@@ -553,18 +600,22 @@ class Engine:
                 log.exception("job %d: cannot start it", job_id)
                 self._fail(job, f"the daemon could not start it: {exc}", now)
 
-    def _eligible(self) -> list:
+    def _eligible(self, now: float) -> list:
         """The queue, less elements of an array already running its %N at once.
 
         They wait without holding up the jobs behind them, as a Slurm array's
         throttled tasks do. Without capped arrays queued this is the queue as is.
         """
         queue = self._in_order()
-        if not self.capped_queued:
+        # Strict benchmark jobs wait while the machine is not quiet, holding up nobody behind them.
+        hold = self._quiet_hold(now) if self.strict_queued else None
+        if not self.capped_queued and hold is None:
             return list(queue.values())
         room = self._array_room()
         eligible = []
         for q in queue.values():
+            if hold is not None and q.request.benchmark == "strict":
+                continue
             a = self.jobs[q.id].array
             if a is not None and a.get("limit"):
                 left = room.get(a["first"], a["limit"])
@@ -573,6 +624,12 @@ class Engine:
                 room[a["first"]] = left - 1
             eligible.append(q)
         return eligible
+
+    def _quiet_hold(self, now: float) -> str | None:
+        """Why strict benchmark jobs wait now (None: the machine is quiet), reading it when due."""
+        if now >= self.bench_watch.due(now):
+            self.bench_watch.feed(probe.read(now, probe.root()))
+        return self.bench_watch.hold
 
     def _array_room(self) -> dict[int, int]:
         """How many more of each capped array may start now (arrays not named: their whole cap)."""
@@ -644,6 +701,8 @@ class Engine:
         jdir = self.store.job_dir(job.id)
         self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": None}
         move(job, RUNNING, now, alloc=alloc.to_dict())
+        if job.request.get("benchmark"):
+            self._bench_start(job, alloc, now)
         cg = None
         try:
             if self.cfg.cgroups:
@@ -666,6 +725,24 @@ class Engine:
             self._requeue(job, cg, exc, now)
             return
         self.to_spawn.append((job, cg))
+
+    def _bench_start(self, job: Job, alloc, now: float) -> None:
+        """Record how the machine fell short of a benchmark job, and its counters to compare at the end."""
+        cap = resources.capacity(self.machine, self.limits)
+        job.shortfalls = benchmark.shortfalls(job.request, alloc, cap, self.cfg.cgroups)
+        if self.bench_watch.reasons:
+            job.shortfalls += self.bench_watch.reasons
+        job.bench_start = probe.read(now, probe.root(), alloc.held).to_dict()
+
+    def _bench_end(self, job: Job, now: float) -> None:
+        """Add to a benchmark job's shortfalls what its counters say happened while it ran."""
+        before = benchmark.Sample.from_dict(job.bench_start)
+        job.bench_start = None
+        if before is None or job.alloc is None:
+            return
+        held = resources.Allocation.from_dict(job.alloc).held
+        job.shortfalls = job.shortfalls + [f"while it ran, {why}" for why in
+                                           benchmark.unquiet(before, probe.read(now, probe.root(), held), held)]
 
     def flush(self, now: float) -> set[int]:
         """End a turn of the loop: :meth:`commit_turn`, then :meth:`spawn_turn`."""
@@ -738,9 +815,14 @@ class Engine:
 
     def _spawn(self, job: Job, cg, now: float) -> None:
         jdir = self.store.job_dir(job.id)
+        if job.request.get("benchmark"):
+            self._quiet(job, jdir, cg)
         try:
             pid, start = launcher.spawn(job.id, job.user, jdir)
         except OSError as exc:
+            if records.not_now(exc):   # out of pids or memory: no shepherd, so the command never ran
+                self._not_now(job, cg, f"cannot start its shepherd yet ({exc.strerror or exc})", now)
+                return
             log.error("job %d cannot start: %s", job.id, exc)
             self._drop_cgroup(cg)
             self._finish(job, Result(ERROR, note=f"cannot start its shepherd: {exc}"), now)
@@ -754,6 +836,49 @@ class Engine:
         log.info("job %d started: cpus %s, mem %d, gpus %s", job.id, list(alloc.cpus), alloc.mem, list(alloc.gpus))
         self.hooks.job_event(job.id, "started")
 
+    def _quiet(self, job: Job, jdir: str, cg) -> None:
+        """Quiet a benchmark job's CPUs (its record is durable as running, so any later daemon
+        undoes this when the job ends). A shortfall is recorded, never a reason not to run."""
+        alloc = self.running[job.id]["alloc"]
+        hk = self.cfg.housekeeping or self.housekeeping_default   # --housekeeping-cpus none: the reserve
+        self.benchmarks[job.id] = alloc.held
+        try:
+            job.quiet = quiet.begin(jdir, alloc.cpus, alloc.held, hk, self.quiet, len(self.running) > 1,
+                                    cg if self.cfg.cgroups else None)
+            if self.quiet.irqbalance_ban:
+                self.irq_banned[job.id] = set(alloc.held)
+                job.quiet["irqbalance_ban"] = quiet.ban(self.quiet, set().union(*self.irq_banned.values()))
+                job.quiet["irqbalance_banned"] = list(alloc.held)
+        except Exception as exc:  # the machine's settings must never stop the daemon
+            log.exception("job %d: cannot quiet its CPUs", job.id)
+            job.quiet = {"error": str(exc)}
+        moved = (job.quiet.get("irqs") or {}).get("moved") or []
+        log.info("job %d: benchmark: %d IRQs moved to CPUs %s, %s", job.id, len(moved),
+                 (job.quiet.get("irqs") or {}).get("to"), (job.quiet.get("cpufreq") or {}).get("turbo"))
+        try:
+            self.store.save_job(job)
+        except OSError:
+            self.unsaved.add(job.id)
+
+    def _unquiet(self, job: Job) -> None:
+        """Undo what :meth:`_quiet` changed (where still ours), whichever daemon started the job."""
+        self.benchmarks.pop(job.id, None)
+        others = [(self.store.job_dir(i), held) for i, held in self.benchmarks.items()]
+        try:
+            undone = quiet.end(self.store.job_dir(job.id), self.quiet, others)
+            if self.irq_banned.pop(job.id, None) is not None:
+                quiet.ban(self.quiet, set().union(*self.irq_banned.values()))
+        except Exception as exc:
+            log.exception("job %d: cannot undo its quiet cores", job.id)
+            undone = {"restored": 0, "left": [str(exc)]}
+        if undone is None:
+            return
+        if job.quiet is not None:
+            job.quiet["undone"] = undone
+        log.info("job %d: quiet cores undone: %d settings restored, %d handed to running benchmark jobs%s",
+                 job.id, undone["restored"], undone.get("handed", 0),
+                 f"; left alone: {'; '.join(undone['left'])}" if undone["left"] else "")
+
     def _launch_spec(self, job: Job, alloc, cg) -> dict:
         """What the shepherd needs, all of it: it cannot ask the daemon anything later."""
         return {
@@ -766,6 +891,8 @@ class Engine:
             # The shepherd keeps the deadline itself, so it holds while the daemon is down.
             "deadline": job.deadline, "kill_grace": defaults.KILL_GRACE,
             "delivery_limit": defaults.DELIVERY_LIMIT, "max_output_buffer": self.cfg.max_output_buffer,
+            "fork_retry": defaults.FORK_RETRY,
+            "aslr": job.request.get("aslr", "on"), "thp": job.request.get("thp", "on"),
         }
 
     def _requeue(self, job: Job, cg, exc: OSError, now: float) -> None:
@@ -780,6 +907,38 @@ class Engine:
         move(job, QUEUED, now)
         self._enqueue(job)
         self.retry_at = now + 2.0
+
+    def _not_now(self, job: Job, cg, why: str, now: float) -> None:
+        """A started job whose command never ran (out of pids): back to the queue, retried soon.
+
+        The environment it was to get (its launch spec's) goes back to the
+        store, which had let go of it once the start was durable; the launch
+        spec stays until the next start replaces it, so a crash before this
+        turn's commit leaves a running job whose shepherd the next daemon starts.
+        """
+        spec = records.read_json(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
+        env = spec.get("env") if isinstance(spec, dict) else None
+        if not isinstance(env, dict):
+            self._drop_cgroup(cg)
+            self._finish(job, Result(ERROR, note=f"{why}, and its launch spec is gone"), now)
+            return
+        self._drop_cgroup(cg)
+        if job.id in self.benchmarks:
+            self._unquiet(job)     # its cores are quieted afresh at its next start
+        log.warning("job %d: %s; it is queued again", job.id, why)
+        del self.running[job.id]
+        move(job, QUEUED, now)
+        self._enqueue(job)
+        try:
+            self.store.unstart(job, env)
+            self.store.save_job(job)
+        except OSError:
+            self.unsaved.add(job.id)
+        try:
+            devdir.write_info(self.store.job_dir(job.id), self._info(job), job.uid, self.cfg.admin_gid)
+        except OSError:
+            pass
+        self.retry_at = now + defaults.START_RETRY
 
     def _drop_cgroup(self, cg) -> None:
         """Kill and remove a job's cgroup without waiting; a busy one is retried from the tick."""
@@ -843,6 +1002,14 @@ class Engine:
             note = shepherd_gone or "its shepherd was killed before the job ended"
             self._finish(job, Result(OOM if oom else kind, note=note), now)
             return
+        if rec.not_started is not None and job.stop_reason:   # asked to stop while its shepherd retried
+            self._drop_cgroup(cg)
+            self._finish(job, Result(job.stop_reason, note=f"stopped before it could start: {rec.error}"), now)
+            return
+        if rec.not_started in records.NOT_NOW_NAMES:
+            # Its shepherd could not fork it: it never ran, and goes back to the queue.
+            self._not_now(job, cg, rec.error or f"its shepherd could not fork it ({rec.not_started})", now)
+            return
         if cg and os.path.isdir(cg):
             self._drop_cgroup(cg)
         if rec.peak_mem is not None:
@@ -892,8 +1059,12 @@ class Engine:
         if job.id in self.queued:
             self._dequeue(job)
         self._unwait(job)
+        if job.bench_start is not None and job.state == RUNNING:
+            self._bench_end(job, now)
         move(job, FINISHED, now, result)
         handle = self.running.pop(job.id, None)
+        if handle is not None:
+            self._unquiet(job)
         try:
             # Durable only when no exit record stands behind it (errors decided here).
             has_record = os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT))
@@ -1114,10 +1285,15 @@ class Engine:
             self.retry_at, self.resched = None, True
         if self.unsettled:
             self._settle(now)
+        if self.strict_queued and now >= self.bench_watch.due(now):
+            if self.bench_watch.feed(probe.read(now, probe.root())):
+                self.resched = True   # quiet now (or no longer): strict benchmark jobs are looked at again
         if self.resched:
             self.resched = False
             self.schedule(now)
         wake = self.retry_at
+        if self.strict_queued:
+            wake = self.bench_watch.due(now) if wake is None else min(wake, self.bench_watch.due(now))
         for job_id in list(self.running):
             try:
                 due = self._tick_job(job_id, now)
@@ -1180,4 +1356,5 @@ def _request(r: dict[str, Any]) -> resources.Request:
     """A job record's ``request`` as the resource model's Request (one place, for submit and queue)."""
     return resources.Request(cpus=r.get("cpus"), mem=r.get("mem"), gpus=r.get("gpus", 0),
                              exclusive=bool(r.get("exclusive")), numa_local=bool(r.get("numa_local")),
-                             numa_local_gpu=bool(r.get("numa_local_gpu")), gpu_link=r.get("gpu_link"))
+                             numa_local_gpu=bool(r.get("numa_local_gpu")), gpu_link=r.get("gpu_link"),
+                             benchmark=r.get("benchmark"), whole_l3=bool(r.get("whole_l3")))

@@ -7,7 +7,8 @@ only through :func:`move`, which refuses anything the table does not list::
     waiting  -- cancelled / dependency-failed / error ---> finished
     queued   -- started ---------------------------------> running
     queued   -- cancelled / error (can never start) -----> finished
-    running  -- its start could not be written ----------> queued
+    running  -- its start could not be written, or its
+                command not forked (out of pids) --------> queued
     running  -- exited / signalled / timeout / killed /
                 oom / error / lost ----------------------> finished
 
@@ -107,6 +108,9 @@ class Job:
     after: list[int] = field(default_factory=list)         # --after / --after-ok: jobs it starts after
     after_ok: bool = False                                 # ... and only if they exited 0
     array: dict[str, Any] | None = None                    # element of a bulk submit: first, index, limit
+    quiet: dict[str, Any] | None = None                    # benchmark job: IRQs, cpufreq, partition (quiet.py)
+    shortfalls: list[str] = field(default_factory=list)    # --benchmark: every way the machine fell short
+    bench_start: dict[str, Any] | None = None              # --benchmark: counters when it started (benchmark.Sample)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form for the state file."""
@@ -168,6 +172,15 @@ class Job:
             bounds.check_int(self.array.get("index"), 0, bounds.MAX_ARRAY_INDEX, "array.index")
             if self.array.get("limit") is not None:
                 bounds.check_int(self.array["limit"], 1, bounds.MAX_ARRAY, "array.limit")
+        if self.request.get("benchmark") not in (None, "warn", "strict"):
+            raise ValueError("request.benchmark must be warn or strict")
+        for name in ("aslr", "thp"):
+            if self.request.get(name, "on") not in ("on", "off"):
+                raise ValueError(f"request.{name} must be on or off")
+        if not isinstance(self.shortfalls, list) or not all(isinstance(n, str) for n in self.shortfalls):
+            raise ValueError("shortfalls must be a list of text")
+        if self.bench_start is not None and not isinstance(self.bench_start, dict):
+            raise ValueError("bench_start must be an object")
         if self.state == RUNNING and (self.started is None or not isinstance(self.alloc, dict)):
             raise ValueError("a running job needs its start time and allocation")
         if self.state == FINISHED and self.result is None:

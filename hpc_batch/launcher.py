@@ -9,8 +9,14 @@ the /proc start time matches.
 Root never signals a job's processes by number: it asks the shepherd through
 the job's control FIFO (:func:`request_stop`). Only when the shepherd itself
 is gone does the daemon act, through a pidfd it has checked (or cgroup.kill).
+
+Out of pids (or memory) a start fails with EAGAIN (ENOMEM): :func:`spawn`
+raises that as it is, and ``records.not_now`` tells the engine to put the job
+back in its queue rather than fail it; the fork server says so too and is
+kept, not restarted (which would need yet another process).
 """
 
+import errno
 import fcntl
 import logging
 import os
@@ -42,7 +48,21 @@ def shepherd_argv(job_id: int, user: str, job_dir: str) -> tuple:
 
 
 def write_launch(job_dir: str, launch: dict) -> None:
-    """Write the shepherd's spec (root-only: it holds the job's environment)."""
+    """Write the shepherd's spec (root-only: it holds the job's environment).
+
+    A job started before (queued again because its shepherd could not fork
+    it) has that shepherd's records: they go first, durably, so that no
+    daemon ever reads them as this start's.
+    """
+    stale = False
+    for name in (records.EXIT, records.STATUS, records.DELIVERY, records.PIDFILE):
+        try:
+            os.unlink(os.path.join(job_dir, name))
+            stale = True
+        except FileNotFoundError:
+            pass
+    if stale:
+        records.fsync_dir(job_dir)
     records.write_json(os.path.join(job_dir, records.LAUNCH), launch, 0o600, durable=False)
 
 
@@ -54,7 +74,8 @@ def spawn(job_id: int, user: str, job_dir: str) -> tuple[int, int | None]:
 
     Forked by the fork server when it answers (a few milliseconds, pages
     shared); exec'd afresh when it cannot (start time None: the pid is our
-    child, so it cannot be reused under us).
+    child, so it cannot be reused under us). Out of pids or memory, the
+    OSError (EAGAIN, ENOMEM) is raised and no shepherd exists (``records.not_now``).
     """
     answer = _FORK_SERVER.spawn(job_id, user, job_dir)
     if answer is not None:
@@ -97,8 +118,10 @@ class ForkServer:
                                extra=[(os.POSIX_SPAWN_DUP2, child.fileno(), 3)])
             self.pidfd = os.pidfd_open(pid)
         except OSError as exc:
-            log.error("cannot start the shepherd fork server (%s); shepherds are exec'd instead", exc)
             parent.close()
+            if records.not_now(exc):   # not the server's fault: nor would an exec'd shepherd start now
+                raise
+            log.error("cannot start the shepherd fork server (%s); shepherds are exec'd instead", exc)
             return False
         finally:
             child.close()
@@ -108,8 +131,11 @@ class ForkServer:
 
     def start(self) -> None:
         """Start the server now (at the daemon's start), so no job waits for its start-up."""
-        if self.sock is None and self.failures < 3 and not self._start():
-            self.failures += 1
+        try:
+            if self.sock is None and self.failures < 3 and not self._start():
+                self.failures += 1
+        except OSError as exc:   # out of pids: the first job's spawn tries again
+            log.warning("cannot start the shepherd fork server yet (%s)", exc)
 
     def stop(self) -> None:
         """Close our end (the server exits at EOF) and kill it if it is still there."""
@@ -128,6 +154,7 @@ class ForkServer:
         """Ask for a shepherd; None when the server cannot give one (the caller execs it).
 
         A server found dead (killed, say) is started afresh and asked once more.
+        Out of pids or memory, the OSError (EAGAIN, ENOMEM) is raised.
         """
         for _ in range(2):
             if self.failures >= 3:   # a server that keeps failing is not worth a delay per job
@@ -153,15 +180,24 @@ class ForkServer:
                 reply += data
             words = reply.decode().split()
             if words[0] == "error":
+                if len(words) > 1 and words[1] in records.NOT_NOW_NAMES:
+                    # It could not fork, and is fine: the job waits, the server stays.
+                    raise _NotNow(getattr(errno, words[1]), " ".join(words[2:]))
                 raise OSError(" ".join(words[1:]))
             pid = int(words[0])
             start = 0 if words[1] == "None" else int(words[1])   # None: already gone; 0 matches no process
+        except _NotNow:
+            raise
         except (OSError, ValueError, IndexError) as exc:
             log.error("the shepherd fork server failed (%s); starting it afresh", exc)
             self.failures += 1
             self.stop()
             return None
         return pid, start
+
+
+class _NotNow(OSError):
+    """The fork server's fork failed for want of pids or memory."""
 
 
 _FORK_SERVER = ForkServer()

@@ -8,7 +8,9 @@ a budget spread over more than one NUMA node. ``<gpus>`` is ``-``, the count,
 or count and worst link (``2:NV12``) with ``!`` when the set crosses a host
 bridge or the socket interconnect (``4:SYS!``). ``<cpus>`` is the CPUs
 (threads) the job holds and, after a slash, the physical cores they are
-on (``4/2c``: both threads of two cores); ``-`` before it starts.
+on (``4/2c``: both threads of two cores); ``-`` before it starts. A
+benchmark job holds CPUs outside its cpuset: ``2+2i/2c`` is two CPUs in its
+cpuset and two held idle (their siblings), on two cores.
 """
 
 from __future__ import annotations
@@ -79,7 +81,9 @@ def cpu_column(job: dict[str, Any]) -> str:
     held, cores = job.get("held_cpus") or job.get("cpus"), job.get("cores")
     if not held:
         return "-"
-    return f"{len(held)}/{len(cores) if cores else len(held)}c"
+    idle = len(held) - len(job.get("cpus") or held)
+    used = f"{len(held) - idle}+{idle}i" if idle > 0 else str(len(held))
+    return f"{used}/{len(cores) if cores else len(held)}c"
 
 
 def format_cores(cores: list[list[int]]) -> str:
@@ -103,11 +107,13 @@ def _usage(job: dict[str, Any]) -> str:
 SHOW_FIELDS = (
     ("id", "id"), ("name", "name"), ("user", "user"), ("command", "command"), ("cwd", "directory"),
     ("state", "state"), ("position", "place in queue"), ("why", "waiting because"),
-    ("after", "after"), ("cpus", "cpus"), ("cores", "cores"), ("numa_nodes", "numa nodes"), ("gpus", "gpus"),
+    ("after", "after"), ("benchmark", "benchmark"), ("cpus", "cpus"), ("cores", "cores"),
+    ("idle_cpus", "held idle"), ("l3_idle", "held for its L3"), ("numa_nodes", "numa nodes"), ("gpus", "gpus"),
     ("gpu_label", "gpu set"), ("mem", "memory budget"), ("max_time", "max time"), ("deadline", "deadline"),
     ("cgroup", "cgroup"), ("output", "output"), ("submitted", "submitted"), ("started", "started"),
     ("ended", "ended"), ("wall", "wall time"), ("exit", "result"), ("cpu_time", "cpu time"),
-    ("peak_mem", "peak memory"),
+    ("peak_mem", "peak memory"), ("aslr", "aslr"), ("thp", "transparent huge pages"),
+    ("shortfalls", "fell short"),
 )
 
 
@@ -131,8 +137,12 @@ def format_show(job: dict[str, Any], now: float) -> list[str]:
                     (", spread over NUMA nodes" if job.get("spread") else "")
         elif key == "after":
             text = ", ".join(map(str, value)) + (" (only if they exit 0)" if job.get("after_ok") else "")
-        elif key in ("cpus", "gpus", "numa_nodes"):
+        elif key in ("cpus", "gpus", "numa_nodes", "idle_cpus", "l3_idle"):
             text = ",".join(map(str, value))
+            if key == "idle_cpus":
+                text += " (in no job's cpuset, charged to this one)"
+        elif key == "shortfalls":
+            text = "; ".join(value) if value else "nothing recorded"
         elif key == "cores":
             threads = {len(core) for core in value}
             text = (f"{len(value)} ({format_cores(value)}; "
@@ -143,6 +153,8 @@ def format_show(job: dict[str, Any], now: float) -> list[str]:
             text = str(value)
         if text:
             lines.append(f"{label}: {one_line(text)}")
+    from .quiet import describe
+    lines += [f"{label}: {one_line(text)}" for label, text in describe(job.get("quiet"))]
     return lines
 
 

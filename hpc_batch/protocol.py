@@ -88,6 +88,13 @@ def _word(args: Args, name: str) -> str | None:
     return value
 
 
+def _choice(args: Args, name: str, choices: tuple[str, ...], default: str | None) -> Any:
+    value = _get(args, name, (str,), default=default, allow_none=True)
+    if value is not None and value not in choices:
+        raise ProtocolError(f"field {name!r} must be one of {', '.join(choices)}")
+    return value
+
+
 def _name(args: Args) -> str | None:
     value: str | None = _get(args, "name", (str,), default=None, allow_none=True)
     if value is not None and (not valid_name(value) or is_range(value)):
@@ -161,6 +168,10 @@ class NewJob:
     array: tuple[int, ...] = ()     # --array: one job per index, in increasing order
     array_limit: int | None = None  # --array ...%N: at most N of them run at once
     commands: tuple[str, ...] = ()  # --commands: one job per shell command line
+    benchmark: str | None = None    # --benchmark: "warn" or "strict"; None for a plain job
+    whole_l3: bool = False          # --whole-l3 (with --benchmark): its last-level caches to itself
+    aslr: str = "on"                # --aslr off: the job runs with ADDR_NO_RANDOMIZE
+    thp: str = "on"                 # --thp off: the job runs with PR_SET_THP_DISABLE
 
     @classmethod
     def from_args(cls, args: Args) -> "NewJob":
@@ -172,6 +183,10 @@ class NewJob:
             raise ProtocolError("give a command or --commands, not both")
         if any(not c.strip() for c in commands):
             raise ProtocolError("field 'commands' holds an empty command line")
+        benchmark = _choice(args, "benchmark", ("warn", "strict"), None)
+        whole_l3 = _get(args, "whole_l3", (bool,), default=False)
+        if whole_l3 and benchmark is None:
+            raise ProtocolError("--whole-l3 goes with --benchmark")
         array = _array(args)
         if array and commands:
             raise ProtocolError("give --array or --commands, not both")
@@ -197,6 +212,9 @@ class NewJob:
             name=_name(args),
             after=_after(args),
             after_ok=_get(args, "after_ok", (bool,), default=False),
+            benchmark=benchmark, whole_l3=whole_l3,
+            aslr=_choice(args, "aslr", ("on", "off"), "on"),
+            thp=_choice(args, "thp", ("on", "off"), "on"),
         )
 
     def elements(self) -> list[tuple[tuple[str, ...], int | None]]:

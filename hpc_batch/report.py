@@ -27,7 +27,13 @@ def why_waiting(req: Request, budget: Budget, position: int, head: int | None, f
         lacks.append(f"it runs alone, and {free.running} job{'s are' if free.running > 1 else ' is'} running")
     elif free.exclusive:
         lacks.append("an exclusive job holds the machine")
-    if not req.exclusive and n > free.max_cpus():
+    if req.benchmark and not req.exclusive:
+        if n > free.bench_max(req):
+            what = ("whole cores whose every thread is free" if req.benchmark == "strict" else "free cores")
+            l3 = " in last-level caches no other job uses" if req.whole_l3 and req.benchmark == "strict" else ""
+            lacks.append(f"it needs {n} {what}{l3} on one NUMA node, housekeeping CPUs' cores excluded "
+                         f"(--benchmark); the most on one is {free.bench_max(req)}")
+    elif not req.exclusive and n > free.max_cpus():
         most = max(free.cpus, key=lambda k: (free.free_cpus(k), -k), default=None)
         units = len(free.free_units(most)) if most is not None else 0
         most_text = (str(free.max_cpus()) if free.cap.widest_unit == 1
@@ -75,6 +81,20 @@ def cpu_fields(machine: Machine, alloc: dict[str, Any] | None) -> dict[str, Any]
     return {"cores": [list(c) for c in cores], "held_cpus": list(a.held)}
 
 
+def bench_fields(request: dict[str, Any], alloc: dict[str, Any] | None, shortfalls: list[str]) -> dict[str, Any]:
+    """What ``show`` says of benchmark mode and the process options: the mode, the CPUs held idle
+    (siblings, L3 neighbours), every shortfall recorded, and ``aslr``/``thp`` (recorded either way)."""
+    mode = request.get("benchmark")
+    a = Allocation.from_dict(alloc) if alloc is not None else None
+    return {
+        "benchmark": (mode + (", whole L3" if request.get("whole_l3") else "")) if mode else None,
+        "idle_cpus": list(a.idle) if a is not None and a.idle else None,
+        "l3_idle": list(a.l3_idle) if a is not None and a.l3_idle else None,
+        "shortfalls": list(shortfalls) if mode and alloc is not None else None,
+        "aslr": request.get("aslr", "on"), "thp": request.get("thp", "on"),
+    }
+
+
 def _node_of(free: Free) -> dict[int, int]:
     return {c: n.id for n in free.cap.nodes for c in n.cpus}
 
@@ -91,7 +111,11 @@ def status(machine: Machine, limits: Limits, running: Sequence[Allocation], poli
     gpu_in_use: set[int] = set()
     home = {c: n.id for n in machine.nodes for c in n.cpus}
     held: set[int] = set()
+    idle: dict[int, int] = {}
     for a in running:
+        for c in a.idle:
+            if c in home:
+                idle[home[c]] = idle.get(home[c], 0) + 1
         for c in a.held:
             held.add(c)
             if c in home:
@@ -109,6 +133,7 @@ def status(machine: Machine, limits: Limits, running: Sequence[Allocation], poli
             "id": n.id,
             "cpus": _quad(len(n.cpus), reserved_cpus, cpu_in_use.get(n.id, 0)),
             "cores": _cores(machine.cpu_topology.cores(n.cpus), set(cap.reserved_cpus), held),
+            "held_idle": idle.get(n.id, 0),   # of cpus in use: held idle by benchmark jobs, in no cpuset
             "mem": _quad(n.mem, reserved_mem, mem_in_use.get(n.id, 0)),
             "gpus": _quad(len(gpus), 0, sum(1 for g in gpus if g in gpu_in_use)),
         })
@@ -121,6 +146,7 @@ def status(machine: Machine, limits: Limits, running: Sequence[Allocation], poli
         "nodes": nodes,
         "gpus_without_node": _quad(len(unplaced), 0, sum(1 for g in unplaced if g in gpu_in_use)),
         "jobs": {"running": len(running), "queued": queued, "waiting": waiting},
+        "housekeeping": list(limits.housekeeping),
         "head": head,
     }
 
@@ -150,6 +176,13 @@ def format_status(st: dict[str, Any]) -> list[str]:
         lines.append(f"{n['id']:>4}  {c['total']}/{c['reserved']}/{c['in_use']}/{c['free']}".ljust(36)
                      + f"  {k['total']}/{k['reserved']}/{k['in_use']}/{k['free']}".ljust(37)
                      + f"  {mem}".ljust(38) + f"  {g['total']}/{g['in_use']}/{g['free']}")
+    idle = {n["id"]: n.get("held_idle") for n in st["nodes"] if n.get("held_idle")}
+    if idle:
+        lines.append("held idle by benchmark jobs (siblings and L3 neighbours, in no job's cpuset): "
+                     + ", ".join(f"{v} CPU{'s' if v != 1 else ''} on node {k}" for k, v in idle.items()))
+    if st.get("housekeeping"):
+        from .cputopo import format_cpulist
+        lines.append(f"housekeeping CPUs (never given to benchmark jobs): {format_cpulist(st['housekeeping'])}")
     extra = st["gpus_without_node"]
     if extra["total"]:
         lines.append(f"GPUs with no NUMA node: {extra['total']} total, {extra['in_use']} in use")

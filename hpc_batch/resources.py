@@ -23,6 +23,15 @@ Placement rules (from the spec):
   a job's memory to a node, so memory is one machine-wide pool.
 * An exclusive job waits for an idle machine; while it runs nothing else
   fits.
+* ``--benchmark`` (``Request.benchmark``): N physical cores, ONE thread of
+  each in the job's cpuset, the other threads held idle (charged to the job,
+  in no job's cpuset). Cores touching a housekeeping CPU
+  (``Limits.housekeeping``) are never given to it. ``warn`` takes a core
+  whose sibling cannot be held (in use by another job, or not the daemon's
+  to give) when no better one is free; ``strict`` waits for cores whose
+  every thread can be held. ``whole_l3`` also holds every free CPU sharing a
+  last-level cache with the job's, and prefers (strict: waits for) caches
+  nobody else uses.
 * GPUs: the closest-wired free set of the size asked for (judged by its
   worst link; ``gputopo``), never one worse than ``--gpu-link``. The job's
   CPUs come from the NUMA node its GPUs hang off when they fit there, and
@@ -78,6 +87,7 @@ class Limits:
     min_job_mem: int = 2 * GiB
     per_node_memory: bool = True
     whole_cores: bool = True
+    housekeeping: tuple[int, ...] = ()   # CPUs benchmark jobs never get (--housekeeping-cpus)
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,8 @@ class Request:
     numa_local: bool = False          # memory on the job's own node only (--numa-local-mem)
     numa_local_gpu: bool = False      # CPUs on the node its GPUs hang off (--numa-local-gpu)
     gpu_link: str | None = None       # worst link class the GPU set may have (--gpu-link)
+    benchmark: str | None = None      # "warn" or "strict" (--benchmark), None for a plain job
+    whole_l3: bool = False            # --whole-l3: no other job on a CPU sharing its last-level cache
 
     @property
     def max_link(self) -> gputopo.Link | None:
@@ -116,6 +128,11 @@ class Allocation:
     the job holds; all of them unless the daemon packs threads); it is ()
     in a record written by a daemon that did not know cores, and then
     ``Machine.cpu_topology`` groups ``cpus`` instead.
+
+    ``cpus`` is the job's cpuset; it holds more than that when it is a
+    benchmark job: the other threads of its cores (in ``cores``) and, with
+    ``--whole-l3``, ``l3_idle``, the CPUs sharing its last-level cache. Those
+    are in no job's cpuset; ``idle`` names them, ``held`` is everything.
     """
 
     cpus: tuple[int, ...]
@@ -123,11 +140,17 @@ class Allocation:
     gpus: tuple[int, ...]
     exclusive: bool
     cores: tuple[tuple[int, ...], ...] = ()
+    l3_idle: tuple[int, ...] = ()
 
     @property
     def held(self) -> tuple[int, ...]:
-        """Every CPU the job holds: those of its cpuset and any thread of its cores."""
-        return tuple(sorted(set(self.cpus).union(*self.cores)))
+        """Every CPU the job holds: its cpuset, every thread of its cores, and ``l3_idle``."""
+        return tuple(sorted(set(self.cpus).union(*self.cores, self.l3_idle)))
+
+    @property
+    def idle(self) -> tuple[int, ...]:
+        """The CPUs the job holds outside its cpuset (a benchmark job's siblings and L3 neighbours)."""
+        return tuple(sorted(set(self.held) - set(self.cpus)))
 
     @property
     def mems(self) -> tuple[int, ...]:
@@ -152,6 +175,7 @@ class Allocation:
             "gpus": list(self.gpus),
             "exclusive": self.exclusive,
             "cores": [list(c) for c in self.cores],
+            "l3_idle": list(self.l3_idle),
         }
 
     @classmethod
@@ -167,6 +191,7 @@ class Allocation:
             gpus=tuple(int(g) for g in d["gpus"]),
             exclusive=bool(d["exclusive"]),
             cores=tuple(tuple(int(c) for c in core) for core in d.get("cores") or ()),
+            l3_idle=tuple(int(c) for c in d.get("l3_idle") or ()),
         )
 
 
@@ -195,6 +220,20 @@ class Capacity:
     topology: gputopo.Topology | None = None
     units: dict[int, tuple[int, ...]] = field(default_factory=dict, hash=False)
     cpu_topology: cputopo.CpuTopology = field(default_factory=cputopo.CpuTopology, hash=False)
+    housekeeping: frozenset[int] = frozenset()
+    # node -> the cores a benchmark job may run on: (its lowest job CPU, every thread of the core)
+    bench_cores: dict[int, tuple[tuple[int, tuple[int, ...]], ...]] = field(default_factory=dict, hash=False)
+
+    def bench_max(self, strict: bool) -> int:
+        """Most cores one node offers a benchmark job (strict: cores whose every thread is a job CPU)."""
+        offered = set(self.units)
+        return max((sum(1 for _, core in cores if not strict or offered.issuperset(core))
+                    for cores in self.bench_cores.values()), default=0)
+
+    @property
+    def threads_per_core(self) -> int:
+        """Most threads a core of the machine has (what a benchmark job holds per core)."""
+        return max((len(core) for cores in self.bench_cores.values() for _, core in cores), default=1)
 
     def unit(self, cpu: int) -> tuple[int, ...]:
         """The CPUs handed out together with ``cpu`` (itself included)."""
@@ -296,7 +335,30 @@ def capacity(machine: Machine, limits: Limits) -> Capacity:
         topology=machine.topology,
         units={c: units[c] for n in out for c in n.cpus},
         cpu_topology=machine.cpu_topology,
+        housekeeping=frozenset(limits.housekeeping),
+        bench_cores=_bench_cores(out, machine.cpu_topology, set(limits.housekeeping)),
     )
+
+
+BenchCore = tuple[int, tuple[int, ...]]   # (the CPU a benchmark job runs on, the threads of its core)
+
+
+def _bench_cores(nodes: Iterable[Node], topo: cputopo.CpuTopology,
+                 housekeeping: set[int]) -> dict[int, tuple[BenchCore, ...]]:
+    """Per node, the cores a benchmark job may run on: none touching a housekeeping CPU."""
+    out = {}
+    for n in nodes:
+        seen: set[int] = set()
+        found = []
+        for c in n.cpus:   # sorted: c is the lowest job CPU of its core
+            if c in seen:
+                continue
+            core = topo.siblings(c)
+            seen.update(core)
+            if not housekeeping.intersection(core):
+                found.append((c, core))
+        out[n.id] = tuple(found)
+    return out
 
 
 def describe_unit(machine: Machine, limits: Limits) -> str:
@@ -379,6 +441,8 @@ def check_request(req: Request, machine: Machine, limits: Limits) -> Budget:
             f"--cpu {n} can never fit: the largest NUMA node offers "
             f"{cap.describe_cpus(cap.max_node_cpus, cap.node_units(widest))} to jobs"
         )
+    if req.benchmark is not None:
+        _check_benchmark(req, n, cap)
     if req.exclusive and req.cpus is None and req.numa_local and not cap.pool:
         if sum(1 for node in cap.nodes if node.cpus) > 1:
             raise RequestError(
@@ -398,10 +462,59 @@ def check_request(req: Request, machine: Machine, limits: Limits) -> Budget:
         raise RequestError(f"no job can fit: {what} no memory to jobs")
     if req.exclusive:
         return Budget(ceiling, assigned=True)
-    # The share of what the job holds: --cpu 3 on cores of two threads holds 4 CPUs.
-    share = max(default_share(cap.held(n), machine), limits.min_job_mem)
+    # The share of what the job holds: --cpu 3 on cores of two threads holds 4 CPUs; a benchmark
+    # job's --cpu counts cores (its L3 neighbours are held for quiet, not counted).
+    held = min(n * cap.threads_per_core, cap.max_node_cpus) if req.benchmark else cap.held(n)
+    share = max(default_share(held, machine), limits.min_job_mem)
     # A floor the machine cannot honour would refuse a job that asked for nothing.
     return Budget(min(share, ceiling), assigned=True)
+
+
+def _check_benchmark(req: Request, n: int, cap: Capacity) -> None:
+    """Refuse a benchmark request no node could ever meet, naming the limit."""
+    if req.benchmark not in ("warn", "strict"):
+        raise RequestError(f"--benchmark {req.benchmark!r}: choose warn or strict")
+    strict = req.benchmark == "strict"
+    one = len(cap.housekeeping) == 1
+    hk = (f" (CPU{'' if one else 's'} {cputopo.format_cpulist(cap.housekeeping)} and "
+          f"{'its core is' if one else 'their cores are'} kept for housekeeping)" if cap.housekeeping else "")
+    if req.exclusive and req.cpus is None:
+        if cap.bench_max(False) == 0:
+            raise RequestError(f"--benchmark can never fit: no core here is free of housekeeping CPUs{hk}")
+        return
+    most = cap.bench_max(strict)
+    if n > most:
+        every = " with every thread free to hold" if strict else ""
+        raise RequestError(f"--benchmark{'=strict' if strict else ''} --cpu {n} can never fit: the largest "
+                           f"NUMA node offers {most} whole core{'s' if most != 1 else ''}{every} to benchmark "
+                           f"jobs{hk}")
+    if req.whole_l3 and strict:
+        most = _l3_max(cap)
+        if n > most:
+            raise RequestError(f"--whole-l3 --benchmark=strict --cpu {n} can never fit: the last-level caches "
+                               f"that hold no housekeeping or reserved CPU offer at most {most} whole "
+                               f"core{'s' if most != 1 else ''} on one NUMA node{hk}")
+
+
+def _llc(cap: Capacity, cpu: int) -> tuple[int, ...]:
+    """The CPUs sharing ``cpu``'s last-level cache (its core's threads when no cache is described)."""
+    cache = cap.cpu_topology.last_level_cache(cpu)
+    return cache.cpus if cache is not None else cap.cpu_topology.siblings(cpu)
+
+
+def _quiet_llc(cap: Capacity, llc: tuple[int, ...], offered: set[int]) -> bool:
+    """A cache a strict --whole-l3 job may have: every CPU of it a job CPU, none a housekeeping one."""
+    return offered.issuperset(llc) and not cap.housekeeping.intersection(llc)
+
+
+def _l3_max(cap: Capacity) -> int:
+    """Most cores on one node a strict --whole-l3 job could get: in caches whose every CPU is a job CPU."""
+    offered = set(cap.units)
+    best = 0
+    for cores in cap.bench_cores.values():
+        best = max(best, sum(1 for r, core in cores
+                             if offered.issuperset(core) and _quiet_llc(cap, _llc(cap, r), offered)))
+    return best
 
 
 def _check_gpu_placement(req: Request, n: int, cap: Capacity) -> None:
@@ -475,7 +588,7 @@ class Free:
         }
         self._max: int | None = None
         self._mem_max: tuple[int, int] | None = None
-        self._failed: set[tuple[int, int, bool]] = set()
+        self._failed: set[tuple[object, ...]] = set()   # shapes that did not fit since the last release
         self._room: dict[int, list[tuple[int, ...]]] = {}   # node -> its whole free units, lowest first
 
     @classmethod
@@ -617,11 +730,21 @@ class Free:
         mem = budget.mem
         local_only = req.numa_local or numa_only
         if req.exclusive:
-            return self._fit_exclusive(req, mem, local_only)
+            a = self._fit_exclusive(req, mem, local_only)
+            return self._bench_shape(a) if a is not None and req.benchmark else a
         n = req.cpus or 1
         # Cheap rejections first: backfill scans run this on every queued job.
         if n > self.max_cpus() or mem > self.mem_max(local_only):
             return None
+        if req.benchmark:
+            # As below: a shape that failed keeps failing until something is released.
+            bkey = (n, mem, local_only, req.benchmark, req.whole_l3)
+            if req.gpus == 0 and bkey in self._failed:
+                return None
+            a = self._fit_bench(req, n, mem, local_only)
+            if a is None and req.gpus == 0:
+                self._failed.add(bkey)
+            return a
         if req.numa_local_gpu:
             return self._fit_near_gpus(req, n, mem, local_only)
         gpus = self._gpus_for(req)
@@ -735,6 +858,107 @@ class Free:
                 return None
         return self._alloc(cpus, charges, gpus, True)
 
+    # -- benchmark jobs -----------------------------------------------------------------
+    def _is_free(self, cpu: int) -> bool:
+        node = self._cpu_node.get(cpu)
+        return node is not None and cpu in self.cpus[node]
+
+    def bench_room(self, node: int, strict: bool) -> list[tuple[int, tuple[int, ...]]]:
+        """Cores of ``node`` a benchmark job could run on now, as (CPU for its cpuset, threads it
+        would hold): those whose every thread can be held first, then (not ``strict``) the rest."""
+        clean: list[BenchCore] = []
+        partial: list[BenchCore] = []
+        for runner, core in self.cap.bench_cores.get(node, ()):
+            if not self._is_free(runner):
+                continue
+            holdable = tuple(c for c in core if self._is_free(c))
+            (clean if len(holdable) == len(core) else partial).append((runner, holdable))
+        return clean if strict else clean + partial
+
+    def bench_max(self, req: Request) -> int:
+        """Most cores one node could give ``req`` (a benchmark request) now."""
+        strict = req.benchmark == "strict"
+        best = 0
+        for node in self.cpus:
+            room = self.bench_room(node, strict)
+            if req.whole_l3 and strict:
+                room = [rc for rc in room if self._quiet_llc_now(_llc(self.cap, rc[0]))]
+            best = max(best, len(room))
+        return best
+
+    def _quiet_llc_now(self, llc: tuple[int, ...]) -> bool:
+        """Every CPU of the cache is a free job CPU and none is a housekeeping one."""
+        return all(self._is_free(c) for c in llc) and not self.cap.housekeeping.intersection(llc)
+
+    def _bench_pick(self, node: int, n: int, strict: bool,
+                    whole_l3: bool) -> tuple[list[int], list[tuple[int, ...]], list[int], int] | None:
+        """(cpuset, held cores, L3 neighbours held, how many picks fell short) for ``n`` cores on
+        ``node``, or None when they are not there now."""
+        room = self.bench_room(node, strict)
+        if len(room) < n:
+            return None
+        if not whole_l3:
+            chosen = room[:n]
+            short = sum(1 for r, held in chosen if len(held) < len(self.cap.cpu_topology.siblings(r)))
+            return [r for r, _ in chosen], [h for _, h in chosen], [], short
+        groups: dict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = {}
+        for rc in room:
+            groups.setdefault(_llc(self.cap, rc[0]), []).append(rc)
+        quiet = {g: cores for g, cores in groups.items() if self._quiet_llc_now(g)}
+        fewest = _fewest_groups(quiet, n)
+        short = 0
+        if fewest is not None:
+            chosen = fewest
+        elif strict:
+            return None
+        else:
+            chosen, short = room[:n], 1   # no cache is free of others: hold what of them is free
+        short += sum(1 for r, held in chosen if len(held) < len(self.cap.cpu_topology.siblings(r)))
+        mine = {c for _, held in chosen for c in held}
+        neighbours = {c for r, _ in chosen for c in _llc(self.cap, r)
+                      if c not in mine and self._is_free(c) and c not in self.cap.housekeeping}
+        return [r for r, _ in chosen], [h for _, h in chosen], sorted(neighbours), short
+
+    def _fit_bench(self, req: Request, n: int, mem: int, local_only: bool) -> Allocation | None:
+        """A benchmark job: ``n`` cores on one node, one thread of each in its cpuset, the rest held."""
+        strict = req.benchmark == "strict"
+        gpus = None if req.numa_local_gpu else self._gpus_for(req)
+        if gpus is None and not req.numa_local_gpu:
+            return None
+        prefer = gputopo.gpu_node(self.cap.topology, gpus) if gpus and self.cap.topology else None
+        best = None
+        for node in sorted(self.cpus):
+            pick = self._bench_pick(node, n, strict, req.whole_l3)
+            if pick is None:
+                continue
+            node_gpus = self._gpus_for(req, node) if req.numa_local_gpu else gpus
+            if node_gpus is None:
+                continue
+            charges = self._charge(node, mem, local_only)
+            if charges is None:
+                continue
+            # Fewest shortfalls, then beside its GPUs, then best fit (keeps roomy nodes whole).
+            key = (pick[3], node != prefer, len(self.bench_room(node, strict)), node)
+            if best is None or key < best[0]:
+                best = (key, pick, charges, node_gpus)
+        if best is None:
+            return None
+        _, (cpus, cores, l3, _), charges, gpus = best
+        return Allocation(cpus=tuple(sorted(cpus)), mem_by_node=tuple(sorted(charges.items())),
+                          gpus=tuple(sorted(gpus)), exclusive=False,
+                          cores=tuple(sorted(cores)), l3_idle=tuple(l3))
+
+    def _bench_shape(self, a: Allocation) -> Allocation | None:
+        """An exclusive allocation made a benchmark one: one thread of each core (none touching a
+        housekeeping CPU) in the cpuset, every other CPU it took held idle."""
+        took = set(a.held)
+        runners = [r for cores in self.cap.bench_cores.values() for r, _ in cores if r in took]
+        if not runners:
+            return None
+        groups = self.cap.cpu_topology.cores(took)
+        return Allocation(cpus=tuple(sorted(runners)), mem_by_node=a.mem_by_node, gpus=a.gpus,
+                          exclusive=True, cores=groups)
+
     def _alloc(self, cpus: list[int], charges: dict[int, int], gpus: tuple[int, ...], exclusive: bool) -> Allocation:
         return Allocation(
             cpus=tuple(cpus),
@@ -743,6 +967,23 @@ class Free:
             exclusive=exclusive,
             cores=self.cap.cpu_topology.cores(cpus),
         )
+
+
+def _fewest_groups(groups: dict[tuple[int, ...], list[BenchCore]], n: int) -> list[BenchCore] | None:
+    """``n`` cores from as few caches as can hold them: the smallest one that holds all ``n``,
+    else the roomiest first. None when together they hold fewer."""
+    if sum(len(v) for v in groups.values()) < n:
+        return None
+    fits = [g for g, v in groups.items() if len(v) >= n]
+    if fits:
+        g = min(fits, key=lambda g: (len(groups[g]), g))
+        return groups[g][:n]
+    out: list[BenchCore] = []
+    for g in sorted(groups, key=lambda g: (-len(groups[g]), g)):
+        out += groups[g][: n - len(out)]
+        if len(out) >= n:
+            break
+    return out
 
 
 def allocate(

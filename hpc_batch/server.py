@@ -206,6 +206,9 @@ class Server:
             self._end_turn()   # what the tick did (starts, ends) is made durable and spawned before we sleep
             if self.engine.resched or self.engine.to_spawn or self.resume:
                 wake = now
+            retry = self.engine.retry_at   # (set by the turn's end too: a start put off, out of pids)
+            if retry is not None:
+                wake = retry if wake is None else min(wake, retry)
             if self.metrics is not None:
                 wake = min((w for w in (wake, self.metrics.tick(now)) if w is not None), default=None)
             timeout = None if wake is None else max(0.0, wake - now)

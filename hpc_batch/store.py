@@ -48,6 +48,7 @@ import time
 from shepherd.records import fsync_dir, write_atomic
 
 from .bounds import MAX_ID
+from .cputopo import format_cpulist
 from .jobs import QUEUED, WAITING, Job
 from .journal import Journal, JournalError, end_line, line
 from .sizes import format_mem
@@ -121,16 +122,7 @@ def _key_of_record(data: dict) -> int | None:
 
 def _ranges(ids) -> str:
     """``1-3, 7`` for [1, 2, 3, 7]: a log line names every job, compactly."""
-    out: list[str] = []
-    ids = sorted(ids)
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ", ".join(out)
+    return format_cpulist(ids, ", ")
 
 
 UNSTARTED = (QUEUED, WAITING)
@@ -666,6 +658,32 @@ class Store:
         if durable:
             self._stage(job.id, {"seq": self._seq, "job": data})
             self._live.add(job.id)
+
+    def unstart(self, job: Job, env: dict) -> None:
+        """A started job goes back to the queue, its command never run (out of pids): it needs an
+        environment again. *env* is the one its launch spec held, stored as forwarded.
+
+        The submit's environment may be gone already (it goes once every job has started): then
+        it is written again, fsynced by the next commit. Any job's launch environment serves its
+        submit: the daemon sets its own variables afresh at each start.
+        """
+        key = self._key_of.get(job.id, shared_key(job))
+        sh = self._shared.get(key)
+        if sh is None:   # let go of when every job had started: a record of its own again
+            sh = self._shared[key] = Shared(key, None, {}, True)
+            sh.refs = sum(1 for k in self._key_of.values() if k == key) + (job.id not in self._key_of)
+            self._key_of[job.id] = key
+        if not sh.unstarted and (sh.secret or sh.argv is None):
+            sh.secret = True
+            self._write_env(key, {"forward": env, "job_env": {}})
+            self._unsynced.add(key)
+            self._write_shared(sh)
+            self._seq += 1
+            self._stage(key, {"seq": self._seq, "shared": sh.record()})
+        self._release.pop(job.id, None)
+        if job.id not in self._unstarted:
+            self._unstarted.add(job.id)
+            sh.unstarted += 1
 
     def load_env(self, job: Job) -> dict:
         """A job's stored environment: ``base``, and ``forward`` and ``job_env`` while it has not started."""

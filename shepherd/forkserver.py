@@ -15,7 +15,9 @@ from the daemon a line at a time, ``JOB_ID USER JOB_DIR``, and for each:
 2. the shepherd renames itself (its argv in place, over this server's
    padding) so that ``ps`` shows ``hpc-batch-shepherd --job ID --user NAME
    JOB_DIR``, then runs the same ``main`` an exec'd shepherd would;
-3. the server answers ``PID STARTTIME`` (or ``error ...``).
+3. the server answers ``PID STARTTIME``, or ``error ERRNO-NAME ...`` when a
+   fork fails (``error EAGAIN ...`` when the machine is out of pids): it
+   keeps serving, and the daemon puts the job back in its queue.
 
 Only the daemon holds the other end of the socket, so no user can ask for
 anything. At EOF (the daemon exited or re-exec'd) the server exits; the
@@ -23,6 +25,7 @@ shepherds it made carry on.
 """
 
 import ctypes  # for _set_cmdline: loaded here, once, not in every child
+import errno
 import gc
 import os
 import signal
@@ -65,14 +68,26 @@ def _fork_one(line: bytes, sock_fd: int) -> str:
         job_id = int(job_text)
     except ValueError:
         return "error malformed request"
-    r, w = os.pipe()
-    pid = os.fork()
+    try:
+        r, w = os.pipe()
+    except OSError as exc:
+        return fork_error(exc)
+    try:
+        pid = os.fork()
+    except OSError as exc:   # out of pids (EAGAIN) or memory (ENOMEM): say so, and keep serving
+        os.close(r)
+        os.close(w)
+        return fork_error(exc)
     if pid == 0:  # the intermediate: new session, fork the shepherd, report it, go
         try:
             os.close(r)
             os.close(sock_fd)
             os.setsid()
-            shepherd = os.fork()
+            try:
+                shepherd = os.fork()
+            except OSError as exc:
+                os.write(w, fork_error(exc).encode())
+                os._exit(0)
             if shepherd == 0:
                 os.close(w)
                 _become_shepherd(job_id, user, job_dir)
@@ -81,11 +96,21 @@ def _fork_one(line: bytes, sock_fd: int) -> str:
             os._exit(0)
     os.close(w)
     try:
-        answer = os.read(r, 64).decode()
+        answer = os.read(r, 256).decode()
     finally:
         os.close(r)
         os.waitpid(pid, 0)
     return answer or "error the shepherd could not be forked"
+
+
+def fork_error(exc: OSError) -> str:
+    """The answer for a fork that failed: ``error ERRNO-NAME text``, e.g. ``error EAGAIN ...``.
+
+    The daemon reads the name: EAGAIN or ENOMEM means "not now" (the job waits
+    and is retried), anything else that this server is of no use.
+    """
+    name = errno.errorcode.get(exc.errno or 0, "EIO")
+    return f"error {name} cannot fork: {exc.strerror or exc}"
 
 
 def _become_shepherd(job_id: int, user: str, job_dir: str) -> None:

@@ -7,8 +7,8 @@ daemon can stop, reload or crash without touching it. The shepherd:
 
 1. closes every descriptor it inherited, takes the lock on
    JOB_DIR/shepherd.pid and writes its pid and start time;
-2. reads launch.json (the daemon's spec) and deletes it, so a forwarded
-   environment is in no file once the job runs;
+2. reads launch.json (the daemon's spec), and deletes it once the job is
+   forked, so a forwarded environment is in no file while the job runs;
 3. makes the control FIFO, then forks the job: it joins its cgroup, pins
    CPUs, drops to the user (checked), takes the submitter's umask, enters
    the submit directory and execs the command with descriptors 0, 1 and 2
@@ -21,8 +21,16 @@ daemon can stop, reload or crash without touching it. The shepherd:
    leader is its unreaped child, so the process group it names cannot be
    anyone else's (or cgroup.kill in cgroup mode);
 6. writes exit.json atomically, then delivers the output as the user
-   within a time limit (the FIFO can still interrupt it) and records that
-   in delivery.json.
+   within a time limit (the FIFO can still interrupt it): the log is
+   fsynced before the buffer, its only other copy, is removed; and records
+   that in delivery.json.
+
+Out of pids (or memory), fork() fails with EAGAIN (ENOMEM): each fork here
+is retried for a bounded time while the poll loop still hears the FIFO and
+signals. A job that still cannot be forked is not failed: its exit record
+says ``not_started`` (the errno's name), the launch spec stays for the
+daemon, and the daemon puts the job back in its queue: its command never
+ran.
 
 SIGTERM, SIGINT or SIGHUP to the shepherd stops its job (as ``killed``),
 records that, and leaves the output buffer where it is.
@@ -37,7 +45,7 @@ import sys
 import time
 
 try:
-    from shepherd import acl, cgroup, control, identity, output, records
+    from shepherd import acl, cgroup, control, identity, output, process, records
 except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py): siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
     import acl  # type: ignore[no-redef]
@@ -45,12 +53,16 @@ except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py)
     import control  # type: ignore[no-redef]
     import identity  # type: ignore[no-redef]
     import output  # type: ignore[no-redef]
+    import process  # type: ignore[no-redef]
     import records  # type: ignore[no-redef]
 
 STOP_REASONS = ("killed", "timeout")
+FORK_RETRY = 10.0        # seconds a fork is retried (the launch spec's fork_retry, from the daemon)
 HOLD_OFF = 0.02          # a trickle of output is batched: at most this often a wake-up
+HELD = 0.25              # out of pids past the buffer bound: how often the relay's fork is tried again
 TRICKLE = 64 << 10       # less than this moved in one wake-up counts as a trickle
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_ALL_CPUS = 8192         # CPU ids a mask may name (the kernel keeps those of the cpuset)
 
 
 def main(argv=None) -> int:
@@ -114,8 +126,7 @@ def _read_launch(job_dir: str) -> dict | None:
     if not isinstance(spec, dict) or not spec.get("argv"):
         _finish(job_dir, records.ExitRecord(error=f"cannot read the launch spec {path}", ended=time.time()))
         return None
-    os.unlink(path)
-    return spec
+    return spec   # deleted once the job is forked: until then the daemon may need it to queue the job again
 
 
 class Supervisor:
@@ -128,6 +139,7 @@ class Supervisor:
         self.grace = float(spec.get("kill_grace", 5.0))
         self.deadline = None if spec.get("deadline") is None else float(spec["deadline"])
         self.delivery_limit = float(spec.get("delivery_limit", 600.0))
+        self.fork_retry = float(spec.get("fork_retry", FORK_RETRY))
         self.limit = int(spec.get("max_output_buffer") or (256 << 20))
         self.cgroup = spec.get("cgroup")
         self.stop_reason: str | None = None
@@ -145,6 +157,8 @@ class Supervisor:
         self.resume_pipe_at: float | None = None
         self.sink: int | None = None
         self.relay: tuple[int, int, int] | None = None  # (pid, pidfd, report_fd) once past the bound
+        self.relay_why: str | None = None      # mode "held": why the buffer bound was reached
+        self.relay_give_up: float | None = None  # mode "held": when to stop retrying the relay's fork
         self.output_note: str | None = None
         self.failure = b""
         ctl_r, self._ctl_keeper = control.create(job_dir)
@@ -182,7 +196,13 @@ class Supervisor:
         self.buf = _open_buffer(os.path.join(self.job_dir, records.OUTPUT), spec)
         self.pipe_r, pipe_w = output.make_pipe()
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        pid = _fork()
+        try:
+            pid = self._fork_retrying(lambda: self.stop_reason is not None)
+        except OSError as exc:
+            for fd in (self.pipe_r, pipe_w, err_r, err_w):
+                os.close(fd)
+            self.pipe_r = None
+            return self._not_forked(exc)
         if pid == 0:
             try:
                 _child(spec, pipe_w, err_w)
@@ -191,6 +211,7 @@ class Supervisor:
         os.close(pipe_w)
         os.close(err_w)
         self.pid = pid
+        _unlink(os.path.join(self.job_dir, records.LAUNCH))   # the environment is in no file while the job runs
         pidfd = os.pidfd_open(pid)
         status = records.StatusRecord(pid, records.proc_starttime(pid), time.time())
         _persist(lambda: status.write(os.path.join(self.job_dir, records.STATUS), durable=False),
@@ -207,6 +228,38 @@ class Supervisor:
         os.close(pidfd)
         return self._collect(err_r)
 
+    def _fork_retrying(self, interrupted, limit: float | None = None) -> int:
+        """:func:`_fork`, retried while it fails for want of pids or memory.
+
+        For up to *limit* seconds (default fork_retry). Between tries the
+        poll loop runs, so the FIFO and signals are heard; *interrupted()*
+        true ends the retries early. Raises the last error.
+        """
+        give_up = time.time() + (self.fork_retry if limit is None else limit)
+        delay = 0.05
+        while True:
+            try:
+                return _fork()
+            except OSError as exc:
+                if not records.not_now(exc) or time.time() >= give_up:
+                    raise
+                self._wait(min(time.time() + delay, give_up))
+                if interrupted():   # (checked before the next try: a stop must win over a free pid)
+                    raise
+            delay = min(delay * 2, 1.0)
+
+    def _not_forked(self, exc: OSError) -> records.ExitRecord:
+        """The exit record of a job whose command was never forked."""
+        name = errno.errorcode.get(exc.errno or 0, "EIO")
+        why = f"cannot fork the job ({name}: {exc.strerror or exc})"
+        if self.stop_reason is not None:   # stopped while it waited: it ends as asked, never having run
+            note = f"it was stopped before it could start ({why})"
+            return records.ExitRecord(ended=time.time(), stopped=self.stop_reason, stop_note=note)
+        rec = records.ExitRecord(ended=time.time(), error=why)
+        # Safe to run again later: the command never started. The daemon queues it again.
+        rec.not_started = name
+        return rec
+
     def _next_timer(self):
         times = [t for t in (self.kill_at, self.resume_pipe_at,
                              self.deadline if self.stop_reason is None else None) if t is not None]
@@ -221,7 +274,9 @@ class Supervisor:
             self._signal_job(signal.SIGKILL)
         if self.resume_pipe_at is not None and now >= self.resume_pipe_at:
             self.resume_pipe_at = None
-            if self.pipe_r is not None and self.mode != "relay":
+            if self.mode == "held":
+                self._past_bound(self.relay_why)
+            if self.pipe_r is not None and self.mode in ("buffer", "discard"):
                 self._watch(self.pipe_r, self._on_output)
 
     def stop(self, reason: str, note: str | None = None) -> None:
@@ -229,6 +284,8 @@ class Supervisor:
         if self.stop_reason is not None or self.reaped:
             return
         self.stop_reason, self.stop_note = reason, note
+        if self.pid is None:   # not forked yet (the machine is out of pids): it never will be
+            return
         self._signal_job(signal.SIGTERM)
         self.kill_at = time.time() + self.grace
 
@@ -283,7 +340,7 @@ class Supervisor:
         moved, eof = self._pump()
         if eof:
             self._unwatch(fd)
-        elif moved < TRICKLE and self.mode != "relay":
+        elif moved < TRICKLE and self.mode in ("buffer", "discard"):
             # A trickle: wait a moment so many small writes cost one wake-up.
             self._unwatch(fd)
             self.resume_pipe_at = time.time() + HOLD_OFF
@@ -317,25 +374,31 @@ class Supervisor:
         return moved, False
 
     def _past_bound(self, why) -> None:
-        """Stop buffering: relay the rest to the log as the user, or discard it."""
+        """Stop buffering: relay the rest to the log as the user, or discard it.
+
+        Out of pids, the relay's fork is retried every HELD seconds for up to
+        fork_retry (mode "held": the pipe is not read meanwhile, so the job
+        waits on it), then the rest is discarded, with a note saying why.
+        """
         dest = self.spec.get("output")
         size = _size(self.buffered)
         if dest:
-            report_r, report_w = os.pipe2(os.O_CLOEXEC)
-            pid = _fork()
-            if pid == 0:
-                try:
-                    _keep_only(self.buf, self.pipe_r, report_w)
-                    output.deliver_as_user(self.spec, self.buf, self.pipe_r, report_w)
-                finally:
-                    os._exit(1)
-            os.close(report_w)
-            assert self.pipe_r is not None  # _pump calls this only while the pipe is open
-            self._unwatch(self.pipe_r)
-            os.close(self.pipe_r)
-            self.pipe_r = None
-            self.relay = (pid, os.pidfd_open(pid), report_r)
-            self.mode = "relay"
+            try:
+                self._start_relay()
+            except OSError as exc:
+                now = time.time()
+                if self.relay_give_up is None:
+                    self.relay_give_up = now + self.fork_retry
+                if records.not_now(exc) and now < self.relay_give_up:
+                    assert self.pipe_r is not None  # the relay has not taken it
+                    self.mode, self.relay_why = "held", why
+                    self._unwatch(self.pipe_r)
+                    self.resume_pipe_at = now + HELD
+                    return
+                why = f"{why}; " if why else ""
+                why += f"the copy to {dest} could not be started ({exc.strerror or exc})"
+                dest = None
+        if dest:
             self.output_note = (f"output past the first {size} went straight to {dest}"
                                 if why is None else f"{why}: output past the first {size} went straight to {dest}")
         else:
@@ -343,6 +406,29 @@ class Supervisor:
             self.mode = "discard"
             self.output_note = (f"output past the first {size} was discarded"
                                 if why is None else f"{why}: output past the first {size} was discarded")
+
+    def _start_relay(self) -> None:
+        """Fork the child that writes the buffer, then the rest of the pipe, to the log as the user."""
+        report_r, report_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = _fork()
+        except OSError:
+            os.close(report_r)
+            os.close(report_w)
+            raise
+        if pid == 0:
+            try:
+                _keep_only(self.buf, self.pipe_r, report_w)
+                output.deliver_as_user(self.spec, self.buf, self.pipe_r, report_w)
+            finally:
+                os._exit(1)
+        os.close(report_w)
+        assert self.pipe_r is not None  # _pump calls this only while the pipe is open
+        self._unwatch(self.pipe_r)
+        os.close(self.pipe_r)
+        self.pipe_r = None
+        self.relay = (pid, os.pidfd_open(pid), report_r)
+        self.mode = "relay"
 
     # -- the end -------------------------------------------------------------------------
     def _collect(self, err_r: int) -> records.ExitRecord:
@@ -368,6 +454,9 @@ class Supervisor:
             for key, value in cgroup.collect_and_remove(self.cgroup).items():
                 if value is not None:   # the cgroup saw the whole job: prefer it to rusage
                     setattr(rec, key, value)
+        if self.mode == "held":   # one last try at the relay, then the rest is discarded
+            self.resume_pipe_at, self.relay_give_up = None, time.time()
+            self._past_bound(self.relay_why)
         if self.pipe_r is not None:
             self._unwatch(self.pipe_r)
             # What the job wrote before it ended; a straggler still writing does not keep us here.
@@ -401,23 +490,37 @@ class Supervisor:
             rec.ok, rec.error = self._await_child(pid, pidfd, report)
         elif dest is None:
             pass
+        elif self.pid is None:   # never forked: no output, and no log is made (the job may yet run)
+            rec.note = "it never started, so no log was written"
+            return self._record_delivery(rec)
         elif self.abandon:
             rec.ok, rec.error = False, self.abandon
         else:
             report_r, report_w = os.pipe2(os.O_CLOEXEC)
-            pid = _fork()
-            if pid == 0:
-                try:
-                    _keep_only(self.buf, report_w)
-                    output.deliver_as_user(self.spec, self.buf, None, report_w)
-                finally:
-                    os._exit(1)
-            os.close(report_w)
-            rec.ok, rec.error = self._await_child(pid, os.pidfd_open(pid), report_r)
+            try:   # out of pids, the copy waits (within the delivery limit) rather than fail at once
+                pid = self._fork_retrying(lambda: bool(self.abandon), self.delivery_limit)
+            except OSError as exc:
+                os.close(report_r)
+                os.close(report_w)
+                rec.ok, rec.error = False, self.abandon or f"the copy to {dest} could not be started ({exc.strerror})"
+            else:
+                if pid == 0:
+                    try:
+                        _keep_only(self.buf, report_w)
+                        output.deliver_as_user(self.spec, self.buf, None, report_w)
+                    finally:
+                        os._exit(1)
+                os.close(report_w)
+                rec.ok, rec.error = self._await_child(pid, os.pidfd_open(pid), report_r)
         if rec.ok:
+            # The delivery child fsynced the log before it exited 0: only now may
+            # the buffer, the only other copy of the output, go.
             _unlink(path)
+        self._record_delivery(rec)
+
+    def _record_delivery(self, rec: records.DeliveryRecord) -> None:
         # Not fsync'd: if a crash loses it, the buffer's presence tells the daemon
-        # the same thing (it is deleted only after a complete copy).
+        # the same thing (it is deleted only after a complete, durable copy).
         _persist(lambda: rec.write(os.path.join(self.job_dir, records.DELIVERY), durable=False),
                  "the delivery record")
 
@@ -484,7 +587,11 @@ def _fork() -> int:
     (``unblock_stop_signals``) once it is ready.
     """
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:   # EAGAIN out of pids, ENOMEM: no child, so the signals come back at once
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        raise
     if pid == 0:
         signal.set_wakeup_fd(-1)
         return 0
@@ -517,9 +624,18 @@ def _child(spec: dict, pipe_w: int, err_w: int) -> None:
         if spec.get("cgroup"):
             stage = "joining the job's cgroup"
             cgroup.join(spec["cgroup"])
+            # The shepherd runs on the housekeeping CPUs; a mask it was pinned to would survive the
+            # move (the kernel keeps the pinned mask within the new cpuset): widen it to the cpuset.
+            os.sched_setaffinity(0, range(_ALL_CPUS))
         if spec.get("cpus"):
             stage = "pinning CPUs"
             os.sched_setaffinity(0, spec["cpus"])
+        if spec.get("aslr") == "off":
+            stage = "turning address space randomisation off (--aslr off)"
+            process.no_aslr()
+        if spec.get("thp") == "off":
+            stage = "turning transparent huge pages off (--thp off)"
+            process.no_thp()
         stage = f"dropping privileges to {spec['user']}"
         identity.become(spec["user"], spec["uid"], spec["gid"])
         os.umask(spec.get("umask", 0o077) & 0o777)

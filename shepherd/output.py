@@ -6,7 +6,10 @@ buffer (``<job dir>/output``, what ``dispatch attach`` streams) until
 filesystem. Past that bound the rest goes straight to the user's log file,
 written by a child running as the user (the buffer's part first, so the
 file is whole), or, with no log file, is discarded. At the end the buffer
-is copied to the log file, again as the user.
+is copied to the log file, again as the user, and fsynced (with its
+directory when the copy created it) before the buffer, the only other copy,
+is removed: a power cut never leaves a job that says "delivered" with an
+empty log.
 
 Opening the log file is where a hostile user sets traps: a FIFO that never
 opens, a symlink to root's files, a file another user planted in a shared
@@ -28,6 +31,7 @@ except ImportError:  # run as a file: siblings are on sys.path
 
 CHUNK = 1 << 20          # bytes moved per splice, and the pipe's size
 _SPLICE_FALLBACK = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
+_NO_FSYNC = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EROFS)
 
 
 class Refused(OSError):
@@ -86,8 +90,8 @@ def copy_file(src: int, dst: int) -> int:
         offset += n
 
 
-def open_destination(path: str) -> int:
-    """Open the log file for writing, as whoever runs this (the user).
+def open_destination(path: str) -> tuple[int, bool]:
+    """Open the log file for writing, as whoever runs this (the user): ``(fd, created)``.
 
     A new file is created with O_EXCL (mode 0666 less the umask); an
     existing one is taken only if it is a regular file owned by us, and is
@@ -96,7 +100,7 @@ def open_destination(path: str) -> int:
     """
     flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666)
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666), True
     except FileExistsError:
         pass
     fd = os.open(path, flags)
@@ -107,10 +111,37 @@ def open_destination(path: str) -> int:
         if st.st_uid != os.geteuid():
             raise Refused(errno.EPERM, f"it exists and belongs to another user (uid {st.st_uid})")
         os.ftruncate(fd, 0)
-        return fd
+        return fd, False
     except BaseException:
         os.close(fd)
         raise
+
+
+def make_durable(fd: int, path: str, created: bool) -> None:
+    """fsync the log (and, if this copy created it, its directory, so the name survives too).
+
+    A filesystem that cannot fsync (EINVAL and the like) is as durable as it
+    gets; a directory the user may not open (no read permission) is left to
+    the filesystem's own commit.
+    """
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in _NO_FSYNC:
+            raise
+    if not created:
+        return
+    try:
+        dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError as exc:
+        if exc.errno not in _NO_FSYNC:
+            raise
+    finally:
+        os.close(dfd)
 
 
 def describe(path: str, exc: BaseException) -> str:
@@ -150,11 +181,11 @@ def deliver_as_user(spec: dict, buf: int, pipe_r, report: int) -> None:
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
-    dest, code, dst = spec["output"], 1, None
+    dest, code, dst, created = spec["output"], 1, None, False
     try:
         identity.become(spec["user"], spec["uid"], spec["gid"])
         os.umask(spec.get("umask", 0o077) & 0o777)
-        dst = open_destination(dest)
+        dst, created = open_destination(dest)
         copy_file(buf, dst)
         code = 0
     except BaseException as exc:  # report it; the job must not notice
@@ -187,11 +218,13 @@ def deliver_as_user(spec: dict, buf: int, pipe_r, report: int) -> None:
                     break
                 _say(report, describe(dest, exc))
                 code, sink = 1, null   # keep taking the job's output, into nowhere
-    # Not fsynced, as a job writing its own file is not: waiting for a large log to reach the disk
-    # would make a job's output cost several times what writing it costs the job. Closed, though:
-    # a network filesystem reports a failed write there.
+    # Durable before this child says it succeeded: the shepherd then removes the buffer, the
+    # only other copy (a job's own files get no such care, but they are the job's own business).
+    # The job has ended by now and is not kept waiting; its end is what the daemon timestamps.
+    # Closed too: a network filesystem reports a failed write there.
     if code == 0 and dst is not None:  # (code 0: the log file is open)
         try:
+            make_durable(dst, dest, created)
             os.close(dst)
         except OSError as exc:
             _say(report, describe(dest, exc))

@@ -28,6 +28,7 @@ read and written with the C scanner and encoder behind the json module
 which would be most of a shepherd's start-up time.
 """
 
+import errno
 import os
 import stat
 
@@ -47,6 +48,15 @@ EXIT = "exit.json"
 DELIVERY = "delivery.json"
 OUTPUT = "output"
 INFO = "info.json"
+
+# A fork that failed with one of these may work later (out of pids, out of memory): the job
+# waits and is retried, never failed. An exit record's not_started holds one of these names.
+NOT_NOW_NAMES = ("EAGAIN", "ENOMEM")
+
+
+def not_now(exc: OSError) -> bool:
+    """True when *exc* says the machine is out of pids or memory for the moment: retry later."""
+    return errno.errorcode.get(exc.errno or 0) in NOT_NOW_NAMES
 
 
 def write_atomic(path: str, data: bytes, mode: int = 0o600, durable: bool = True, prepare=None,
@@ -216,11 +226,15 @@ class ExitRecord(_Record):
 
     ``stopped`` is ``"killed"`` or ``"timeout"`` when the shepherd stopped the
     job (the reason it was given), else None. ``old_format`` is True for a
-    record from a shepherd that predates ``stopped``.
+    record from a shepherd that predates ``stopped``. ``not_started`` is the
+    errno name (``"EAGAIN"``, ``"ENOMEM"``) when the shepherd could not fork
+    the job at all: its command never ran, so the daemon may queue it again
+    (``error`` says the same in words, for a daemon that does not know the
+    field). It is on disk only when set.
     """
 
     FIELDS = ("status", "ended", "code", "signal", "error", "stopped", "stop_note",
-              "oom_kill", "oom_group_kill", "peak_mem", "cpu_time")
+              "oom_kill", "oom_group_kill", "peak_mem", "cpu_time", "not_started")
     __slots__ = (*FIELDS, "old_format")    # old_format lives in memory only
     STOP_REASONS = ("killed", "timeout")
 
@@ -231,7 +245,14 @@ class ExitRecord(_Record):
         self.status, self.ended, self.code, self.signal = status, ended, code, signal
         self.error, self.stopped, self.stop_note = error, stopped, stop_note
         self.oom_kill, self.oom_group_kill, self.peak_mem, self.cpu_time = oom_kill, oom_group_kill, peak_mem, cpu_time
+        self.not_started: str | None = None
         self.old_format = False
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        if d["not_started"] is None:
+            del d["not_started"]   # the usual record stays as it always was
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ExitRecord":
@@ -240,6 +261,7 @@ class ExitRecord(_Record):
                   stopped if stopped in cls.STOP_REASONS else None, _text(d, "stop_note"),
                   _int(d, "oom_kill") or 0, _int(d, "oom_group_kill") or 0, _int(d, "peak_mem"),
                   _num(d, "cpu_time"))
+        rec.not_started = _text(d, "not_started")
         rec.old_format = "stopped" not in d
         return rec
 

@@ -45,7 +45,12 @@ def _shepherds(d: ScratchDaemon, jobs: list[int], timeout: float = 20.0) -> list
         if all(found) and d.counts()["running"] == len(jobs):
             return [p for p in found if p is not None]
         if time.monotonic() > deadline:
-            raise DaemonError(f"the shepherds of jobs {jobs} did not all appear within {timeout:.0f} s")
+            # Say what became of them: a job that ended (say, out of pids on an old daemon) never gets one.
+            rows = d.dispatch("list", "--finished", check=False).stdout.splitlines()
+            mine = [r for r in rows if len(r.split()) > 1 and r.split()[1] in {str(j) for j in jobs}]
+            log = d.log_text().splitlines()[-20:]
+            raise DaemonError(f"the shepherds of jobs {jobs} did not all appear within {timeout:.0f} s; "
+                              f"the jobs: {mine}; the daemon's log ends: {log}")
         time.sleep(0.02)
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -76,7 +77,10 @@ def test_kill_and_list_take_a_range(daemon_factory, users, scratch):
     first, last = r["id"], r["last"]
     assert sorted(d.rows(f"{first}-{last}")) == list(range(first, last + 1))
     out = d.ok("kill", f"{first}-{last}")
-    assert "killed" in out and "cancelled" in out, out
+    # The running ones are killed, the queued ones cancelled; one freed by a kill may start (and
+    # then be killed) before its own kill request arrives, so only the total is exact.
+    counts = re.findall(r"(\d+) (killed|cancelled) ", out)
+    assert sum(int(n) for n, _ in counts) == 5 and "killed" in out, out
     assert d.dispatch("wait", f"{first}-{last}").returncode in (240, 244)
     again = d.ok("kill", f"{first}-{last}")
     assert "had already ended" in again

@@ -3,6 +3,9 @@
 strace comes from Debian's package (scripts/install-host-deps --host, which
 scripts/test runs before the host tests); the count covers the daemon, its
 fork server and every shepherd (-f), and each fsync or fdatasync call once.
+The same trace (with unlinks, and -y naming each descriptor's file) shows
+that a job's log is fsynced before its output buffer, the only other copy,
+is removed.
 """
 
 import os
@@ -16,6 +19,7 @@ from conftest import _shepherds_under, wait_for
 pytestmark = pytest.mark.timeout(180)
 
 CALL = re.compile(rb"\b(?:fsync|fdatasync)\(")
+LINE = re.compile(rb"^\d+ +(\w+)\((.*?)\) += (-?\d+)", re.M)   # pid call(args) = result
 
 
 def _count(path):
@@ -42,9 +46,10 @@ def test_fsyncs_per_job(daemon_factory, users, scratch):
     assert strace, "strace is missing: scripts/install-host-deps --host installs it"
     trace = os.path.join(scratch, "fsyncs.trace")
     d = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0",
-                       wrap=[strace, "-f", "-qq", "-e", "trace=fsync,fdatasync", "-o", trace])
+                       wrap=[strace, "-f", "-qq", "-y", "-e", "trace=fsync,fdatasync,unlink,unlinkat", "-o", trace])
     try:
         _measure(d, scratch, trace)
+        _log_before_buffer(d, scratch, trace)
     finally:   # the daemon is strace's child: stop it, and strace goes with it
         with open(f"/proc/{d.proc.pid}/task/{d.proc.pid}/children") as f:
             for pid in f.read().split():
@@ -67,3 +72,22 @@ def _measure(d, scratch, trace):
     assert singles <= 5 * 3
     # The array's submit is one commit; its ends and starts share one a turn.
     assert bulk <= 40 * 3 + 2
+
+
+def _log_before_buffer(d, scratch, trace):
+    """A job with a log: its fsync (in the delivery child, as the user) comes before the buffer's unlink."""
+    log = os.path.join(scratch, "durable.log")
+    job = d.submit("echo", "kept", flags=("--output", log))
+    assert d.dispatch("wait", str(job)).returncode == 0
+    _settled(d, scratch, trace)
+    with open(log) as f:
+        assert f.read() == "kept\n"
+    buf = os.path.join(d.state_dir, "jobs", str(job), "output").encode()
+    with open(trace, "rb") as f:
+        calls = [(m.group(1), m.group(2), int(m.group(3))) for m in LINE.finditer(f.read())]
+    synced = [i for i, (call, args, res) in enumerate(calls)
+              if call in (b"fsync", b"fdatasync") and f"<{log}>".encode() in args and res == 0]
+    removed = [i for i, (call, args, res) in enumerate(calls)
+               if call in (b"unlink", b"unlinkat") and b'"' + buf + b'"' in args and res == 0]
+    assert synced and removed, (synced, removed)
+    assert synced[0] < removed[0], "the buffer was removed before the log was fsynced"

@@ -156,7 +156,7 @@ def test_json_documents_field_by_field(daemon, scratch):
     assert shown["argv"] == ["sh", "-c", "exit 2"] and shown["code"] == 2 and shown["wall"] >= 0
     r, st = _json(daemon, "status")
     assert st["policy"] == "fifo-strict" and st["nodes"][0]["cpus"]["total"] >= 1
-    assert set(st["nodes"][0]) == {"id", "cpus", "cores", "mem", "gpus"}      # cores: issue 21
+    assert set(st["nodes"][0]) == {"id", "cpus", "cores", "held_idle", "mem", "gpus"}   # issue 21
     assert set(st["nodes"][0]["mem"]) == {"total", "reserved", "in_use", "free"}
     # Errors are JSON too, with the code and the exit status.
     r = daemon.dispatch("show", "--json", "4242")

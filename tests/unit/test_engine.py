@@ -104,6 +104,9 @@ class MemoryStore:
     def load_env(self, job):
         return self.env.get(job.id, {})
 
+    def unstart(self, job, env):
+        self.env[job.id] = {"forward": env}
+
     def remove_job(self, job_id):
         self.records.pop(job_id, None)
 
@@ -120,6 +123,7 @@ class FakeLauncher:
 
     def write_launch(self, job_dir, launch):
         self.last_launch = launch
+        records.write_json(os.path.join(job_dir, records.LAUNCH), launch)   # as the real one: it stays there
 
     def spawn(self, job_id, user, job_dir):
         if self.spawn_error:
@@ -680,3 +684,47 @@ def test_a_running_job_from_a_daemon_that_did_not_know_cores_is_readopted_and_it
     assert again.show(ROOT, ids[0], T0)["cores"] == [[6, 7]]
     assert again.why(again.jobs[ids[3]])[1] == ("it needs 2 CPUs (1 whole core) on one NUMA node; "
                                                 "the most free on one is 0 CPUs (0 whole cores)")
+
+
+def _counters(root, pswpout):
+    os.makedirs(os.path.join(root, "proc"), exist_ok=True)
+    with open(os.path.join(root, "proc", "vmstat"), "w") as f:
+        f.write(f"pswpin 0\npswpout {pswpout}\n")
+
+
+def test_a_strict_benchmark_job_waits_while_the_machine_swaps_and_holds_up_nobody(world, tmp_path, monkeypatch):
+    eng, store, fake, hooks = world
+    root = str(tmp_path / "probe")
+    _counters(root, 0)
+    monkeypatch.setenv("HPC_BATCH_PROBE_ROOT", root)
+    strict = submit(eng, benchmark="strict")
+    assert strict["state"] == "queued"
+    assert "being read" in eng.why(eng.jobs[strict["id"]])[1]
+    plain = submit(eng)                     # behind it, and not held up by it
+    assert plain["state"] == "running"
+    start_pending(eng)
+    assert eng.tick(T0) == T0 + defaults.BENCH_PROBE_INTERVAL   # the next reading is due
+    _counters(root, 50)
+    eng.tick(T0 + 1)
+    assert eng.jobs[strict["id"]].state == "queued"
+    assert "the machine is swapping (0 pages swapped in, 50 out" in eng.why(eng.jobs[strict["id"]])[1]
+    eng.tick(T0 + 2)                         # nothing rose since: quiet, and it starts
+    assert eng.jobs[strict["id"]].state == "running" and strict["id"] in fake.spawned
+    job = eng.jobs[strict["id"]]
+    assert job.request["numa_local"] and job.request["benchmark"] == "strict"
+    assert "no housekeeping CPUs: the daemon and the shepherds may run on its cores" in job.shortfalls
+    assert job.bench_start["swap"] == [0, 50]
+    _counters(root, 70)                     # it swapped while it ran: recorded when it ends
+    end(eng, store, strict["id"], code=0)
+    assert "while it ran, the machine is swapping (0 pages swapped in, 20 out" in " ".join(job.shortfalls)
+    assert eng.strict_queued == 0 and eng.bench_watch.last is None
+
+
+def test_the_launch_spec_and_the_record_carry_aslr_and_thp(world):
+    eng, store, fake, hooks = world
+    a = submit(eng, aslr="off", thp="off")
+    start_pending(eng)
+    assert (fake.last_launch["aslr"], fake.last_launch["thp"]) == ("off", "off")
+    assert (eng.jobs[a["id"]].request["aslr"], eng.jobs[a["id"]].request["thp"]) == ("off", "off")
+    b = submit(eng)
+    assert (eng.jobs[b["id"]].request["aslr"], eng.jobs[b["id"]].request["thp"]) == ("on", "on")

@@ -275,3 +275,28 @@ def test_a_compacted_journal_leaves_the_caches_current(tmp_path):
     again._lock_fd = -1
     assert [j.id for j in again.load_jobs()] == [1, 2, 3, 4, 5]
     assert not any("rebuilt" in n for n in again.notes), again.notes
+
+
+@pytest.mark.parametrize("env", [SECRET, {"base": {"PATH": "/bin"}}], ids=["forwarded", "clean"])
+def test_a_durable_start_whose_command_never_ran_gets_its_environment_back(tmp_path, env):
+    """Out of pids after the start was durable: the job is queued again with its launch environment."""
+    s = _open(tmp_path)
+    job = _add(s, 1, env)
+    s.commit()
+    _start(job)
+    s.save_job(job)
+    s.commit()                                   # the start is durable: the environment is let go of
+    assert not os.path.exists(os.path.join(tmp_path, "env", "1"))
+    launch_env = {"PATH": "/bin", "TOKEN": "hunter2", "HPC_BATCH_JOB_ID": "1"}
+    jobs.move(job, jobs.QUEUED, 1.8e9 + 2)
+    s.unstart(job, launch_env)
+    s.save_job(job)
+    s.commit()
+    assert s.load_env(job)["forward"] == launch_env
+    again = _reopen(tmp_path, s)                 # and after a restart
+    (back,) = again.load_jobs()
+    assert back.state == jobs.QUEUED and again.load_env(back)["forward"] == launch_env
+    _start(back)
+    again.save_job(back)
+    again.commit()                               # started for real: gone again
+    assert not os.path.exists(os.path.join(tmp_path, "env", "1"))

@@ -28,10 +28,10 @@ _dispatch_verb_options() {
     case $1 in
         new)
             opts="--cpu --gpu-cores --gpu-link --max-mem --max-time --exclusive --numa-local"
-            opts+=" --numa-local-mem --numa-local-gpu --env --output --no-output --name --after"
-            opts+=" --after-ok --array --commands --wait --json -h --help"
+            opts+=" --numa-local-mem --numa-local-gpu --benchmark --whole-l3 --aslr --thp --env --output"
+            opts+=" --no-output --name --after --after-ok --array --commands --wait --json -h --help"
             valued=" --cpu --gpu-cores --gpu-link --max-mem --max-time --output --name --after --after-ok"
-            valued+=" --array --commands "
+            valued+=" --array --commands --benchmark --aslr --thp "
             ;;
         list) opts="--all --finished --json -h --help" ;;
         wait | show | status) opts="--json -h --help" ;;

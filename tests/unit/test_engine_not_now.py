@@ -1,0 +1,94 @@
+"""Out of pids (F8), as the engine sees it: a start whose command never ran goes back to the queue.
+
+The same in-memory store and fake launcher as test_engine.py. Two ways a
+start can fail for want of pids: the shepherd cannot be started at all (the
+spawn raises EAGAIN), or the shepherd started but could not fork the job (its
+exit record says ``not_started``). Either way the job never ran, so it is
+queued again with its environment, not ended.
+"""
+
+import errno
+import os
+
+from test_engine import ROOT, T0, end, start_pending, submit, world  # noqa: F401 (world: a fixture)
+
+from hpc_batch import defaults, jobs
+from shepherd import records
+
+
+def test_a_spawn_out_of_pids_puts_the_job_back_with_its_environment(world):  # noqa: F811
+    eng, store, fake, hooks = world
+    fake.spawn_error = OSError(errno.EAGAIN, "Resource temporarily unavailable")
+    job = submit(eng, job_env={"SECRET": "s"})["id"]
+    start_pending(eng)
+    assert eng.jobs[job].state == jobs.QUEUED and fake.spawned == []
+    assert store.env[job]["forward"]["SECRET"] == "s"                # the environment it was to get, kept
+    assert (job, "finished") not in hooks.events
+    assert eng.retry_at == T0 + defaults.START_RETRY
+    fake.spawn_error = None                                          # pids free again
+    eng.tick(T0 + defaults.START_RETRY)
+    assert fake.spawned == [job] and eng.jobs[job].state == jobs.RUNNING
+    assert fake.last_launch["env"]["SECRET"] == "s"
+    assert end(eng, store, job, code=3).get_result().code == 3
+
+
+def test_any_other_spawn_failure_still_ends_the_job(world):  # noqa: F811
+    eng, _, fake, _ = world
+    fake.spawn_error = OSError(errno.ENOENT, "No such file or directory")
+    job = submit(eng)["id"]
+    start_pending(eng)
+    assert eng.jobs[job].get_result().kind == jobs.ERROR
+
+
+def _not_started(store, job, env):
+    """What a shepherd that could not fork its job leaves: the spec it kept, and its record."""
+    records.write_json(os.path.join(store.job_dir(job), records.LAUNCH), {"argv": ["true"], "env": env})
+    return {"error": "cannot fork the job (EAGAIN: Resource temporarily unavailable)", "not_started": "EAGAIN"}
+
+
+def test_a_shepherd_that_could_not_fork_the_job_puts_it_back(world):  # noqa: F811
+    eng, store, fake, hooks = world
+    job = submit(eng)["id"]
+    start_pending(eng)
+    rec = _not_started(store, job, {"PATH": "/bin", "HPC_BATCH_JOB_ID": str(job), "FOO": "bar"})
+    done = end(eng, store, job, **rec)
+    assert done.state == jobs.QUEUED and (job, "finished") not in hooks.events
+    assert store.env[job] == {"forward": {"PATH": "/bin", "HPC_BATCH_JOB_ID": str(job), "FOO": "bar"}}
+    eng.tick(T0 + defaults.START_RETRY)
+    assert fake.spawned == [job, job]
+    assert fake.last_launch["env"]["FOO"] == "bar"
+    assert end(eng, store, job, code=4).get_result().code == 4
+
+
+def test_without_its_spec_or_once_killed_it_ends_instead(world):  # noqa: F811
+    eng, store, fake, _ = world
+    lost = submit(eng)["id"]
+    start_pending(eng)
+    rec = _not_started(store, lost, {})
+    os.unlink(os.path.join(store.job_dir(lost), records.LAUNCH))   # nothing to queue it again with
+    result = end(eng, store, lost, **rec).get_result()
+    assert result.kind == jobs.ERROR and "cannot fork the job" in result.note
+    killed = submit(eng)["id"]
+    start_pending(eng)
+    eng.kill(ROOT, killed, T0)                                       # asked while its shepherd retried
+    result = end(eng, store, killed, **_not_started(store, killed, {})).get_result()
+    assert result.kind == jobs.KILLED and "before it could start" in result.note
+
+
+def test_after_a_restart_an_unstarted_shepherd_waits_for_a_pid(world):  # noqa: F811
+    """Recovery found a launch spec no shepherd read: starting it now fails out of pids, and is tried again."""
+    eng, store, fake, _ = world
+    job = jobs.Job(id=5, uid=0, gid=0, user="root", argv=["true"], cwd="/", submitted=T0, max_time=60,
+                   budget={"mem": 1 << 20}, state=jobs.RUNNING, started=T0,
+                   alloc={"cpus": [0], "mem_by_node": [[0, 1 << 20]], "gpus": [], "exclusive": False})
+    store.records[5] = job.to_dict()
+    os.mkdir(store.job_dir(5))
+    records.write_json(os.path.join(store.job_dir(5), records.LAUNCH), {"argv": ["true"], "env": {}})
+    eng.recover()
+    fake.spawn_error = OSError(errno.EAGAIN, "Resource temporarily unavailable")
+    now = T0 + defaults.SHEPHERD_START_GRACE + 100
+    eng.tick(now)                                                  # the second look: no pid for its shepherd
+    assert eng.jobs[5].state == jobs.RUNNING and "recheck" in eng.running[5]   # (recovery's clock is the real one)
+    fake.spawn_error = None
+    eng.tick(now + defaults.START_RETRY)
+    assert fake.spawned == [5] and eng.jobs[5].state == jobs.RUNNING

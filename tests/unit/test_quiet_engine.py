@@ -1,0 +1,90 @@
+"""The engine's side of quiet cores: a benchmark job's start quiets its CPUs (in a fixture tree),
+its end undoes it, and so does the next daemon when the job ended while none ran."""
+
+import os
+import shutil
+
+import pytest
+from test_engine import ROOT, T0, Hooks, TurnEngine, end, start_pending, world  # noqa: F401 (world: fixture)
+
+from hpc_batch import cpufreq, devdir, irqsteer, jobs, kfiles, quiet
+from hpc_batch.protocol import NewJob
+
+pytestmark = pytest.mark.timeout(60)
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "quiet")
+
+
+@pytest.fixture
+def bench(world, tmp_path):  # noqa: F811 (the imported fixture)
+    eng, store, fake, hooks = world
+    root = str(tmp_path / "machine")
+    shutil.copytree(os.path.join(FIXTURES, "intel-pstate-turbo"), root)
+    eng.quiet = quiet.Settings(cpufreq="enforce", root=root)
+    return eng, store, fake, root
+
+
+def _submit(eng, benchmark=True):
+    job = eng.submit(ROOT, NewJob(argv=("true",), cwd="/tmp", no_output=True, cpus=1), T0)["id"]
+    if benchmark:   # as --benchmark sets it (the fixture machine: allocation as for any job)
+        eng.jobs[job].request["benchmark"] = "warn"
+    start_pending(eng)
+    return job
+
+
+def _restarted(eng, store):
+    """A new daemon over the same state (the old one was killed)."""
+    new = TurnEngine(eng.cfg, store, eng.machine, eng.limits, devdir.DevDir(None, 0), Hooks())
+    new.quiet = eng.quiet
+    return new
+
+
+def test_benchmark_start_quiets_and_end_restores(bench):
+    eng, store, fake, root = bench
+    before = irqsteer.read_affinities(root)
+    job = _submit(eng)
+    held = eng.running[job]["alloc"].held
+    rec = eng.jobs[job].quiet
+    assert fake.spawned == [job] and quiet.pending(store.job_dir(job))
+    assert rec["irqs"]["to"] == "1" and held == (0,)
+    assert rec["irqs"]["moved"] == [0, 8, 9, 120, 130]
+    assert kfiles.read(root, f"{cpufreq.CPUFREQ}/policy0/scaling_governor") == "performance"
+    assert store.records[job]["quiet"]["irqs"]["moved"] == rec["irqs"]["moved"]   # in its saved record
+    end(eng, store, job, code=0)
+    assert irqsteer.read_affinities(root) == before
+    assert kfiles.read(root, f"{cpufreq.CPUFREQ}/policy0/scaling_governor") == "powersave"
+    assert eng.jobs[job].quiet["undone"] == {"restored": 7, "handed": 0, "left": []}
+    assert not quiet.pending(store.job_dir(job))
+
+
+def test_plain_job_changes_nothing(bench):
+    eng, store, fake, root = bench
+    before = irqsteer.read_affinities(root)
+    job = _submit(eng, benchmark=False)
+    assert eng.jobs[job].quiet is None and irqsteer.read_affinities(root) == before
+    assert not quiet.pending(store.job_dir(job))
+
+
+def test_a_job_that_ended_while_no_daemon_ran_is_undone_at_recovery(bench):
+    eng, store, fake, root = bench
+    before = irqsteer.read_affinities(root)
+    job = _submit(eng)
+    assert irqsteer.read_affinities(root) != before
+    from shepherd import records
+    records.write_json(os.path.join(store.job_dir(job), records.EXIT), {"ended": T0 + 5, "code": 0})
+    new = _restarted(eng, store)
+    new.recover()
+    assert new.jobs[job].state == jobs.FINISHED and new.jobs[job].quiet["undone"]["restored"] == 7
+    assert irqsteer.read_affinities(root) == before
+
+
+def test_a_restart_keeps_a_running_jobs_changes_until_it_ends(bench):
+    eng, store, fake, root = bench
+    before = irqsteer.read_affinities(root)
+    job = _submit(eng)
+    moved = irqsteer.read_affinities(root)
+    new = _restarted(eng, store)
+    fake.adoptable = (fake._next, os.open(os.devnull, os.O_RDONLY))   # its shepherd still runs
+    new.recover()
+    assert new.benchmarks == {job: (0,)} and irqsteer.read_affinities(root) == moved
+    end(new, store, job, code=0)
+    assert irqsteer.read_affinities(root) == before
