@@ -1124,11 +1124,13 @@ class Engine:
         to the list, so a failed --after-ok fails any number of dependents, and
         any depth of chains, in bounded stack. Each ended job's dependents come
         from the reverse index, so an end looks only at its own dependents. At
-        most *budget* (SETTLE_BATCH) jobs a call; the rest wait for the next
-        turn, so one release of 10,000 jobs never holds the loop for long.
+        most *budget* (SETTLE_BATCH) jobs and about SETTLE_SLICE seconds a call
+        (one job at least); the rest wait for the next turn, so one release of
+        10,000 jobs never holds the loop for long.
         """
         budget = SETTLE_BATCH if budget is None else budget
-        while budget > 0:
+        until = time.monotonic() + SETTLE_SLICE
+        while budget > 0 and time.monotonic() < until:
             if not self.to_settle:
                 if not self.ended_deps:
                     return
@@ -1358,7 +1360,7 @@ class Engine:
 
 STOP_RETRY = 0.5   # seconds between stop requests while no shepherd reads its FIFO yet
 SETTLE_BATCH = 100   # waiting jobs settled per call of Engine._settle (the rest: next turn); each may
-                     # write a record (about 1 ms), so a turn holds the loop about 0.1 s at most
+SETTLE_SLICE = 0.02  # write a record (1 to 20 ms on a busy disk): a call also stops after this long
 
 
 def _request(r: dict[str, Any]) -> resources.Request:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import hpc_batch
 
-from . import benchmode, client, drain, machine, output, queue, report, restart, rows, shepherd
+from . import benchmode, client, drain, machine, output, queue, release, report, restart, rows, scale, shepherd
 from .context import FULL, SMOKE, Context
 from .report import Figure
 from .scratchd import DAEMON, DISPATCH, ScratchDaemon
@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
                    + ", ".join(rows.GROUPS))
     p.add_argument("--runs", type=int, metavar="N", help="samples per client figure (full 15, smoke 3)")
     p.add_argument("--drain-jobs", type=int, metavar="N", help="jobs per drain (full 900)")
+    p.add_argument("--scale-json", metavar="PATH",
+                   help="add the figures of a run of tests/integration/test_scale.py (the JSON it writes to "
+                   "$HPC_BATCH_SCALE_REPORT) as a section")
     p.add_argument("--note", action="append", default=[], metavar="TEXT",
                    help="a line for the report's notes on this run (repeatable), e.g. what else ran")
     return p
@@ -94,6 +97,7 @@ def _measurements(ctx: Context) -> list[tuple[str, Callable[[dict[str, Figure]],
         ("queue", lambda figs: queue.measure(ctx, figs)),
         ("restart", lambda figs: restart.measure(ctx, figs)),
         ("benchmark", lambda figs: benchmode.measure(ctx, figs)),
+        ("release", lambda figs: release.measure(ctx, figs)),
     ]
 
 
@@ -121,6 +125,14 @@ def main(argv: list[str]) -> int:
     if not os.path.isdir(scratch_parent):
         return _fail(f"--scratch {scratch_parent}: no such directory")
 
+    scale_report, sections = None, None
+    if args.scale_json:
+        try:
+            with open(args.scale_json) as fh:
+                scale_report = json.load(fh)
+            sections = scale.section(scale_report)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return _fail(f"--scale-json {args.scale_json}: not a report of tests/integration/test_scale.py ({exc})")
     plan = SMOKE if args.smoke else FULL
     plan = dataclasses.replace(plan, runs=args.runs or plan.runs, drain_jobs=args.drain_jobs or plan.drain_jobs)
     figures = rows.table(plan)
@@ -160,13 +172,13 @@ def main(argv: list[str]) -> int:
     where.append(("1-minute load average as each group began", ", ".join(loads)))
     if args.smoke:
         ctx.notes.insert(0, "A smoke run: tiny sizes and few runs; its figures say nothing about speed.")
-    text = report.markdown(figures, where, command, ctx.notes)
+    text = report.markdown(figures, where, command, ctx.notes, sections=sections)
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
     with open(out_path, "w") as md:
         md.write(text)
     if args.json:
         with open(args.json, "w") as js:
-            json.dump(report.as_json(figures, where, command, ctx.notes), js, indent=1)
+            json.dump({**report.as_json(figures, where, command, ctx.notes), "scale": scale_report}, js, indent=1)
     print(text)
     incomplete = [f.key for f in figures if not f.is_complete()]
     if incomplete:

@@ -100,8 +100,8 @@ def table_rows(figures: list[Figure]) -> list[list[str]]:
 
 
 def markdown(figures: list[Figure], machine: list[tuple[str, str]], command: str,
-             notes: list[str], title: str = "Benchmarks") -> str:
-    """The whole docs/benchmarks.md text."""
+             notes: list[str], title: str = "Benchmarks", sections: list[str] | None = None) -> str:
+    """The whole docs/benchmarks.md text; *sections*: more markdown lines, after the table's notes."""
     head = ["figure", "value: median [min-max]", "baseline, same run", "ratio", "target", "met?"]
     lines = [f"# {title}", "",
              "Written by `bench/run`; do not edit by hand. Regenerate it (as root, from the",
@@ -129,6 +129,8 @@ def markdown(figures: list[Figure], machine: list[tuple[str, str]], command: str
     for i, f in enumerate(figures, 1):
         lines.append(f"{i}. {f.how}")
         lines += [f"   {d}" for d in f.details]
+    if sections:
+        lines += [""] + sections
     if notes:
         lines += ["", "## Notes on this run", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ GROUPS = {
     "restart": ("restart",),
     "wait": ("wait",),
     "benchmark": ("bench_start", "bench_wakeups"),
+    "release": ("release",),
 }
 
 
@@ -113,4 +114,14 @@ def table(plan: Plan) -> list[Figure]:
                "`sleep 3600` job, on the daemon of the row above (one CPU for jobs, so one job at a time): "
                f"in each of {plan.shepherd_rounds} round(s) a benchmark job, then a plain one, the baseline.",
                Target("0", "max", "<=", 0), "a plain job's shepherd"),
+        Figure("release", f"the loop's worst stall while a bulk of {plan.release_jobs:,} dependents is released",
+               f"A daemon pinned to 1 CPU runs a gate job (it exits with what the benchmark writes to a FIFO), "
+               f"has a `sleep 3600` queued behind it, and `dispatch new --array 1-{plan.release_jobs} --after-ok "
+               "GATE --no-output -- true` waiting on it; a fresh daemon each run. A loop of `ping` requests, "
+               "back to back over the socket (with a `status` every 50 ms, timed too, to see when to stop), "
+               "first runs alone for "
+               f"{plan.release_base:g} s, nothing released (the baseline); then the gate exits 0 and the loop "
+               "runs until the daemon reports every dependent queued (the sleeper takes the CPU, so none runs). "
+               "Each value is the slowest answer of one run's loop.",
+               Target("<= 100 ms", "median", "<=", 0.100), "the same loop, nothing released"),
     ]
