@@ -24,8 +24,10 @@ from guestlib import (
     apply,
     dispatch,
     job_cgroup,
+    main_pid,
     parse_cpulist,
     read,
+    ready_count,
     rows,
     start_daemon,
     submit,
@@ -113,6 +115,13 @@ def allowed_of(guest, pid) -> frozenset:
 
 def pids_in(guest, cgroup) -> list:
     return [int(p) for p in read(guest, f"{cgroup}/cgroup.procs").split()]
+
+
+def kill9_daemon(guest) -> None:
+    """kill -9 the daemon (KillMode=process: its jobs live on) and wait for systemd's restart."""
+    before = ready_count(guest)
+    guest.run(f"kill -9 {main_pid(guest)}", timeout=30, check=True)
+    wait_for(lambda: ready_count(guest) > before, 180, what="hpc-batch to be restarted after kill -9")
 
 
 def kill_and_wait(guest, user, job) -> None:
@@ -235,11 +244,38 @@ def test_virtio_irqs_leave_the_job_cpus_and_come_back_across_a_restart(smt_guest
     apply(g, "restart")                        # a restart mid-job keeps them where they were put
     assert show(g, "alice", job)["state"] == "running"
     assert at_housekeeping(irq_affinities(g)), (rec, irq_affinities(g))
+    kill9_daemon(g)                            # and so does a crash (systemd starts it again)
+    assert show(g, "alice", job)["state"] == "running"
+    assert at_housekeeping(irq_affinities(g)), (rec, irq_affinities(g))
     kill_and_wait(g, "alice", job)             # the new daemon puts them back at the job's end
     now = irq_affinities(g)
     assert {irq: now[irq] for irq in moved} == {irq: before[irq] for irq in moved}, (rec, before, now)
     undone = show(g, "alice", job)["quiet"]["undone"]
     assert undone["restored"] == len(moved) and not undone["left"], undone
+
+
+def test_overlapping_irqs_are_handed_to_the_job_still_running(smt_guest, topo, core_daemon, housekeeping, jobs):
+    """Two benchmark jobs whose IRQs overlap: the first to end does not put them back onto the
+    other's CPUs; it hands them over, and the last one out restores them."""
+    g = smt_guest
+    before = irq_affinities(g)
+    first = start(g, jobs, "alice", "--benchmark", "--cpu", "1")
+    a = running(g, "alice", first)
+    second = start(g, jobs, "bob", "--benchmark", "--cpu", "1")
+    b = running(g, "bob", second)
+    a_moved = {int(i) for i in a["quiet"]["irqs"]["moved"]}
+    b_held = frozenset(b["held_cpus"])
+    shared = {irq for irq in a_moved if parse_cpulist(before[irq]) & b_held}
+    assert shared, (a["quiet"], b["held_cpus"], before)
+    kill_and_wait(g, "alice", first)
+    now = irq_affinities(g)
+    assert not [irq for irq in shared if parse_cpulist(now[irq]) & b_held], (shared, now, b_held)
+    undone = show(g, "alice", first)["quiet"]["undone"]
+    assert undone["handed"] >= len(shared), undone
+    kill_and_wait(g, "bob", second)
+    now = irq_affinities(g)
+    b_moved = {int(i) for i in b["quiet"]["irqs"]["moved"]}
+    assert {i: now[i] for i in a_moved | b_moved} == {i: before[i] for i in a_moved | b_moved}, (before, now)
 
 
 # --- 4. the partition state reads back ------------------------------------------------------
