@@ -173,13 +173,22 @@ def test_benchmark_job_runs_one_thread_a_core_and_holds_the_siblings_idle(smt_gu
     waiting = wait_for(lambda: (s := show(g, "bob", others[1])).get("why") and s, 120,
                        what=f"job {others[1]} to say why it waits")
     assert waiting["state"] == "queued", waiting
-    # Every cgroup under hpc-batch that is a job: none has a thread of the held siblings.
+    check_siblings_held(g, topo, job, cpus, siblings, others[1])
+    # A restart keeps the siblings held (item 8): the new daemon re-adopts the job as it was.
+    apply(g, "restart")
+    assert effective(g, show(g, "alice", job)) == cpus
+    check_siblings_held(g, topo, job, cpus, siblings, others[1])
+
+
+def check_siblings_held(g, topo, job, cpus, siblings, waiting) -> None:
+    """No other job's cpuset has a thread of *siblings*; status and list say they are held idle."""
     r = g.run("for f in /sys/fs/cgroup/hpc-batch/job-*/cpuset.cpus.effective; do "
               "printf '%s %s\\n' \"$f\" \"$(cat $f)\"; done", timeout=60, check=True)
     for line in r.out.splitlines():
         path, _, value = line.partition(" ")
         if f"/job-{job}/" not in path:
             assert not parse_cpulist(value) & siblings, (path, value, siblings)
+    assert show(g, "bob", waiting)["state"] == "queued"
     node = topo.node_of[min(cpus)]
     by_node = {n["id"]: n for n in status(g)["nodes"]}
     assert by_node[node]["held_idle"] == 2, by_node
