@@ -1,0 +1,374 @@
+"""Benchmark mode on the SMT guest (issue 21, items 2-4 and 7): held siblings, housekeeping
+CPUs, IRQs steered off a job's CPUs and back, the cpuset partition, --whole-l3, strict mode.
+
+The guest (conftest.SMT_SHAPE) has 8 CPUs: two sockets, each one NUMA node of two cores of
+two threads. Siblings, nodes and caches are read from the guest's sysfs
+(guestlib.CpuTopology), never assumed. The daemon runs whole cores with --reserve-cpu 2
+(one whole core of the lowest node, which is also the default housekeeping set), so jobs
+have three cores: one on node 0, two on node 1.
+
+What a job really runs on is read from the kernel: its cgroup's ``cpuset.cpus.effective``,
+``Cpus_allowed_list`` of its processes, ``/proc/irq/*/smp_affinity_list``; these are
+compared with what ``show``, ``list`` and ``status`` say.
+"""
+
+import json
+import re
+import shlex
+
+import pytest
+from guestlib import (
+    DROPIN_DIR,
+    GUEST_BIN,
+    CpuTopology,
+    apply,
+    dispatch,
+    job_cgroup,
+    main_pid,
+    parse_cpulist,
+    read,
+    ready_count,
+    rows,
+    start_daemon,
+    submit,
+    wait_finished,
+    wait_for,
+)
+
+pytestmark = pytest.mark.system
+
+MEM_FLAGS = ("--reserve-mem", "0.25", "--min-job-mem", "0.125")
+CORE_FLAGS = ("--reserve-cpu", "2", *MEM_FLAGS)
+JOB = ("--max-mem", "128M")
+SLEEP = ("sleep", "3600")
+SHEPHERDS = "/sys/fs/cgroup/hpc-batch/shepherds"
+
+
+@pytest.fixture(scope="module")
+def topo(smt_guest):
+    return CpuTopology(smt_guest)
+
+
+@pytest.fixture
+def core_daemon(smt_guest):
+    """The daemon in whole-core mode with one core reserved; its start-up log."""
+    return start_daemon(smt_guest, *CORE_FLAGS)
+
+
+@pytest.fixture
+def housekeeping(core_daemon):
+    """The housekeeping CPUs the daemon's start-up log names."""
+    m = re.search(r"housekeeping CPUs (\S+) \(", core_daemon)
+    assert m, core_daemon
+    return parse_cpulist(m.group(1))
+
+
+@pytest.fixture
+def jobs(smt_guest):
+    """Jobs a test submits, as (user, id); killed and waited for after the test."""
+    started = []
+    yield started
+    for user in sorted({user for user, _ in started}):
+        ids = " ".join(str(job) for u, job in started if u == user)
+        # One kill and one wait a user (finished ones included: kill then says so, wait answers).
+        smt_guest.run(f"cd ~ && {GUEST_BIN}/dispatch kill {ids}; {GUEST_BIN}/dispatch wait {ids}",
+                      user=user, timeout=180)
+
+
+def show(guest, user, job) -> dict:
+    r = dispatch(guest, user, "show", "--json", str(job))
+    assert r.ok, r.describe()
+    return json.loads(r.out)
+
+
+def status(guest) -> dict:
+    r = dispatch(guest, "alice", "status", "--json")
+    assert r.ok, r.describe()
+    return json.loads(r.out)
+
+
+def start(guest, jobs, user, *flags) -> int:
+    job = submit(guest, user, *SLEEP, flags=(*JOB, *flags))
+    jobs.append((user, job))
+    return job
+
+
+def running(guest, user, job) -> dict:
+    """show --json of the job once it runs in its cgroup."""
+    return wait_for(lambda: (s := show(guest, user, job))["state"] == "running" and s.get("cgroup") and s,
+                    240, what=f"job {job} to run in its cgroup")
+
+
+def cgroup_of(shown) -> str:
+    return shown["cgroup"] if isinstance(shown["cgroup"], str) else job_cgroup(shown["id"])
+
+
+def effective(guest, shown) -> frozenset:
+    return parse_cpulist(read(guest, f"{cgroup_of(shown)}/cpuset.cpus.effective"))
+
+
+def allowed_of(guest, pid) -> frozenset:
+    r = guest.run(f"sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/{pid}/status", timeout=30)
+    assert r.ok and r.out.strip(), r.describe()
+    return parse_cpulist(r.out)
+
+
+def pids_in(guest, cgroup) -> list:
+    return [int(p) for p in read(guest, f"{cgroup}/cgroup.procs").split()]
+
+
+def kill9_daemon(guest) -> None:
+    """kill -9 the daemon (KillMode=process: its jobs live on) and wait for systemd's restart."""
+    before = ready_count(guest)
+    guest.run(f"kill -9 {main_pid(guest)}", timeout=30, check=True)
+    wait_for(lambda: ready_count(guest) > before, 180, what="hpc-batch to be restarted after kill -9")
+
+
+def kill_and_wait(guest, user, job) -> None:
+    dispatch(guest, user, "kill", str(job))
+    wait_finished(guest, user, job)
+
+
+IRQ_SCRIPT = r"""
+for d in /proc/irq/[0-9]*; do
+    [ -r "$d/smp_affinity_list" ] && printf '%s %s\n' "${d##*/}" "$(cat $d/smp_affinity_list)"
+done
+"""
+
+
+def irq_affinities(guest) -> dict:
+    out = guest.run(IRQ_SCRIPT, timeout=60, check=True).out
+    return {int(w[0]): w[1] for w in (line.split() for line in out.splitlines()) if len(w) == 2}
+
+
+def virtio_irqs(guest) -> dict:
+    """IRQ number -> its /proc/interrupts name, for the guest's virtio devices."""
+    out = {}
+    for line in read(guest, "/proc/interrupts").splitlines():
+        head, _, rest = line.partition(":")
+        if head.strip().isdigit() and "virtio" in rest:
+            out[int(head)] = rest.split()[-1]
+    return out
+
+
+# --- 1. held siblings ----------------------------------------------------------------------
+
+def test_benchmark_job_runs_one_thread_a_core_and_holds_the_siblings_idle(smt_guest, topo, core_daemon, jobs):
+    g = smt_guest
+    job = start(g, jobs, "alice", "--benchmark", "--cpu", "2")
+    shown = running(g, "alice", job)
+    cpus = effective(g, shown)
+    cores = topo.cores_of(cpus)
+    assert len(cpus) == 2 and len(cores) == 2, (cpus, topo.cores)     # one thread of each of 2 cores
+    siblings = frozenset().union(*cores) - cpus
+    assert len(siblings) == 2, (cpus, cores)
+    assert sorted(shown["cpus"]) == sorted(cpus), shown
+    assert sorted(shown["held_cpus"]) == sorted(cpus | siblings), shown
+    # Fill the machine with another user's one-CPU jobs: two, the second of which must wait
+    # (the benchmark job's node is full, and the other node has one core left).
+    others = [start(g, jobs, "bob", "--cpu", "1") for _ in range(2)]
+    first = running(g, "bob", others[0])
+    other_cpus = effective(g, first)
+    assert not other_cpus & (cpus | siblings), (other_cpus, cpus, siblings)
+    waiting = wait_for(lambda: (s := show(g, "bob", others[1])).get("why") and s, 120,
+                       what=f"job {others[1]} to say why it waits")
+    assert waiting["state"] == "queued", waiting
+    check_siblings_held(g, topo, job, cpus, siblings, others[1])
+    # A restart keeps the siblings held (item 8): the new daemon re-adopts the job as it was.
+    apply(g, "restart")
+    assert effective(g, show(g, "alice", job)) == cpus
+    check_siblings_held(g, topo, job, cpus, siblings, others[1])
+
+
+def check_siblings_held(g, topo, job, cpus, siblings, waiting) -> None:
+    """No other job's cpuset has a thread of *siblings*; status and list say they are held idle."""
+    r = g.run("for f in /sys/fs/cgroup/hpc-batch/job-*/cpuset.cpus.effective; do "
+              "printf '%s %s\\n' \"$f\" \"$(cat $f)\"; done", timeout=60, check=True)
+    for line in r.out.splitlines():
+        path, _, value = line.partition(" ")
+        if f"/job-{job}/" not in path:
+            assert not parse_cpulist(value) & siblings, (path, value, siblings)
+    assert show(g, "bob", waiting)["state"] == "queued"
+    node = topo.node_of[min(cpus)]
+    by_node = {n["id"]: n for n in status(g)["nodes"]}
+    assert by_node[node]["held_idle"] == 2, by_node
+    assert by_node[1 - node]["held_idle"] == 0, by_node
+    row = rows(g, "alice").get(job, "")
+    assert " 2+2i/2c " in f"{row} ", row
+
+
+# --- 2. housekeeping CPUs ------------------------------------------------------------------
+
+def test_housekeeping_cpus_host_the_daemon_and_shepherds_and_never_a_benchmark_job(
+        smt_guest, topo, core_daemon, housekeeping, jobs):
+    g = smt_guest
+    assert housekeeping and housekeeping < frozenset(topo.cpus), housekeeping
+    assert parse_cpulist(read(g, f"{SHEPHERDS}/cpuset.cpus")) == housekeeping
+    main = int(g.run("systemctl show -p MainPID --value hpc-batch", timeout=30, check=True).out)
+    assert allowed_of(g, main) == housekeeping
+    # Two benchmark jobs: wherever they land, neither gets a housekeeping thread.
+    bench = [start(g, jobs, "alice", "--benchmark", "--cpu", "1") for _ in range(2)]
+    for job in bench:
+        shown = running(g, "alice", job)
+        cpus = effective(g, shown)
+        assert not cpus & housekeeping, (job, cpus, housekeeping)
+        assert not set(shown["held_cpus"]) & housekeeping, shown
+        assert shown["quiet"]["housekeeping"] and parse_cpulist(shown["quiet"]["housekeeping"]) == housekeeping
+        for pid in pids_in(g, cgroup_of(shown)):
+            assert allowed_of(g, pid) == cpus, (job, pid, cpus)
+    shepherds = pids_in(g, SHEPHERDS)
+    assert len(shepherds) >= 2, shepherds
+    for pid in shepherds:
+        assert allowed_of(g, pid) == housekeeping, pid
+
+
+# --- 3. IRQs: moved at the start, back at the end, across a restart -------------------------
+
+def test_virtio_irqs_leave_the_job_cpus_and_come_back_across_a_restart(smt_guest, topo, core_daemon, housekeeping,
+                                                                       jobs):
+    g = smt_guest
+    before = irq_affinities(g)
+    virtio = virtio_irqs(g)
+    assert virtio, read(g, "/proc/interrupts")
+    job = start(g, jobs, "alice", "--benchmark", "--cpu", "2")
+    shown = running(g, "alice", job)
+    held = frozenset(shown["held_cpus"])
+    rec = shown["quiet"]["irqs"]
+    to = parse_cpulist(rec["to"])
+    assert to and to <= housekeeping and not to & held, (rec, housekeeping)
+    moved = {int(i) for i in rec["moved"]}
+    unmovable = {int(i) for i in rec["unmovable"]}
+    touching = {irq for irq, v in before.items() if parse_cpulist(v) & held}
+    print(f"virtio IRQs {virtio}; before {before}; held {sorted(held)}; record {rec}")
+    assert moved | unmovable == touching, (rec, touching)
+    virtio_touching = touching & set(virtio)
+    assert virtio_touching, (virtio, before, held)
+    virtio_moved = moved & set(virtio)
+    assert virtio_moved, f"no virtio IRQ could be moved: {rec} (virtio {virtio})"
+
+    def at_housekeeping(now):
+        return all(parse_cpulist(now[irq]) == to for irq in moved)
+
+    assert at_housekeeping(irq_affinities(g)), (rec, irq_affinities(g))
+    apply(g, "restart")                        # a restart mid-job keeps them where they were put
+    assert show(g, "alice", job)["state"] == "running"
+    assert at_housekeeping(irq_affinities(g)), (rec, irq_affinities(g))
+    kill9_daemon(g)                            # and so does a crash (systemd starts it again)
+    assert show(g, "alice", job)["state"] == "running"
+    assert at_housekeeping(irq_affinities(g)), (rec, irq_affinities(g))
+    kill_and_wait(g, "alice", job)             # the new daemon puts them back at the job's end
+    now = irq_affinities(g)
+    assert {irq: now[irq] for irq in moved} == {irq: before[irq] for irq in moved}, (rec, before, now)
+    undone = show(g, "alice", job)["quiet"]["undone"]
+    assert undone["restored"] == len(moved) and not undone["left"], undone
+
+
+def test_overlapping_irqs_are_handed_to_the_job_still_running(smt_guest, topo, core_daemon, housekeeping, jobs):
+    """Two benchmark jobs whose IRQs overlap: the first to end does not put them back onto the
+    other's CPUs; it hands them over, and the last one out restores them."""
+    g = smt_guest
+    before = irq_affinities(g)
+    first = start(g, jobs, "alice", "--benchmark", "--cpu", "1")
+    a = running(g, "alice", first)
+    second = start(g, jobs, "bob", "--benchmark", "--cpu", "1")
+    b = running(g, "bob", second)
+    a_moved = {int(i) for i in a["quiet"]["irqs"]["moved"]}
+    b_held = frozenset(b["held_cpus"])
+    shared = {irq for irq in a_moved if parse_cpulist(before[irq]) & b_held}
+    assert shared, (a["quiet"], b["held_cpus"], before)
+    kill_and_wait(g, "alice", first)
+    now = irq_affinities(g)
+    assert not [irq for irq in shared if parse_cpulist(now[irq]) & b_held], (shared, now, b_held)
+    undone = show(g, "alice", first)["quiet"]["undone"]
+    assert undone["handed"] >= len(shared), undone
+    kill_and_wait(g, "bob", second)
+    now = irq_affinities(g)
+    b_moved = {int(i) for i in b["quiet"]["irqs"]["moved"]}
+    assert {i: now[i] for i in a_moved | b_moved} == {i: before[i] for i in a_moved | b_moved}, (before, now)
+
+
+# --- 4. the partition state reads back ------------------------------------------------------
+
+def test_partition_record_matches_the_kernel(smt_guest, core_daemon, jobs):
+    g = smt_guest
+    job = start(g, jobs, "alice", "--benchmark", "--cpu", "1")
+    shown = running(g, "alice", job)
+    part = shown["quiet"]["partition"]
+    cg = cgroup_of(shown)
+    kernel = g.run(f"cat {cg}/cpuset.cpus.partition; uname -r; "
+                   f"ls /sys/fs/cgroup/hpc-batch/cpuset.cpus.exclusive 2>&1", timeout=30).out
+    print(f"partition record {part}; kernel says: {kernel!r}")
+    file_state = kernel.splitlines()[0].strip() if kernel else ""
+    if part["partition"] == "isolated":
+        assert file_state == "isolated" and part["state"] == "isolated", (part, kernel)
+        isolated = parse_cpulist(read(g, "/sys/fs/cgroup/cpuset.cpus.isolated"))
+        assert set(shown["cpus"]) <= isolated, (shown["cpus"], isolated)
+    else:
+        # The fallback: the kernel's answer is recorded, with why, and no invalid partition lingers.
+        assert part["partition"] in ("exclusive", "allocation-only"), part
+        assert part["reason"], part
+        assert part["state"] is None or part["state"].startswith(("isolated invalid", "member")) \
+            or part["state"] == "unsupported", part
+        assert file_state in ("member", ""), (part, kernel)
+        if part["partition"] == "exclusive":
+            assert parse_cpulist(read(g, f"{cg}/cpuset.cpus.exclusive")) == frozenset(shown["cpus"])
+    text = dispatch(g, "alice", "show", str(job)).out
+    assert "cpu partition" in text, text
+
+
+# --- 5. --whole-l3 ---------------------------------------------------------------------------
+
+def test_whole_l3_keeps_other_jobs_off_its_cache(smt_guest, topo, core_daemon, jobs):
+    g = smt_guest
+    l3s = [cpus for level, kind, cpus in topo.caches if level == 3]
+    assert l3s, f"the guest shows no L3: {topo.caches}"
+    job = start(g, jobs, "alice", "--benchmark", "--whole-l3", "--cpu", "1")
+    cpus = effective(g, running(g, "alice", job))
+    l3 = next(c for c in l3s if cpus <= c)
+    print(f"L3s {sorted(map(sorted, set(l3s)))}; whole-l3 job on {sorted(cpus)}, its L3 {sorted(l3)}")
+    others = [start(g, jobs, "bob", "--cpu", "1") for _ in range(2)]
+    first = effective(g, running(g, "bob", others[0]))
+    assert not first & l3, (first, l3)
+
+    def settled():
+        s = show(g, "bob", others[1])
+        return s if s["state"] == "running" and s.get("cgroup") or s.get("why") else None
+    second = wait_for(settled, 180, what=f"job {others[1]} to run or say why it waits")
+    if second["state"] == "running":
+        assert not effective(g, second) & l3, (second, l3)
+    r = g.run("cat /sys/fs/cgroup/hpc-batch/job-*/cpuset.cpus.effective", timeout=60, check=True)
+    assert sum(bool(parse_cpulist(x) & l3) for x in r.out.split()) == 1, (r.out, l3)
+
+
+# --- 6. strict mode waits while a throttle counter rises, then starts -----------------------
+
+PROBE = "/run/hpcb-fake-probe"
+PROBE_DROPIN = f"{DROPIN_DIR}/60-test-probe.conf"
+
+
+def test_strict_waits_while_a_throttle_counter_rises_then_starts(smt_guest, topo, core_daemon, jobs):
+    g = smt_guest
+    setup = (f"rm -rf {PROBE} && mkdir -p {PROBE}/proc && printf 'pswpin 0\\npswpout 0\\n' > {PROBE}/proc/vmstat"
+             + "".join(f" && mkdir -p {PROBE}/sys/devices/system/cpu/cpu{c}/thermal_throttle"
+                       f" && echo 0 > {PROBE}/sys/devices/system/cpu/cpu{c}/thermal_throttle/core_throttle_count"
+                       for c in topo.cpus))
+    g.run(setup, timeout=60, check=True)
+    counter = f"{PROBE}/sys/devices/system/cpu/cpu{topo.cpus[-1]}/thermal_throttle/core_throttle_count"
+    bump = f"n=0; while [ ! -e {PROBE}/stop ]; do n=$((n+1)); echo $n > {counter}; sleep 0.2; done"
+    g.put_bytes(f"[Service]\nEnvironment=HPC_BATCH_PROBE_ROOT={PROBE}\n", PROBE_DROPIN, mode=0o644)
+    try:
+        g.run(f"systemd-run --unit=hpcb-fake-throttle sh -c {shlex.quote(bump)}", timeout=60, check=True)
+        apply(g, "restart")
+        job = start(g, jobs, "alice", "--benchmark=strict", "--cpu", "1")
+        waiting = wait_for(lambda: (s := show(g, "alice", job)).get("why") and "throttle" in s["why"] and s,
+                           180, what=f"job {job} to wait for the throttle counter")
+        assert waiting["state"] == "queued", waiting
+        text = dispatch(g, "alice", "show", str(job)).out
+        assert "--benchmark=strict" in text and "throttle" in text, text
+        g.run(f"touch {PROBE}/stop", timeout=30, check=True)
+        shown = running(g, "alice", job)
+        assert not shown.get("why"), shown
+    finally:
+        g.run(f"touch {PROBE}/stop; systemctl stop hpcb-fake-throttle 2>/dev/null; rm -f {PROBE_DROPIN}",
+              timeout=60)
+        apply(g, "restart")
