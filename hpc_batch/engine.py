@@ -107,6 +107,9 @@ class Engine:
         self.names: dict[tuple[int, str], list[int]] = {}   # (uid, name) -> its jobs' ids, ascending
         self.user_ids: dict[str, int] = {}  # user name -> uid, for USER:NAME references
         self.finished_by_uid: dict[int, list[int]] = {}   # uid -> heap of its finished jobs' ids
+        # uid -> finished jobs eviction passed over because a waiting job names them: out of the
+        # heap, so each is looked at once, not at every eviction; back in when none names them.
+        self.kept_back: dict[int, set[int]] = {}
         # Waiting jobs to look at again, and ended jobs whose dependents are still to be looked at:
         # settled a bounded number per turn, so releasing 10,000 dependents never stalls the loop.
         self.to_settle: deque[int] = deque()
@@ -537,8 +540,12 @@ class Engine:
                 left = self.followers[dep_id] - 1
                 if left:
                     self.followers[dep_id] = left
-                else:
-                    del self.followers[dep_id]
+                    continue
+                del self.followers[dep_id]
+                dep = self.jobs.get(dep_id)
+                if dep is not None and dep_id in self.kept_back.get(dep.uid, ()):
+                    self.kept_back[dep.uid].discard(dep_id)
+                    heapq.heappush(self.finished_by_uid.setdefault(dep.uid, []), dep_id)
 
     def _enqueue(self, job: Job) -> None:
         r = job.request
@@ -812,6 +819,7 @@ class Engine:
             heap = [i for i in self.finished_by_uid.get(uid, []) if i not in ids]
             heapq.heapify(heap)
             self.finished_by_uid[uid] = heap
+            self.kept_back.get(uid, set()).difference_update(ids)
         self.store.forget(refused)
         for job, cg in self.to_spawn:
             if job.id in refused:
@@ -1196,17 +1204,15 @@ class Engine:
         done = self.finished_by_uid.get(uid)
         if done is None:
             return
-        extra = len(done) - self.cfg.keep_finished
-        if extra <= 0:
-            return
+        kept = self.kept_back.setdefault(uid, set())
+        extra = len(done) + len(kept) - self.cfg.keep_finished
         victims: list[Job] = []
-        spared: list[Job] = []
         while done and len(victims) < extra:
             job_id = heapq.heappop(done)
-            # Its waiting dependents are still to look at its result: it stays until they have.
-            (spared if job_id in self.followers else victims).append(self.jobs[job_id])
-        for job in spared:
-            heapq.heappush(done, job.id)
+            if job_id in self.followers:   # a waiting job is still to see how it ended: it stays
+                kept.add(job_id)
+            else:
+                victims.append(self.jobs[job_id])
         if not victims:
             return
         # The persisted id floor must outlive the records it replaces; it usually already does.

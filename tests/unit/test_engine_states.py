@@ -119,7 +119,8 @@ def indexes(eng: Engine) -> Indexes:
     return Indexes(queue=list(eng.queued), queue_in_order=eng.queue_sorted, waiting=set(eng.waiting),
                    running=set(eng.running), counted=dict(eng.held_by_uid), counted_states=(QUEUED, WAITING),
                    capped_queued=eng.capped_queued, names={k: list(v) for k, v in eng.names.items()},
-                   finished={u: list(h) for u, h in eng.finished_by_uid.items()},
+                   finished={u: list(eng.finished_by_uid.get(u, ())) + sorted(eng.kept_back.get(u, ()))
+                             for u in set(eng.finished_by_uid) | set(eng.kept_back)},
                    dependents={k: set(v) for k, v in eng.dependents.items()},
                    pending=len(eng.to_settle) + len(eng.ended_deps))
 
