@@ -109,6 +109,12 @@ def _listdir(src, path: str) -> list[str]:
     return sorted(os.listdir(src.path(path)))
 
 
+def _numbered(src, path: str, prefix: str) -> list[int]:
+    """The N of each ``<prefix>N`` entry of directory *path* (cpuN, nodeN, policyN), sorted; raises OSError."""
+    return sorted(int(n[len(prefix):]) for n in os.listdir(src.path(path))
+                  if n.startswith(prefix) and n[len(prefix):].isdigit())
+
+
 def _braced(prefix: str, ids, suffix: str) -> str:
     """A grouped source: ``/sys/.../cpu{0-3}/power/...`` (no braces for a single number)."""
     ids = list(ids)
@@ -188,7 +194,7 @@ def caches(src) -> dict:
     """
     source = f"{CPU}/cpu*/cache/index*/{{level,type,size,shared_cpu_list}}"
     try:
-        cpus = sorted(int(n[3:]) for n in _listdir(src, CPU) if n.startswith("cpu") and n[3:].isdigit())
+        cpus = _numbered(src, CPU, "cpu")
     except OSError as exc:
         return field(None, source, sysread.error_text(exc))
     covered: dict[str, set[int]] = {}
@@ -231,7 +237,7 @@ def numa_distances(src) -> dict:
     """One field: each node's row of the distance table (``{"0": [10, 21], "1": [21, 10]}``)."""
     source = f"{NODE}/node*/distance"
     try:
-        nodes = sorted((int(n[4:]) for n in _listdir(src, NODE) if n.startswith("node") and n[4:].isdigit()))
+        nodes = _numbered(src, NODE, "node")
     except OSError as exc:
         return field(None, source, sysread.error_text(exc))
     if not nodes:
@@ -283,17 +289,16 @@ POLICY_FILES = ("scaling_driver", "scaling_governor", "scaling_min_freq", "scali
 
 def _policies(src) -> dict[int, list[int]]:
     """Each cpufreq policy's number and the CPUs it governs (its affected_cpus)."""
-    out = {}
+    out: dict[int, list[int]] = {}
     try:
-        names = _listdir(src, CPUFREQ)
+        numbers = _numbered(src, CPUFREQ, "policy")
     except OSError:
         return out
-    for name in names:
-        if name.startswith("policy") and name[6:].isdigit():
-            try:
-                out[int(name[6:])] = parse_cpulist(src.value(f"{CPUFREQ}/{name}/affected_cpus"))
-            except (OSError, ValueError):
-                continue
+    for n in numbers:
+        try:
+            out[n] = parse_cpulist(src.value(f"{CPUFREQ}/policy{n}/affected_cpus"))
+        except (OSError, ValueError):
+            continue
     return out
 
 
@@ -301,8 +306,7 @@ def _idle_states(src, cpu: int) -> tuple:
     """(name, disable) of each cpuidle state of *cpu*, or the reason there are none."""
     base = f"{CPU}/cpu{cpu}/cpuidle"
     try:
-        states = sorted((n for n in _listdir(src, base) if n.startswith("state") and n[5:].isdigit()),
-                        key=lambda n: int(n[5:]))
+        states = [f"state{n}" for n in _numbered(src, base, "state")]
     except OSError as exc:
         return ("error", sysread.error_text(exc))
     out = []
@@ -420,7 +424,7 @@ def memory(src, mems: list[int]) -> dict:
     nodes = sorted(set(mems))
     if not nodes:
         try:
-            nodes = sorted(int(n[4:]) for n in _listdir(src, NODE) if n.startswith("node") and n[4:].isdigit())
+            nodes = _numbered(src, NODE, "node")
         except OSError:
             nodes = []
     table, err = None, None
