@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import textwrap
 from typing import Any, NamedTuple
 
 from .listing import one_line
@@ -171,7 +172,7 @@ _PID = re.compile(r"(^|\.)(pid|pids|[a-z_]+_pid)($|\[|\.(?!max))")
 _TIME = re.compile(r"(^|\.)(utc|monotonic|uptime|time|now|clock|started|ended)[a-z_]*($|\.)")
 _RUN_MEMORY = re.compile(r"(free|used|rsvd|surp|swaps)", re.I)
 _RUN_GPU = re.compile(r"(^|\.)(start|end)(\.|$)|temperature|clocks_event_reasons|throttle_reasons")
-_PLACEMENT_GPU = re.compile(r"(^|\.)(uuid|pci\.bus_id|bus_id|index|minor_number|topo[a-z_]*)$")
+_PLACEMENT_GPU = re.compile(r"(^|\.)(uuid|pci\.bus_id|pci_bus_id|bus_id|index|minor_number|topo[a-z_]*)$")
 _PLACEMENT_ALLOC = re.compile(r"(cpus|cpu_list|cpulist|policies|siblings|l3|mems|gpus|nodes?)[a-z_.]*$")
 
 
@@ -400,7 +401,8 @@ def _verdict_lines(verdict: Any, width: int) -> list[str]:
     thresholds = _unwrap(verdict.get("thresholds"))
     if isinstance(thresholds, dict) and thresholds:
         said = ", ".join(f"{k}={_text(_unwrap(v))}" for k, v in sorted(thresholds.items()))
-        lines.append(_cut(f"  thresholds: {said}", width))
+        lines += textwrap.wrap(f"thresholds: {said}", max(width, 24), initial_indent="  ", subsequent_indent="    ",
+                               break_on_hyphens=False)
     for k, v in verdict.items():
         if k not in ("verdict", "reasons", "thresholds"):
             _render_node(v, k, "  ", width, lines)

@@ -93,13 +93,14 @@ def record(job=12, cpus="2-3", policies="2-3", node="0"):
     }
 
 
-def gpu(uuid, temp, reasons):
-    return {"uuid": f(uuid, "nvidia-smi --query-gpu"), "name": f("NVIDIA H100 80GB HBM3", "nvidia-smi --query-gpu"),
-            "driver_version": f("550.54.15", "nvidia-smi --query-gpu"),
-            "topo": f("X NV18 SYS", "nvidia-smi topo -m"),
-            "start": {"temperature_gpu": f(temp, "nvidia-smi --query-gpu"),
-                      "clocks_event_reasons": f(reasons, "nvidia-smi --query-gpu")},
-            "end": {"temperature_gpu": f(temp + 20, "nvidia-smi --query-gpu")}}
+def gpu(index, uuid, temp, reasons):
+    q = "nvidia-smi --query-gpu"
+    return {"index": f(index, q), "uuid": f(uuid, q), "name": f("NVIDIA H100 80GB HBM3", q),
+            "pci_bus_id": f(f"00000000:{0x18 + index:02X}:00.0", q), "driver_version": f("550.54.15", q),
+            "cuda_version": f("12.4", "nvidia-smi -q -d COMPUTE"), "topo": f("X NV18 SYS", "nvidia-smi topo -m"),
+            "start": {"temperature_c": f(temp, q), "clocks_event_reasons": {k: f(v, q) for k, v in reasons.items()}},
+            "end": {"temperature_c": f(temp + 20, q),
+                    "clocks_event_reasons": {k: f(v, q) for k, v in reasons.items()}}}
 
 
 # -- differences ------------------------------------------------------------------
@@ -210,17 +211,21 @@ def test_another_machine_and_microcode_are_setup_the_tool_version_only_noted():
 
 def test_gpus_compare_entry_by_entry_uuid_noted_temperatures_reported():
     a, b = record(), record()
-    a["gpu"] = [gpu("GPU-0a1b", 35, {"sw_thermal_slowdown": "Not Active"})]
-    b["gpu"] = [gpu("GPU-9f8e", 41, {"sw_thermal_slowdown": "Active"})]
+    a["gpu"] = [gpu(0, "GPU-0a1b", 35, {"sw_thermal_slowdown": "Not Active"})]
+    b["gpu"] = [gpu(2, "GPU-9f8e", 41, {"sw_thermal_slowdown": "Active"})]
+    b["gpu"][0]["topo"] = f("SYS NV18 X", "nvidia-smi topo -m")
     diffs = differences(a, b)
     kinds = {d.key: classify(*d) for d in diffs}
-    assert kinds == {"[0].uuid": "noted", "[0].start.temperature_gpu": "run",
-                     "[0].start.clocks_event_reasons.sw_thermal_slowdown": "run", "[0].end.temperature_gpu": "run"}
+    assert kinds == {"[0].index": "noted", "[0].uuid": "noted", "[0].pci_bus_id": "noted", "[0].topo": "noted",
+                     "[0].start.temperature_c": "run", "[0].start.clocks_event_reasons.sw_thermal_slowdown": "run",
+                     "[0].end.temperature_c": "run", "[0].end.clocks_event_reasons.sw_thermal_slowdown": "run"}
     assert format_diff(diffs, "a", "b").startswith("comparable:")
-    b["gpu"].append(gpu("GPU-77", 30, {}))
+    b["gpu"][0]["driver_version"]["value"] = "535.104.05"
+    b["gpu"].append(gpu(3, "GPU-77", 30, {}))
     more = differences(a, b)
     assert Difference("gpu", "[1].name", None, "NVIDIA H100 80GB HBM3") in more
-    assert format_diff(more, "a", "b").startswith("not comparable: 2 differences in gpu")   # name, driver
+    # the driver, and the second GPU's name, driver and CUDA version
+    assert format_diff(more, "a", "b").startswith("not comparable: 4 differences in gpu")
 
 
 def test_verdicts_and_sentinel_deltas_are_reported_apart_and_never_decide():
@@ -320,7 +325,11 @@ def test_render_one_line_per_value_with_the_reason_for_nulls():
 def test_render_bounds_each_line_and_escapes():
     rec = record()
     rec["software"]["argv"] = f(["./bench", "x" * 500, "\x07bell"], "request")
+    names = [f"threshold_number_{i}" for i in range(12)]
+    rec["verdict"]["thresholds"] = dict.fromkeys(names, 0.25)
     lines = render(rec, width=72).splitlines()
+    said = " ".join(line.strip() for line in lines[:lines.index("record: schema 1, job 12, complete")])
+    assert all(f"{name}=0.25" in said for name in names)        # every threshold, wrapped rather than cut
     assert max(map(len, lines)) <= 72
     argv = next(line for line in lines if line.startswith("  argv: "))
     whole = "  argv: ./bench " + "x" * 500 + " '\\x07bell'"      # shell-quoted, the bell escaped
