@@ -403,8 +403,10 @@ def _verdict_lines(verdict: Any, width: int) -> list[str]:
         said = ", ".join(f"{k}={_text(_unwrap(v))}" for k, v in sorted(thresholds.items()))
         lines += textwrap.wrap(f"thresholds: {said}", max(width, 24), initial_indent="  ", subsequent_indent="    ",
                                break_on_hyphens=False)
+    for note in _unwrap(verdict.get("notes")) or []:     # sentinels that could not be judged
+        lines.append(_cut(f"  note: {_text(note)}", width))
     for k, v in verdict.items():
-        if k not in ("verdict", "reasons", "thresholds"):
+        if k not in ("verdict", "reasons", "thresholds", "notes"):
             _render_node(v, k, "  ", width, lines)
     return lines
 

@@ -297,10 +297,13 @@ def test_identical_records_say_so():
 def test_render_puts_the_verdict_first_then_the_sections_in_order():
     rec = record()
     rec["verdict"] = {"verdict": "noisy", "reasons": ["swap: 40 pages in, 0 out in 3.1 s, more than 0"],
-                      "thresholds": {"swap_pages": 0, "device_irqs": 0}}
+                      "thresholds": {"swap_pages": 0, "device_irqs": 0},
+                      "notes": ["cpu.stat not judged (no cgroup (--no-cgroups))", "context switches not judged"]}
     lines = render(rec).splitlines()
-    assert lines[:4] == ["verdict: noisy", "  - swap: 40 pages in, 0 out in 3.1 s, more than 0",
-                         "  thresholds: device_irqs=0, swap_pages=0", "record: schema 1, job 12, complete"]
+    assert lines[:6] == ["verdict: noisy", "  - swap: 40 pages in, 0 out in 3.1 s, more than 0",
+                         "  thresholds: device_irqs=0, swap_pages=0",
+                         "  note: cpu.stat not judged (no cgroup (--no-cgroups))",
+                         "  note: context switches not judged", "record: schema 1, job 12, complete"]
     heads = [line for line in lines if line and not line.startswith(" ") and ":" not in line]
     assert heads == ["collector", "kernel", "cpu", "frequency", "memory", "allocation", "gpu", "software",
                      "sentinels"]
