@@ -40,8 +40,8 @@ SECTIONS = ("collector", "kernel", "cpu", "frequency", "memory", "allocation", "
 
 # What "comparable" lists as the same, in order: (section, words).
 SETUP_WORDS = (("collector", "machine"), ("kernel", "kernel"), ("cpu", "CPU"),
-               ("frequency", "frequency settings"), ("memory", "memory settings"),
-               ("allocation", "allocation shape"), ("machine", "interrupt and housekeeping setup"),
+               ("frequency", "frequency"), ("memory", "memory"),
+               ("allocation", "allocation shape"), ("machine", "IRQs"),
                ("gpu", "GPUs"), ("software", "software"))
 
 
@@ -265,7 +265,7 @@ def _text(value: Any, key: str = "") -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return one_line(value)
+        return one_line(value) if value else '""'     # an empty file (no isolated CPUs) is not nothing
     if isinstance(value, list) and all(map(_is_scalar, value)):
         return ", ".join(_text(v) for v in value) if value else "(none)"
     if isinstance(value, (dict, list)):
@@ -289,7 +289,7 @@ def _cut(text: str, room: int, start: int = 0) -> str:
 
 def _tokens(value: Any) -> list[str] | None:
     """The items of a list of plain values, or the words of a long string (a command line)."""
-    if isinstance(value, list) and all(map(_is_scalar, value)):
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):   # numbers: a | b says more
         return [_text(v) for v in value]
     if isinstance(value, str) and " " in value.strip() and len(value) > 40:
         return value.split()
@@ -310,8 +310,8 @@ def _diff_lines(key: str, a: Any, b: Any, indent: str, width: int) -> list[str]:
         if len(line) <= width:
             return [line]
         # Long items (a verdict's reasons, long arguments): one a line.
-        return [f"{indent}{label}:"] + [_cut(f"{indent}  only in {side}: {item}", width)
-                                        for side, items in (("a", only_a), ("b", only_b)) for item in items]
+        return [f"{indent}{label}:"] + [line for side, items in (("a", only_a), ("b", only_b)) for item in items
+                                         for line in _wrapped(f"only in {side}: {item}", indent + "  ", width, 3)]
     xa, xb = _text(a, key), _text(b, key)
     line = f"{indent}{label}: {xa} | {xb}"
     if len(line) <= width:
@@ -369,16 +369,33 @@ def diff_json(diffs: list[Difference], a_name: str, b_name: str) -> dict[str, An
                             for d in diffs if (kind := classify(*d)) != "ignored"]}
 
 
+RENDER_LINES = 4    # a long value (a kernel command line) wraps onto this many lines at most, then is cut
+
+
+def _wrapped(text: str, indent: str, width: int, most: int = RENDER_LINES) -> list[str]:
+    """*text* (its first line at *indent*) wrapped to *width*, on at most *most* lines, the last cut."""
+    if len(text) <= width - len(indent):
+        return [indent + text]
+    later = indent + "    "
+    lines = textwrap.wrap(text, max(width, 24), initial_indent=indent, subsequent_indent=later,
+                          break_on_hyphens=False, drop_whitespace=True)
+    if len(lines) <= most:
+        return lines
+    shown = lines[:most - 1]
+    rest = " ".join(line.strip() for line in lines[most - 1:])
+    return shown + [_cut(later + rest, width)]
+
+
 def _render_node(node: Any, key: str, indent: str, width: int, lines: list[str]) -> None:
     if _is_field(node):
         value = node.get("value")
         if value is None and node.get("error"):
-            lines.append(_cut(f"{indent}{key}: null ({one_line(str(node['error']))})", width))
+            lines += _wrapped(f"{key}: null ({one_line(str(node['error']))})", indent, width)
             return
         if isinstance(value, (dict, list)) and not (isinstance(value, list) and all(map(_is_scalar, value))):
             _render_node(value, key, indent, width, lines)
             return
-        lines.append(_cut(f"{indent}{key}: {_text(value, key)}", width))
+        lines += _wrapped(f"{key}: {_text(value, key)}", indent, width)
     elif isinstance(node, dict):
         if not node:
             lines.append(f"{indent}{key}: (none)")
@@ -388,7 +405,7 @@ def _render_node(node: Any, key: str, indent: str, width: int, lines: list[str])
         for i, v in enumerate(node):
             _render_node(v, f"{key}[{i}]", indent, width, lines)
     else:
-        lines.append(_cut(f"{indent}{key}: {_text(node, key)}", width))
+        lines += _wrapped(f"{key}: {_text(node, key)}", indent, width)
 
 
 def _verdict_lines(verdict: Any, width: int) -> list[str]:
@@ -396,15 +413,15 @@ def _verdict_lines(verdict: Any, width: int) -> list[str]:
     if not isinstance(verdict, dict):
         return [f"verdict: {_text(verdict) if verdict is not None else 'none (the record is incomplete)'}"]
     lines = [f"verdict: {_text(_unwrap(verdict.get('verdict')))}"]
-    for reason in _unwrap(verdict.get("reasons")) or []:
-        lines.append(_cut(f"  - {_text(reason)}", width))
+    for reason in _unwrap(verdict.get("reasons")) or []:     # the verdict's grounds: wrapped, never cut short
+        lines += _wrapped(f"- {_text(reason)}", "  ", width, most=8)
     thresholds = _unwrap(verdict.get("thresholds"))
     if isinstance(thresholds, dict) and thresholds:
         said = ", ".join(f"{k}={_text(_unwrap(v))}" for k, v in sorted(thresholds.items()))
         lines += textwrap.wrap(f"thresholds: {said}", max(width, 24), initial_indent="  ", subsequent_indent="    ",
                                break_on_hyphens=False)
     for note in _unwrap(verdict.get("notes")) or []:     # sentinels that could not be judged
-        lines.append(_cut(f"  note: {_text(note)}", width))
+        lines += _wrapped(f"note: {_text(note)}", "  ", width)
     for k, v in verdict.items():
         if k not in ("verdict", "reasons", "thresholds", "notes"):
             _render_node(v, k, "  ", width, lines)
@@ -415,7 +432,8 @@ def render(record: dict[str, Any], width: int = WIDTH) -> str:
     """``dispatch show --record JOB`` for people: the verdict first, then each section, one line a value.
 
     A line is ``key: value``, a null one says why (``null (No such file or
-    directory)``); lines are cut to *width* (``--json`` has everything). The
+    directory)``). Lines fit *width*: a long value wraps onto a few more
+    lines, indented, and is then cut (``--json`` has everything). The
     sentinels' start and end snapshots are left to ``--json``: their
     differences (``delta``) are what a reader looks at.
     """
@@ -435,7 +453,7 @@ def render(record: dict[str, Any], width: int = WIDTH) -> str:
         if section == "sentinels" and isinstance(node, dict):
             _render_node(node.get("delta"), "delta", "  ", width, lines)
             if "start" in node or "end" in node:
-                lines.append("  (the start and end snapshots: dispatch show --record --json)")
+                lines.append("  (the raw start and end snapshots: --json)")
             continue
         if _is_field(node) or not isinstance(node, (dict, list)):
             _render_node(node, section, "  ", width, lines)

@@ -110,7 +110,9 @@ def test_the_same_job_run_twice_differs_only_in_what_never_counts():
     assert diffs, "times, ids and the digest differ"
     assert {classify(*d) for d in diffs} <= {"ignored", "run"}
     out = format_diff(diffs, "job 12", "job 14")
-    assert out.splitlines()[0].startswith("comparable: same machine, kernel, CPU, frequency settings")
+    assert out.splitlines()[0] == ("comparable: same machine, kernel, CPU, frequency, memory, allocation shape, "
+                                   "IRQs, GPUs and software")
+    assert max(len(line) for line in out.splitlines()) <= recorddiff.WIDTH
     assert "job 12" in out.splitlines()[1] and "job 14" in out.splitlines()[2]
     for hidden in ("utc", "monotonic", "uptime", "digest", "pid", "boot_id"):
         assert hidden not in out
@@ -321,7 +323,7 @@ def test_render_one_line_per_value_with_the_reason_for_nulls():
     assert "  caches[0].shared_cpu_lists: 0-19,40-59" in lines
     assert "  gpu: (none)" not in lines and "  (none)" in lines     # a job without GPUs
     assert "  delta.wall_s: 3.1" in lines
-    assert "  (the start and end snapshots: dispatch show --record --json)" in lines
+    assert "  (the raw start and end snapshots: --json)" in lines
     assert not any("monotonic: 1012" in line for line in lines if line.startswith("  start"))
 
 
@@ -334,11 +336,28 @@ def test_render_bounds_each_line_and_escapes():
     said = " ".join(line.strip() for line in lines[:lines.index("record: schema 1, job 12, complete")])
     assert all(f"{name}=0.25" in said for name in names)        # every threshold, wrapped rather than cut
     assert max(map(len, lines)) <= 72
-    argv = next(line for line in lines if line.startswith("  argv: "))
-    whole = "  argv: ./bench " + "x" * 500 + " '\\x07bell'"      # shell-quoted, the bell escaped
-    shown = argv.rpartition("... (")[0]
-    assert whole.startswith(shown) and argv.endswith(f"... ({len(whole) - len(shown)} more)")
-    assert "\x07" not in render(rec)
+    at = next(i for i, line in enumerate(lines) if line.startswith("  argv: ./bench xxx"))
+    argv = lines[at:at + recorddiff.RENDER_LINES]       # wrapped, then cut
+    assert all(line.startswith("      x") for line in argv[1:]) and argv[-1].endswith(" more)")
+    assert not lines[at + recorddiff.RENDER_LINES].startswith("      ")
+    assert "\x07" not in render(rec) and "'\\x07bell'" in render(rec, width=1000)   # shell-quoted, escaped
+
+
+def test_render_wraps_a_long_value_and_a_long_reason_then_cuts_the_value():
+    rec = record()
+    words = [f"option{i}=value{i}" for i in range(60)]
+    rec["kernel"]["cmdline"]["value"] = " ".join(words)
+    reason = " ".join(["others used 0.4 s of CPU time on the job's CPUs"] * 4)
+    rec["verdict"] = {"verdict": "noisy", "reasons": [reason], "thresholds": {}}
+    lines = render(rec, width=60).splitlines()
+    assert max(map(len, lines)) <= 60
+    said = lines[1:lines.index("record: schema 1, job 12, complete")]
+    assert said[0].startswith("  - others used") and all(line.startswith("      ") for line in said[1:])
+    assert " ".join(line.strip() for line in said) == "- " + reason
+    at = next(i for i, line in enumerate(lines) if line.startswith("  cmdline: "))
+    cmdline = lines[at:at + recorddiff.RENDER_LINES]
+    assert cmdline[0] == "  cmdline: option0=value0 option1=value1 option2=value2"
+    assert lines[at + recorddiff.RENDER_LINES] == "  isolated: 2-7" and cmdline[-1].endswith(" more)")
 
 
 def test_render_says_when_the_record_is_incomplete_and_has_no_verdict():
