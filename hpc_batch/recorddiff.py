@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 from .listing import one_line
 
-WIDTH = 100     # a terminal's width and a bit; longer values are cut, --json has them whole
+WIDTH = 100     # a terminal's width and a bit; longer values wrap or are cut, --json has them whole
 
 # The record's sections in the order people read them (after the verdict).
 SECTIONS = ("collector", "kernel", "cpu", "frequency", "memory", "allocation", "machine", "gpu",
