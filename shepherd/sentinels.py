@@ -1,0 +1,433 @@
+"""Sentinels: the counters read just before a job is forked and again at its end.
+
+A *snapshot* holds the counters that say whether anything else happened on
+the job's CPUs while it ran: the interrupt counts on those CPUs, the thermal
+throttle counters, swap traffic, the job cgroup's memory events, CPU
+statistics and pressure, the machine's pressure, and the busy time of the
+job's CPUs and of the NUMA node and L3 around them. :func:`delta` turns a
+start and an end snapshot into the differences that ``verdict.judge`` weighs.
+
+The start snapshot runs between the job's set-up and its fork, so it is
+kept cheap: a handful of reads of procfs, sysfs and cgroupfs files, each
+parsed only as far as the job's CPUs need. Nothing runs while the job runs.
+
+Every section is a field (``sysread.field``): a value and the machine path
+it came from, or null and the reason. A missing or odd file never raises.
+Standard library only (the shepherd loads this).
+"""
+
+import os
+import time
+
+try:
+    from shepherd import sysread
+except ImportError:  # run as a file: siblings are on sys.path
+    import sysread  # type: ignore[no-redef]
+
+CPU_DIR = "/sys/devices/system/cpu"
+INTERRUPTS = "/proc/interrupts"
+STAT = "/proc/stat"
+VMSTAT = "/proc/vmstat"
+THROTTLE = CPU_DIR + "/cpu*/thermal_throttle"
+THROTTLE_FILES = ("core_throttle_count", "core_throttle_total_time_ms",
+                  "package_throttle_count", "package_throttle_total_time_ms")
+PRESSURES = ("cpu", "memory", "io")
+SWAP_KEYS = ("pswpin", "pswpout")
+CLOCK = "clock"
+RUSAGE = "wait4(2) rusage"
+NO_CGROUP = "no cgroup (--no-cgroups)"
+DESC_LIMIT = 80          # an interrupt's description is the kernel's (chip, hwirq, action); this bounds a long one
+
+try:
+    TICKS_PER_S = os.sysconf("SC_CLK_TCK")   # /proc/stat counts USER_HZ ticks
+except (OSError, ValueError):
+    TICKS_PER_S = 100
+
+
+def snapshot(src: sysread.Source, cpus, node_cpus, l3_cpus, cgroup: str | None) -> dict:
+    """The sentinel counters now, for a job on *cpus* in the cgroup *cgroup* (a machine path, or None).
+
+    *node_cpus* and *l3_cpus* are the CPUs of the NUMA node(s) and L3(s) the
+    job's CPUs belong to; their busy time is kept so that :func:`delta` can
+    tell how much CPU time others used there. Interrupt lines whose counts
+    are zero on every job CPU are left out (a line absent from a snapshot
+    counts zero there), which keeps a snapshot small on machines with
+    hundreds of interrupt lines.
+    """
+    job = sorted({int(c) for c in cpus})
+    groups = {"job": job, "node": sorted({int(c) for c in node_cpus}), "l3": sorted({int(c) for c in l3_cpus})}
+    now = time.time()
+    snap: dict = {
+        "time": {
+            "utc": sysread.field(time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + ".%06dZ"
+                                 % int((now % 1) * 1e6), CLOCK),
+            "monotonic": sysread.field(time.monotonic(), CLOCK),
+        },
+        "cpus": job,
+        "node_cpus": groups["node"],
+        "l3_cpus": groups["l3"],
+        "interrupts": _read(src, INTERRUPTS, lambda text: interrupts(text, job)),
+        "cpu_busy": _read(src, STAT, lambda text: busy(text, groups)),
+        "throttle": throttle(src, job),
+        "vmstat": _read(src, VMSTAT, vmstat),
+        "pressure": {name: _read(src, f"/proc/pressure/{name}", pressure) for name in PRESSURES},
+        "cgroup": cgroup_counters(src, cgroup),
+    }
+    snap["facts"] = {
+        "cpufreq": cpufreq_fact(src, job),
+        "throttle_counters": sysread.field(snap["throttle"].get("value") is not None
+                                           and len(snap["throttle"]["value"]) == len(job), THROTTLE),
+    }
+    return snap
+
+
+def _read(src: sysread.Source, path: str, parse) -> dict:
+    """*path*'s text through *parse*, as a field (null with the reason when either fails)."""
+    try:
+        return sysread.field(parse(src.read(path)), path)
+    except Exception as exc:  # a missing or odd file is a reason, never a failed snapshot
+        return sysread.field(None, path, sysread.error_text(exc))
+
+
+def interrupts(text: str, cpus: list[int]) -> dict:
+    """The ``/proc/interrupts`` counts on *cpus*: ``{"cpus": [...], "lines": {name: {"counts", "desc"}}}``.
+
+    The header names the online CPUs' columns (an offline CPU has none: its
+    count is null). Lines with a count per CPU are kept when any job CPU's
+    count is non-zero; ``counts`` is in the order of ``cpus``. Lines with a
+    single machine-wide count (``ERR``, ``MIS``) say nothing about the job's
+    CPUs and are skipped.
+    """
+    lines = text.splitlines()
+    if not lines:
+        raise ValueError("empty")
+    header = lines[0].split()
+    column = {int(name[3:]): i for i, name in enumerate(header) if name.startswith("CPU") and name[3:].isdigit()}
+    ncols = len(header)
+    wanted = [column.get(c) for c in cpus]
+    present = [i for i in wanted if i is not None]
+    last = max(present) if present else -1
+    out = {}
+    for line in lines[1:]:
+        name, colon, rest = line.partition(":")
+        if not colon or last < 0:
+            continue
+        # Split only as far as the last job column: the rest of a wide line is not parsed.
+        head = rest.split(None, last + 1)
+        if len(head) <= last or not head[last].isdigit():
+            continue       # a line cut short
+        if len(head) == last + 1 and (len(head) < ncols or ncols == 1):
+            continue       # one machine-wide count and nothing after it (ERR, MIS)
+        counts = [int(head[i]) if i is not None else None for i in wanted]
+        if not any(counts):
+            continue
+        tail = rest.split(None, ncols)
+        desc = " ".join(tail[ncols].split()) if len(tail) > ncols else ""
+        out[name.strip()] = {"counts": counts, "desc": desc[:DESC_LIMIT]}
+    return {"cpus": cpus, "lines": out}
+
+
+def busy(text: str, groups: dict[str, list[int]]) -> dict:
+    """From ``/proc/stat``: per group of CPUs the busy and the stolen time, in ticks.
+
+    Busy is user + nice + system + irq + softirq (guest time is already in
+    user and nice); steal is the time a hypervisor ran something else on the
+    CPU. ``missing`` lists the group CPUs with no line (offline).
+    """
+    per_cpu = {}
+    for line in text.splitlines():
+        if not line.startswith("cpu"):
+            break              # the per-CPU lines come first; the long intr line is not parsed
+        name, _, values = line.partition(" ")
+        if not name[3:].isdigit():
+            continue
+        v = [int(x) for x in values.split()]
+        per_cpu[int(name[3:])] = (sum(v[0:3]) + sum(v[5:7]), v[7] if len(v) > 7 else 0)
+    if not per_cpu:
+        raise ValueError("no per-CPU lines")
+    out: dict = {"ticks_per_s": TICKS_PER_S}
+    for group, cpus in groups.items():
+        out[group] = {"busy": sum(per_cpu[c][0] for c in cpus if c in per_cpu),
+                      "steal": sum(per_cpu[c][1] for c in cpus if c in per_cpu)}
+        missing = [c for c in cpus if c not in per_cpu]
+        if missing:
+            out[group]["missing"] = missing
+    return out
+
+
+def throttle(src: sysread.Source, cpus: list[int]) -> dict:
+    """The thermal throttle counters of *cpus*: ``{cpu: {file: int or None}}`` as a field.
+
+    CPUs without a ``thermal_throttle`` directory (a VM, a CPU whose kernel
+    driver has none) are left out; none at all gives null with the reason.
+    """
+    out: dict = {}
+    absent = []
+    for cpu in cpus:
+        base = f"{CPU_DIR}/cpu{cpu}/thermal_throttle/"
+        counters: dict = {}
+        for name in THROTTLE_FILES:
+            try:
+                counters[name] = int(src.read(base + name))
+            except FileNotFoundError:
+                if name == THROTTLE_FILES[0] and not src.exists(base):
+                    break      # no directory: the other files need not be tried
+                counters[name] = None
+            except (OSError, ValueError):
+                counters[name] = None
+        if counters:
+            out[str(cpu)] = counters
+        else:
+            absent.append(cpu)
+    if not out:
+        return sysread.field(None, THROTTLE, "no thermal_throttle directory for CPUs " + cpu_list(cpus))
+    if absent:
+        out["absent"] = absent
+    return sysread.field(out, THROTTLE)
+
+
+def vmstat(text: str) -> dict:
+    """``pswpin`` and ``pswpout`` from ``/proc/vmstat`` (pages swapped in and out since boot)."""
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key in SWAP_KEYS:
+            out[key] = int(value)
+            if len(out) == len(SWAP_KEYS):
+                break
+    missing = [k for k in SWAP_KEYS if k not in out]
+    if missing:
+        raise ValueError("no " + ", ".join(missing))
+    return out
+
+
+def pressure(text: str) -> dict:
+    """A PSI file's stall totals in microseconds: ``{"some": N, "full": N}`` (``full`` absent for a CPU on old kernels)."""
+    out = {}
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        for item in rest.split():
+            if item.startswith("total="):
+                out[kind] = int(item[6:])
+    if "some" not in out:
+        raise ValueError("no 'some' line")
+    return out
+
+
+def keyed(text: str) -> dict:
+    """A flat-keyed cgroup file (``memory.events``, ``cpu.stat``) as ``{key: int}``."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    if not out:
+        raise ValueError("no counters")
+    return out
+
+
+def cgroup_counters(src: sysread.Source, cgroup: str | None) -> dict:
+    """The job cgroup's ``memory.events``, ``cpu.stat`` and ``{cpu,memory,io}.pressure``, each a field."""
+    names = ["memory.events", "cpu.stat"] + [f"{p}.pressure" for p in PRESSURES]
+    if cgroup is None:
+        return {name: sysread.field(None, name, NO_CGROUP) for name in names}
+    return {name: _read(src, f"{cgroup.rstrip('/')}/{name}", pressure if name.endswith(".pressure") else keyed)
+            for name in names}
+
+
+def cpufreq_fact(src: sysread.Source, cpus: list[int]) -> dict:
+    """Whether every job CPU has a cpufreq policy, as a field (the kernel links ``cpuN/cpufreq`` to it)."""
+    source = CPU_DIR + "/cpu*/cpufreq"
+    without = [c for c in cpus if not src.exists(f"{CPU_DIR}/cpu{c}/cpufreq")]
+    if without:
+        # Some trees have the policy directories without the per-CPU links: ask the policies.
+        governed = set()
+        for name in src.listdir(CPU_DIR + "/cpufreq"):
+            if name.startswith("policy"):
+                try:
+                    governed.update(int(c) for c in src.read(f"{CPU_DIR}/cpufreq/{name}/affected_cpus").split())
+                except (OSError, ValueError):
+                    pass
+        without = [c for c in without if c not in governed]
+    return sysread.field(not without, source)
+
+
+def cpu_list(cpus) -> str:
+    """CPUs as the kernel's list format: ``0-3,8``."""
+    ids = sorted(set(cpus))
+    parts = []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+# --- the differences ---------------------------------------------------------------
+
+
+def delta(start: dict, end: dict, own: dict | None = None) -> dict:
+    """The differences between two snapshots of one job, and the job's own counts.
+
+    *own* holds what the shepherd gets from wait4(2) when it reaps the job:
+    ``nivcsw`` and ``nvcsw`` (the job processes' non-voluntary and voluntary
+    context switches) and, for a job without a cgroup, ``usage_usec`` (its
+    user + system CPU time), which otherwise comes from ``cpu.stat``.
+
+    Every section is a field; one whose start or end could not be read is
+    null with the reason. Only interrupt lines that moved are kept.
+    """
+    own = own or {}
+    cpus = list(start.get("cpus") or [])
+    wall = _sub(_value(end, "time", "monotonic"), _value(start, "time", "monotonic"))
+    out: dict = {
+        "cpus": cpus,
+        "wall_s": sysread.field(round(wall, 6), CLOCK) if wall is not None
+        else sysread.field(None, CLOCK, "no monotonic time in a snapshot"),
+        "interrupts": _pair(start, end, ("interrupts",), lambda a, b: interrupt_delta(a, b, wall)),
+        "throttle": _pair(start, end, ("throttle",), throttle_delta),
+        "swap": _pair(start, end, ("vmstat",), _counter_delta),
+        "pressure": {name: _pair(start, end, ("pressure", name), lambda a, b: _pressure_delta(a, b, wall))
+                     for name in PRESSURES},
+        "cgroup": {name: _pair(start, end, ("cgroup", name),
+                               (lambda a, b: _pressure_delta(a, b, wall)) if name.endswith(".pressure")
+                               else _counter_delta)
+                   for name in (start.get("cgroup") or {})},
+        "context_switches": _switches(own, cpus, wall),
+        "facts": {name: _fact(start, end, name) for name in ("cpufreq", "throttle_counters")},
+    }
+    out["others_cpu"] = _others(start, end, out["cgroup"].get("cpu.stat"), own, wall)
+    return out
+
+
+def _value(snap: dict, *keys):
+    node = snap
+    for key in keys:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node.get("value") if isinstance(node, dict) else None
+
+
+def _sub(a, b):
+    return a - b if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+
+
+def _pair(start: dict, end: dict, keys: tuple, diff) -> dict:
+    """A field of the difference *diff* makes of the two snapshots' fields at *keys*."""
+    a, b = start, end
+    for key in keys:
+        a = a.get(key) if isinstance(a, dict) else None
+        b = b.get(key) if isinstance(b, dict) else None
+    source = (a or b or {}).get("source", "/".join(keys))
+    for when, f in (("start", a), ("end", b)):
+        if not isinstance(f, dict) or f.get("value") is None:
+            why = f.get("error", "no value") if isinstance(f, dict) else "not in the snapshot"
+            return sysread.field(None, source, f"{when}: {why}")
+    try:
+        return sysread.field(diff(a["value"], b["value"]), source)
+    except Exception as exc:  # snapshots of another shape (an older shepherd): a reason, not a crash
+        return sysread.field(None, source, sysread.error_text(exc))
+
+
+def interrupt_delta(a: dict, b: dict, wall: float | None) -> dict:
+    """The interrupt lines that moved on the job's CPUs: ``{name: {"counts", "total", "desc"[, "per_s"]}}``."""
+    zero = [0] * len(b["cpus"])
+    out = {}
+    for name, line in b["lines"].items():
+        before = a["lines"].get(name, {}).get("counts", zero)
+        counts = [x - y if x is not None and y is not None else None for x, y in zip(line["counts"], before)]
+        total = sum(c for c in counts if c)
+        if total:
+            moved = {"counts": counts, "total": total, "desc": line["desc"]}
+            if wall:
+                moved["per_s"] = round(total / wall, 3)
+            out[name] = moved
+    return out
+
+
+def throttle_delta(a: dict, b: dict) -> dict:
+    """Per throttle counter, its rise on each job CPU: ``{file: {cpu: n}}`` (CPUs seen at both ends)."""
+    out: dict = {name: {} for name in THROTTLE_FILES}
+    for cpu, counters in b.items():
+        if cpu == "absent" or cpu not in a:
+            continue
+        for name in THROTTLE_FILES:
+            rise = _sub(counters.get(name), a[cpu].get(name))
+            if rise is not None:
+                out[name][cpu] = rise
+    return out
+
+
+def _counter_delta(a: dict, b: dict) -> dict:
+    return {key: b[key] - a[key] for key in b if key in a}
+
+
+def _pressure_delta(a: dict, b: dict, wall: float | None) -> dict:
+    """Stall time in microseconds and as a fraction of the wall time."""
+    out: dict = {}
+    for kind in b:
+        if kind in a:
+            usec = b[kind] - a[kind]
+            out[kind + "_usec"] = usec
+            if wall:
+                out[kind + "_fraction"] = round(usec / 1e6 / wall, 6)
+    return out
+
+
+def _switches(own: dict, cpus: list[int], wall: float | None) -> dict:
+    if "nivcsw" not in own:
+        return sysread.field(None, RUSAGE, "not given")
+    out = {"nivcsw": own["nivcsw"], "nvcsw": own.get("nvcsw")}
+    if wall and cpus:
+        out["nivcsw_per_cpu_s"] = round(own["nivcsw"] / wall / len(cpus), 3)
+    return sysread.field(out, RUSAGE)
+
+
+def _fact(start: dict, end: dict, name: str) -> dict:
+    """A fact holds for the run when it held at both ends."""
+    f = (start.get("facts") or {}).get(name) or {}
+    g = (end.get("facts") or {}).get(name) or {}
+    values = (f.get("value"), g.get("value"))
+    if None in values:
+        return sysread.field(None, f.get("source", name), "not in both snapshots")
+    return sysread.field(all(values), f.get("source", name))
+
+
+def _others(start: dict, end: dict, cpu_stat: dict | None, own: dict, wall: float | None) -> dict:
+    """CPU time used by others on the job's CPUs, its L3 and its node: busy + steal there minus the job's usage.
+
+    /proc/stat counts in ticks, so each group's figure is uncertain by about
+    two ticks per CPU (``resolution_s``); the job's usage comes from its
+    cgroup's ``cpu.stat`` (exact) or, without a cgroup, from its rusage.
+    """
+    source = STAT + " - cpu.stat usage_usec"
+    a, b = _value(start, "cpu_busy"), _value(end, "cpu_busy")
+    if a is None or b is None:
+        return sysread.field(None, source, "no /proc/stat in a snapshot")
+    usage = None
+    if cpu_stat is not None and isinstance(cpu_stat.get("value"), dict):
+        usage = cpu_stat["value"].get("usage_usec")
+    if usage is None and "usage_usec" in own:
+        usage, source = own["usage_usec"], STAT + " - " + RUSAGE
+    if usage is None:
+        return sysread.field(None, source, "no usage of the job (no cgroup cpu.stat and none given)")
+    tick = 1.0 / b.get("ticks_per_s", TICKS_PER_S)
+    job = set(start.get("cpus") or [])
+    out = {}
+    for group, key in (("job", "cpus"), ("l3", "l3_cpus"), ("node", "node_cpus")):
+        members = start.get(key) or []
+        if group not in a or group not in b or not members:
+            continue
+        spent = (b[group]["busy"] - a[group]["busy"] + b[group]["steal"] - a[group]["steal"]) * tick
+        # The job's time is all on its own CPUs: it is subtracted from a group that holds them.
+        mine = usage / 1e6 if job & set(members) else 0.0
+        figures = {"cpus": len(members), "busy_s": round(spent, 3), "others_s": round(max(spent - mine, 0.0), 3),
+                   "resolution_s": round(2 * tick * len(members), 3)}
+        if wall:
+            figures["others_fraction"] = round(figures["others_s"] / (wall * len(members)), 6)
+        out[group] = figures
+    return sysread.field(out, source)
