@@ -36,6 +36,7 @@ SWAP_KEYS = ("pswpin", "pswpout")
 CLOCK = "clock"
 RUSAGE = "wait4(2) rusage"
 NO_CGROUP = "no cgroup (--no-cgroups)"
+NO_USAGE = "no usage of the job (no cgroup cpu.stat and none given)"
 DESC_LIMIT = 80          # an interrupt's description is the kernel's (chip, hwirq, action); this bounds a long one
 
 try:
@@ -202,7 +203,10 @@ def vmstat(text: str) -> dict:
 
 
 def pressure(text: str) -> dict:
-    """A PSI file's stall totals in microseconds: ``{"some": N, "full": N}`` (``full`` absent for a CPU on old kernels)."""
+    """A PSI file's stall totals in microseconds: ``{"some": N, "full": N}``.
+
+    ``full`` is absent from ``/proc/pressure/cpu`` before Linux 5.13.
+    """
     out = {}
     for line in text.splitlines():
         kind, _, rest = line.partition(" ")
@@ -241,7 +245,7 @@ def cpufreq_fact(src: sysread.Source, cpus: list[int]) -> dict:
     without = [c for c in cpus if not src.exists(f"{CPU_DIR}/cpu{c}/cpufreq")]
     if without:
         # Some trees have the policy directories without the per-CPU links: ask the policies.
-        governed = set()
+        governed: set[int] = set()
         for name in src.listdir(CPU_DIR + "/cpufreq"):
             if name.startswith("policy"):
                 try:
@@ -304,7 +308,7 @@ def delta(start: dict, end: dict, own: dict | None = None) -> dict:
 
 
 def _value(snap: dict, *keys):
-    node = snap
+    node: object = snap
     for key in keys:
         if not isinstance(node, dict):
             return None
@@ -318,17 +322,18 @@ def _sub(a, b):
 
 def _pair(start: dict, end: dict, keys: tuple, diff) -> dict:
     """A field of the difference *diff* makes of the two snapshots' fields at *keys*."""
-    a, b = start, end
+    a: object = start
+    b: object = end
     for key in keys:
         a = a.get(key) if isinstance(a, dict) else None
         b = b.get(key) if isinstance(b, dict) else None
-    source = (a or b or {}).get("source", "/".join(keys))
+    source = next((f["source"] for f in (a, b) if isinstance(f, dict) and "source" in f), "/".join(keys))
     for when, f in (("start", a), ("end", b)):
         if not isinstance(f, dict) or f.get("value") is None:
             why = f.get("error", "no value") if isinstance(f, dict) else "not in the snapshot"
             return sysread.field(None, source, f"{when}: {why}")
     try:
-        return sysread.field(diff(a["value"], b["value"]), source)
+        return sysread.field(diff(a["value"], b["value"]), source)  # type: ignore[index]
     except Exception as exc:  # snapshots of another shape (an older shepherd): a reason, not a crash
         return sysread.field(None, source, sysread.error_text(exc))
 
@@ -414,7 +419,7 @@ def _others(start: dict, end: dict, cpu_stat: dict | None, own: dict, wall: floa
     if usage is None and "usage_usec" in own:
         usage, source = own["usage_usec"], STAT + " - " + RUSAGE
     if usage is None:
-        return sysread.field(None, source, "no usage of the job (no cgroup cpu.stat and none given)")
+        return sysread.field(None, source, NO_USAGE)
     tick = 1.0 / b.get("ticks_per_s", TICKS_PER_S)
     job = set(start.get("cpus") or [])
     out = {}
