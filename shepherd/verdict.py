@@ -95,6 +95,7 @@ IPI_LINES = ("RES", "CAL", "TLB", "IWI")          # x86 rescheduling, function c
 MEMORY_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
 GPU_SLOWDOWN_WORDS = ("thermal", "power", "hw_slowdown")   # sw_power_cap, hw_thermal_slowdown, ...
 SHOWN = 5                # interrupt lines named in one reason; the rest are counted
+RATE_SPAN = 1.0          # rates are taken over at least this many seconds: a few events in a short run are no rate
 
 
 def check_thresholds(overrides: dict | None) -> dict:
@@ -206,7 +207,7 @@ class _Judge:
         ipi = kinds.get("ipi", [])
         total = sum(line["total"] for _, line in ipi)
         if total and self.wall and self.cpus:
-            rate = total / self.wall / len(self.cpus)
+            rate = total / max(self.wall, RATE_SPAN) / len(self.cpus)
             if self.over("ipis_per_cpu_s", rate):
                 self.noisy.append(f"{total} inter-processor interrupts on CPUs {self.on(ipi)} "
                                   f"({self.named(ipi, False)}){self.during()}: {_num(rate)} per CPU-second, "
@@ -316,7 +317,10 @@ class _Judge:
         if cs is None:
             self.notes.append(f"context switches not judged ({_why(f)})")
             return
-        rate = cs.get("nivcsw_per_cpu_s")
+        if not self.wall or not self.cpus:
+            self.notes.append("context switches not judged (no wall time or CPUs)")
+            return
+        rate = cs["nivcsw"] / max(self.wall, RATE_SPAN) / len(self.cpus)
         if self.over("nivcsw_per_cpu_s", rate):
             self.noisy.append(f"the job's processes were preempted {cs['nivcsw']} times (nivcsw){self.during()} "
                               f"on {len(self.cpus)} CPUs: {_num(rate)} per CPU-second, more than "
