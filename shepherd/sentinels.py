@@ -37,6 +37,9 @@ CLOCK = "clock"
 RUSAGE = "wait4(2) rusage"
 NO_CGROUP = "no cgroup (--no-cgroups)"
 NO_USAGE = "no usage of the job (no cgroup cpu.stat and none given)"
+# /proc/interrupts is 11 bytes per online CPU per line: 256 CPUs and 1000 lines make 2.8 MB.
+INTERRUPTS_LIMIT = 64 << 20
+SPACE = ord(" ")
 DESC_LIMIT = 80          # an interrupt's description is the kernel's (chip, hwirq, action); this bounds a long one
 
 try:
@@ -67,7 +70,7 @@ def snapshot(src: sysread.Source, cpus, node_cpus, l3_cpus, cgroup: str | None) 
         "cpus": job,
         "node_cpus": groups["node"],
         "l3_cpus": groups["l3"],
-        "interrupts": _read(src, INTERRUPTS, lambda text: interrupts(text, job)),
+        "interrupts": _read(src, INTERRUPTS, lambda text: interrupts(text, job), INTERRUPTS_LIMIT, raw=True),
         "cpu_busy": _read(src, STAT, lambda text: busy(text, groups)),
         "throttle": throttle(src, job),
         "vmstat": _read(src, VMSTAT, vmstat),
@@ -82,15 +85,37 @@ def snapshot(src: sysread.Source, cpus, node_cpus, l3_cpus, cgroup: str | None) 
     return snap
 
 
-def _read(src: sysread.Source, path: str, parse) -> dict:
-    """*path*'s text through *parse*, as a field (null with the reason when either fails)."""
+def _read(src: sysread.Source, path: str, parse, limit: int = sysread.READ_LIMIT, raw: bool = False) -> dict:
+    """*path*'s text (its bytes if *raw*) through *parse*, as a field (null with the reason when either fails)."""
     try:
-        return sysread.field(parse(src.read(path)), path)
+        return sysread.field(parse(read_bytes(src, path, limit) if raw else src.read(path, limit)), path)
     except Exception as exc:  # a missing or odd file is a reason, never a failed snapshot
         return sysread.field(None, path, sysread.error_text(exc))
 
 
-def interrupts(text: str, cpus: list[int]) -> dict:
+def read_bytes(src: sysread.Source, path: str, limit: int) -> bytes:
+    """The bytes of *path* under *src*'s root, at most *limit*; raises OSError.
+
+    The reads grow (64 KiB, then 1 MiB, then 16 MiB): a small machine's
+    file comes in one small read, a large one's in few, each filled whole
+    by seq_file.
+    """
+    fd = os.open(src.path(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        chunks, left, size = [], limit, 1 << 16
+        while left > 0:
+            chunk = os.read(fd, min(left, size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+            size = min(size << 4, 16 << 20)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def interrupts(text: bytes | str, cpus: list[int]) -> dict:
     """The ``/proc/interrupts`` counts on *cpus*: ``{"cpus": [...], "lines": {name: {"counts", "desc"}}}``.
 
     The header names the online CPUs' columns (an offline CPU has none: its
@@ -98,34 +123,108 @@ def interrupts(text: str, cpus: list[int]) -> dict:
     count is non-zero; ``counts`` is in the order of ``cpus``. Lines with a
     single machine-wide count (``ERR``, ``MIS``) say nothing about the job's
     CPUs and are skipped.
+
+    On a large machine the file is megabytes (11 characters per CPU per
+    line), so lines are not split whole: the kernel prints the counts in
+    columns of 11 after the colon (``%10u`` and a space), and only the job's
+    columns are sliced out, a run of adjacent columns at a time; a slice
+    must hold exactly its columns' numbers between spaces (so it is right
+    whatever the padding), and a line where it does not is split instead.
+    The text is parsed as bytes: decoding megabytes would cost more than
+    the parse.
     """
-    lines = text.splitlines()
-    if not lines:
-        raise ValueError("empty")
-    header = lines[0].split()
-    column = {int(name[3:]): i for i, name in enumerate(header) if name.startswith("CPU") and name[3:].isdigit()}
+    if isinstance(text, str):
+        text = text.encode()
+    eol = text.find(b"\n")
+    if eol <= 0:
+        raise ValueError("no header line")
+    header = text[:eol].split()
+    column = {int(name[3:]): i for i, name in enumerate(header) if name.startswith(b"CPU") and name[3:].isdigit()}
+    if not column:
+        raise ValueError("no CPU columns in the header")
     ncols = len(header)
     wanted = [column.get(c) for c in cpus]
-    present = [i for i in wanted if i is not None]
-    last = max(present) if present else -1
-    out = {}
-    for line in lines[1:]:
-        name, colon, rest = line.partition(":")
-        if not colon or last < 0:
-            continue
-        # Split only as far as the last job column: the rest of a wide line is not parsed.
-        head = rest.split(None, last + 1)
-        if len(head) <= last or not head[last].isdigit():
-            continue       # a line cut short
-        if len(head) == last + 1 and (len(head) < ncols or ncols == 1):
-            continue       # one machine-wide count and nothing after it (ERR, MIS)
-        counts = [int(head[i]) if i is not None else None for i in wanted]
-        if not any(counts):
-            continue
-        tail = rest.split(None, ncols)
-        desc = " ".join(tail[ncols].split()) if len(tail) > ncols else ""
-        out[name.strip()] = {"counts": counts, "desc": desc[:DESC_LIMIT]}
+    columns = sorted({i for i in wanted if i is not None})
+    runs = _runs(columns)
+    # Where each job CPU's count is among the sliced ones (the runs' columns, in order).
+    at = {col: k for k, col in enumerate(columns)}
+    place = [at[i] if i is not None else None for i in wanted]
+    in_order = place == list(range(len(columns)))
+    width = 1 + 11 * ncols          # from a line's colon to the end of its last count
+    out: dict = {}
+    size = len(text)
+    pos = eol + 1
+    while pos < size and runs:
+        eol = text.find(b"\n", pos)
+        if eol < 0:
+            eol = size
+        colon = text.find(b":", pos, eol)
+        line_pos, pos = pos, eol + 1
+        if colon < 0 or eol - colon < width - 1:
+            continue       # not a line, or one machine-wide count (ERR, MIS)
+        values = _sliced(text, colon, eol, runs)
+        if values is None:
+            values = _split(text[colon + 1:eol], ncols)
+            if values is None:
+                continue
+            values = [values[i] for i in columns]
+            if not any(values):
+                continue
+        if not values:
+            continue       # zero on every job CPU
+        counts = values if in_order else [values[k] if k is not None else None for k in place]
+        desc_at = colon + width
+        if text[desc_at - 1:desc_at].isdigit() and text[desc_at:desc_at + 1] in (b" ", b""):
+            desc = text[desc_at:eol]
+        else:
+            tail = text[colon + 1:eol].split(None, ncols)
+            desc = tail[ncols] if len(tail) > ncols else b""
+        name = text[line_pos:colon].strip().decode("ascii", "replace")
+        out[name] = {"counts": counts, "desc": b" ".join(desc.split())[:DESC_LIMIT].decode("utf-8", "replace")}
     return {"cpus": cpus, "lines": out}
+
+
+def _runs(columns: list[int]) -> list[tuple[int, int]]:
+    """Sorted column indexes as runs of adjacent ones: ``[(first, count), ...]``."""
+    runs: list[tuple[int, int]] = []
+    for i in columns:
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
+
+
+def _sliced(text: bytes, colon: int, eol: int, runs: list) -> list | None:
+    """The counts of the line at *colon* in the columns of *runs*, in order.
+
+    [] if all are zero; None if the line is not laid out in columns of 11.
+    """
+    values: list = []
+    nonzero = False
+    for first, n in runs:
+        a = colon + 1 + 11 * first          # the space before the run's first count
+        b = a + 11 * n                      # just past its last count
+        if b > eol or text[a] != SPACE or (b < eol and text[b] != SPACE):
+            return None
+        region = text[a:b]
+        if not region.strip(b" 0"):
+            values.extend([0] * n)          # only zeros
+            continue
+        numbers = region.split()
+        if len(numbers) != n or not b"".join(numbers).isdigit():
+            return None
+        values.extend(map(int, numbers))
+        nonzero = True
+    return values if nonzero else []
+
+
+def _split(rest: bytes, ncols: int) -> list | None:
+    """Every column's count of a line's text after its colon, by splitting it."""
+    head = rest.split(None, ncols)[:ncols]
+    if len(head) < ncols or not b"".join(head).isdigit():
+        return None
+    return [int(h) for h in head]
 
 
 def busy(text: str, groups: dict[str, list[int]]) -> dict:

@@ -162,6 +162,20 @@ def test_an_offline_cpu_has_no_column():
     assert sentinels.interrupts(text, [5])["lines"] == {}
 
 
+def test_other_layouts_are_split_and_full_width_counts_read():
+    # arm64 prints its IPI lines with the counts right after the colon (no space of their own), and a
+    # count of 10 digits fills its column: both must still give each CPU its own count.
+    text = ("           CPU0       CPU1       CPU2       \n"
+            " 11: 4294967295       7000       7001     GICv3  27 Level     arch_timer\n"
+            "IPI0:       120        130        140       Rescheduling interrupts\n"
+            "IPI5:         0          0          0       Timer broadcast interrupts\n"
+            "Err:          0\n")
+    lines = sentinels.interrupts(text, [0, 2])["lines"]
+    assert lines["11"] == {"counts": [4294967295, 7001], "desc": "GICv3 27 Level arch_timer"}
+    assert lines["IPI0"] == {"counts": [120, 140], "desc": "Rescheduling interrupts"}
+    assert "IPI5" not in lines and "Err" not in lines
+
+
 def test_missing_files_give_null_with_a_reason_never_an_exception(tmp_path):
     src = sysread.Source(str(tmp_path))
     start = sentinels.snapshot(src, JOB, NODE, L3, CGROUP)
