@@ -79,8 +79,8 @@ def snapshot(src: sysread.Source, cpus, node_cpus, l3_cpus, cgroup: str | None) 
     }
     snap["facts"] = {
         "cpufreq": cpufreq_fact(src, job),
-        "throttle_counters": sysread.field(snap["throttle"].get("value") is not None
-                                           and len(snap["throttle"]["value"]) == len(job), THROTTLE),
+        "throttle_counters": sysread.field(snap["throttle"]["value"] is not None
+                                           and "absent" not in snap["throttle"]["value"], THROTTLE),
     }
     return snap
 

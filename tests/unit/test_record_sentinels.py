@@ -337,6 +337,14 @@ def test_no_throttle_counters_is_unknown_and_noise_still_wins(root):
     assert v["reasons"][1].startswith("no thermal throttle counters")
 
 
+def test_one_job_cpu_without_throttle_counters_is_unknown(root):
+    shutil.rmtree(root / "sys/devices/system/cpu/cpu3/thermal_throttle")
+    start, _, d = run(root, quiet_run)
+    assert start["throttle"]["value"]["absent"] == [3]
+    assert start["facts"]["throttle_counters"]["value"] is False
+    assert verdict.judge(d)["verdict"] == "unknown"
+
+
 def test_without_a_cgroup_the_usage_comes_from_the_rusage(root):
     _, end, d = run(root, quiet_run, own={**QUIET_OWN, "usage_usec": 6_000_000}, cgroup=None)
     assert end["cgroup"]["memory.events"]["error"] == sentinels.NO_CGROUP
