@@ -1,0 +1,364 @@
+"""The verdict on a job's run: was the machine quiet on the job's CPUs while it ran?
+
+:func:`judge` weighs the sentinel deltas (``sentinels.delta``) against
+:data:`THRESHOLDS` and says ``clean``, ``noisy`` (each reason names the
+sentinel and its numbers) or ``unknown``: a machine that cannot show
+frequency changes or thermal throttling (a VM has neither cpufreq nor
+throttle counters) is never ``clean``, though noisy evidence still wins.
+
+What counts as noise, and what does not:
+
+- device interrupts on the job's CPUs (any numbered ``/proc/interrupts``
+  line), thermal and machine-check interrupts, and an unusual rate of
+  inter-processor interrupts count; the local timer (``LOC``, arm64's
+  ``arch_timer``) is expected on a busy CPU without ``nohz_full`` and does
+  not; the rest (NMI watchdog, perf, hypervisor callbacks, machine-check
+  polls) is reported but not judged;
+- CPU time that anything but the job used on its CPUs, its L3 and its
+  NUMA node (steal included), swapping anywhere on the machine, thermal
+  throttling, the job cgroup's memory events and ``cpu.max`` throttling,
+  the job's own CPU and memory stalls (PSI) and its processes' involuntary
+  context switches; machine-wide PSI and I/O stalls are reported only (a
+  job waiting for its own disk is not noise);
+- a GPU of the job with a thermal, power or hardware slowdown reason active.
+
+Standard library only (the shepherd loads this).
+"""
+
+try:
+    from shepherd import sentinels
+except ImportError:  # run as a file: siblings are on sys.path
+    import sentinels  # type: ignore[no-redef]
+
+# The one definition of the thresholds: the daemon validates an admin's
+# overrides against these names (check_thresholds). A value of None means
+# "reported, not judged". Counts are over the whole run; a sentinel is noisy
+# when its figure is MORE than its threshold.
+THRESHOLDS: dict = {
+    # Device interrupts (numbered lines) on the job's CPUs. 0: a quiet CPU
+    # gets none (benchmark mode steers them away); one that lands there
+    # stole time from the job. A job's own I/O on per-CPU queues (NVMe)
+    # also lands here, and is named in the reason.
+    "device_interrupts": 0,
+    # Thermal event and machine-check interrupts (TRM, THR, DFR, MCE) on the
+    # job's CPUs. 0: each is a hardware event that slows or stops the CPU.
+    "error_interrupts": 0,
+    # Inter-processor interrupts (RES, CAL, TLB, IWI; arm64 IPIn) per job
+    # CPU per second. Housekeeping sends a few per second; 1000 is far above
+    # that and below an IPI storm. A job whose own threads wake each other
+    # or unmap memory often sends many itself: raise this for such jobs.
+    "ipis_per_cpu_s": 1000,
+    # Thermal throttle events (core count rises, plus the package count's
+    # largest rise seen from a job CPU). 0: any throttling changes the clock.
+    "throttle_events": 0,
+    # Pages swapped in plus out anywhere on the machine. 0: swapping stalls
+    # whoever faults, and means memory pressure during the run.
+    "swap_pages": 0,
+    # The job cgroup's memory.events rises (low, high, max, oom, oom_kill,
+    # oom_group_kill). 0: each means reclaim or a kill inside the job.
+    "memory_events": 0,
+    # cpu.stat nr_throttled: periods cpu.max held the job back. 0: any
+    # bandwidth throttling stretches the run.
+    "cpu_throttled_periods": 0,
+    # Others' CPU time on the job's own CPUs, as a fraction of those CPUs'
+    # time over the run (and always beyond /proc/stat's two-tick
+    # resolution). 2%: housekeeping threads and softirqs stay well under it;
+    # another task sharing a CPU is far over.
+    "others_cpu_fraction": 0.02,
+    # Others' CPU time on the CPUs of the job's L3, as a fraction of the
+    # L3's CPU time. 10%: work beside the job in its cache evicts its lines
+    # and shares its bandwidth; an idle machine's daemons are under 1%.
+    "others_l3_fraction": 0.10,
+    # Others' CPU time on the job's NUMA node, as a fraction of the node's
+    # CPU time. 25%: a batch machine normally runs other work on a node;
+    # above a quarter of it busy, memory bandwidth is shared noticeably.
+    "others_node_fraction": 0.25,
+    # The job processes' involuntary context switches per job CPU per
+    # second. 100: kernel threads preempting a lone busy task give a few per
+    # second; a runnable neighbour gives hundreds (so does a job running
+    # more threads than it has CPUs, which the reason says).
+    "nivcsw_per_cpu_s": 100,
+    # The job cgroup's cpu.pressure "some": the fraction of the run in which
+    # a job task waited for a CPU. 5%: above scheduler jitter.
+    "job_cpu_pressure": 0.05,
+    # The job cgroup's memory.pressure "some": the fraction of the run in
+    # which a job task stalled on memory (reclaim, refaults, swap-in). 1%.
+    "job_memory_pressure": 0.01,
+    # GPU clock-event reasons that slow a GPU (thermal, power, hardware
+    # slowdown) active at the start or end, counted over the job's GPUs. 0.
+    "gpu_slowdown_reasons": 0,
+}
+
+TIMER_LINES = ("LOC",)                           # x86 local APIC timer
+ERROR_LINES = ("TRM", "THR", "DFR", "MCE")        # x86 thermal event, threshold APIC, deferred error, machine check
+IPI_LINES = ("RES", "CAL", "TLB", "IWI")          # x86 rescheduling, function call, TLB shootdown, IRQ work
+MEMORY_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
+GPU_SLOWDOWN_WORDS = ("thermal", "power", "hw_slowdown")   # sw_power_cap, hw_thermal_slowdown, ...
+SHOWN = 5                # interrupt lines named in one reason; the rest are counted
+RATE_SPAN = 1.0          # rates are taken over at least this many seconds: a few events in a short run are no rate
+
+
+def check_thresholds(overrides: dict | None) -> dict:
+    """:data:`THRESHOLDS` with *overrides* applied; ValueError for an unknown name or a bad value."""
+    merged = dict(THRESHOLDS)
+    for name, value in (overrides or {}).items():
+        if name not in THRESHOLDS:
+            raise ValueError(f"unknown verdict threshold {name!r} (known: {', '.join(sorted(THRESHOLDS))})")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            raise ValueError(f"verdict threshold {name!r} must be a number >= 0 or null, not {value!r}")
+        merged[name] = value
+    return merged
+
+
+def judge(delta: dict, thresholds: dict | None = None, gpu: list | None = None) -> dict:
+    """The verdict on a run from its sentinel *delta*: clean, noisy (with reasons) or unknown.
+
+    *thresholds* overrides :data:`THRESHOLDS` by name. *gpu* is the record's
+    per-GPU list (``{"uuid", "start": {"clocks_event_reasons": {...}},
+    "end": {...}}``). Returns ``{"verdict", "reasons", "thresholds",
+    "notes"}``: ``reasons`` lists the noisy findings first, then what makes
+    the run unknown; ``notes`` names the sentinels that could not be judged
+    but do not stop a run from being clean (no cgroup, no rusage).
+    """
+    limits = check_thresholds(thresholds)
+    j = _Judge(delta, limits)
+    for check in (j.interrupts, j.throttle, j.swap, j.cgroup, j.others, j.switches, j.facts):
+        try:
+            check()
+        except Exception as exc:  # a delta of an unexpected shape: say so, never fail the record
+            j.unknown.append(f"could not judge {check.__name__}: {exc.__class__.__name__}: {exc}")
+    if gpu:
+        try:
+            j.gpus(gpu)
+        except Exception as exc:
+            j.unknown.append(f"could not judge gpu: {exc.__class__.__name__}: {exc}")
+    verdict = "noisy" if j.noisy else "unknown" if j.unknown else "clean"
+    return {"verdict": verdict, "reasons": j.noisy + j.unknown, "thresholds": limits, "notes": j.notes}
+
+
+def line_kind(name: str, desc: str) -> str:
+    """What an interrupt line is: ``timer``, ``error``, ``ipi``, ``device`` or ``other``."""
+    if name in TIMER_LINES or "arch_timer" in desc or (name.startswith("IPI") and "Timer" in desc):
+        return "timer"
+    if name in ERROR_LINES:
+        return "error"
+    if name in IPI_LINES or name.startswith("IPI"):
+        return "ipi"
+    if name.isdigit():
+        return "device"
+    return "other"
+
+
+def _value(f):
+    """A field's value (None when it has none); a plain value as it is."""
+    return f.get("value") if isinstance(f, dict) and "source" in f else f
+
+
+def _why(f) -> str:
+    return f.get("error", "no value") if isinstance(f, dict) else "not recorded"
+
+
+def _num(x: float) -> str:
+    """A figure for a reason: integers as they are, others to 3 significant digits."""
+    return str(x) if isinstance(x, int) else f"{x:.3g}"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.3g}%"
+
+
+class _Judge:
+    def __init__(self, delta: dict, limits: dict):
+        self.delta = delta
+        self.limits = limits
+        self.cpus = delta.get("cpus") or []
+        self.wall = _value(delta.get("wall_s"))
+        self.noisy: list[str] = []
+        self.unknown: list[str] = []
+        self.notes: list[str] = []
+
+    def over(self, name: str, figure) -> bool:
+        limit = self.limits.get(name)
+        return limit is not None and figure is not None and figure > limit
+
+    def during(self) -> str:
+        return f" in {_num(self.wall)} s" if self.wall else ""
+
+    def interrupts(self) -> None:
+        f = self.delta.get("interrupts")
+        lines = _value(f)
+        if lines is None:
+            self.unknown.append(f"interrupts on the job's CPUs not known ({_why(f)})")
+            return
+        kinds: dict = {}
+        for name, line in lines.items():
+            kinds.setdefault(line_kind(name, line.get("desc", "")), []).append((name, line))
+        device = kinds.get("device", [])
+        total = sum(line["total"] for _, line in device)
+        if self.over("device_interrupts", total):
+            self.noisy.append(f"{total} device interrupts on CPUs {self.on(device)} ({self.named(device, True)})"
+                              f"{self.during()}, more than {self.limits['device_interrupts']}")
+        error = kinds.get("error", [])
+        total = sum(line["total"] for _, line in error)
+        if self.over("error_interrupts", total):
+            self.noisy.append(f"{total} thermal or machine-check interrupts on CPUs {self.on(error)} "
+                              f"({self.named(error, False)}){self.during()}, "
+                              f"more than {self.limits['error_interrupts']}")
+        ipi = kinds.get("ipi", [])
+        total = sum(line["total"] for _, line in ipi)
+        if total and self.wall and self.cpus:
+            rate = total / max(self.wall, RATE_SPAN) / len(self.cpus)
+            if self.over("ipis_per_cpu_s", rate):
+                self.noisy.append(f"{total} inter-processor interrupts on CPUs {self.on(ipi)} "
+                                  f"({self.named(ipi, False)}){self.during()}: {_num(rate)} per CPU-second, "
+                                  f"more than {self.limits['ipis_per_cpu_s']}")
+
+    def on(self, lines: list) -> str:
+        """The job CPUs the *lines* moved on."""
+        hit = {self.cpus[i] for _, line in lines for i, c in enumerate(line["counts"])
+               if c and i < len(self.cpus)}
+        return sentinels.cpu_list(hit)
+
+    def named(self, lines: list, irq: bool) -> str:
+        """The largest lines, named: ``IRQ 24 nvme0q1: 12`` (the device is the description's last word)."""
+        ranked = sorted(lines, key=lambda item: -item[1]["total"])
+        words = []
+        for name, line in ranked[:SHOWN]:
+            label = f"IRQ {name} {line.get('desc', '').split()[-1]}" if irq and line.get("desc") else name
+            words.append(f"{label}: {line['total']}")
+        if len(ranked) > SHOWN:
+            words.append(f"{len(ranked) - SHOWN} more lines")
+        return ", ".join(words)
+
+    def throttle(self) -> None:
+        rises = _value(self.delta.get("throttle"))
+        if rises is None:
+            return          # no counters: the facts make the run unknown
+        core = sum(rises.get("core_throttle_count", {}).values())
+        package = max(rises.get("package_throttle_count", {}).values(), default=0)
+        core_ms = sum(rises.get("core_throttle_total_time_ms", {}).values())
+        package_ms = max(rises.get("package_throttle_total_time_ms", {}).values(), default=0)
+        events = core + package
+        if events == 0 and (core_ms or package_ms):
+            events = 1      # throttled through the run by an event that began before it
+        if self.over("throttle_events", events):
+            hit = {cpu for name in ("core_throttle_count", "package_throttle_count", "core_throttle_total_time_ms",
+                                    "package_throttle_total_time_ms")
+                   for cpu, n in rises.get(name, {}).items() if n}
+            self.noisy.append(f"thermal throttling on CPUs {sentinels.cpu_list(int(c) for c in hit)}: "
+                              f"core {core} events ({core_ms} ms), package {package} events ({package_ms} ms)"
+                              f"{self.during()}, more than {self.limits['throttle_events']} events")
+
+    def swap(self) -> None:
+        f = self.delta.get("swap")
+        pages = _value(f)
+        if pages is None:
+            self.unknown.append(f"swap activity not known ({_why(f)})")
+            return
+        total = pages.get("pswpin", 0) + pages.get("pswpout", 0)
+        if self.over("swap_pages", total):
+            self.noisy.append(f"swapping on the machine: {pages.get('pswpin', 0)} pages in, "
+                              f"{pages.get('pswpout', 0)} out (/proc/vmstat){self.during()}, "
+                              f"more than {self.limits['swap_pages']}")
+
+    def cgroup(self) -> None:
+        group = self.delta.get("cgroup") or {}
+        events = _value(group.get("memory.events"))
+        if events is None:
+            self.notes.append(f"memory.events not judged ({_why(group.get('memory.events'))})")
+        else:
+            moved = {k: events[k] for k in MEMORY_EVENTS if events.get(k)}
+            if self.over("memory_events", sum(moved.values())):
+                listed = ", ".join(f"{k} {n}" for k, n in moved.items())
+                self.noisy.append(f"the job's memory.events rose: {listed}{self.during()}, "
+                                  f"more than {self.limits['memory_events']}")
+        stat = _value(group.get("cpu.stat"))
+        if stat is None:
+            self.notes.append(f"cpu.stat not judged ({_why(group.get('cpu.stat'))})")
+        elif self.over("cpu_throttled_periods", stat.get("nr_throttled", 0)):
+            self.noisy.append(f"cpu.max throttled the job in {stat['nr_throttled']} periods "
+                              f"({_num(stat.get('throttled_usec', 0) / 1e6)} s), "
+                              f"more than {self.limits['cpu_throttled_periods']}")
+        for resource, name in (("cpu", "job_cpu_pressure"), ("memory", "job_memory_pressure")):
+            f = group.get(f"{resource}.pressure")
+            stalls = _value(f)
+            if stalls is None:
+                self.notes.append(f"{resource}.pressure not judged ({_why(f)})")
+                continue
+            fraction = stalls.get("some_fraction")
+            if self.over(name, fraction):
+                self.noisy.append(f"the job's tasks waited for {resource} {_pct(fraction)} of the run "
+                                  f"({resource}.pressure some {_num(stalls['some_usec'] / 1e6)} s), "
+                                  f"more than {_pct(self.limits[name])}")
+
+    def others(self) -> None:
+        f = self.delta.get("others_cpu")
+        groups = _value(f)
+        if groups is None:
+            if _why(f) == sentinels.NO_USAGE:
+                self.notes.append(f"CPU time of others not judged ({_why(f)})")
+            else:
+                self.unknown.append(f"CPU time of others on the job's CPUs not known ({_why(f)})")
+            return
+        for group, name, where in (("job", "others_cpu_fraction", "the job's CPUs"),
+                                   ("l3", "others_l3_fraction", "the job's L3"),
+                                   ("node", "others_node_fraction", "the job's NUMA node")):
+            g = groups.get(group)
+            if not g or "others_fraction" not in g or self.limits[name] is None:
+                continue
+            if g["others_s"] > g["resolution_s"] and self.over(name, g["others_fraction"]):
+                self.noisy.append(f"others used {_num(g['others_s'])} s of CPU time on {where} "
+                                  f"({g['cpus']} CPUs){self.during()}: {_pct(g['others_fraction'])} of their time, "
+                                  f"more than {_pct(self.limits[name])}")
+
+    def switches(self) -> None:
+        f = self.delta.get("context_switches")
+        cs = _value(f)
+        if cs is None:
+            self.notes.append(f"context switches not judged ({_why(f)})")
+            return
+        if not self.wall or not self.cpus:
+            self.notes.append("context switches not judged (no wall time or CPUs)")
+            return
+        rate = cs["nivcsw"] / max(self.wall, RATE_SPAN) / len(self.cpus)
+        if self.over("nivcsw_per_cpu_s", rate):
+            self.noisy.append(f"the job's processes were preempted {cs['nivcsw']} times (nivcsw){self.during()} "
+                              f"on {len(self.cpus)} CPUs: {_num(rate)} per CPU-second, more than "
+                              f"{self.limits['nivcsw_per_cpu_s']} (a job running more threads than CPUs "
+                              f"causes this itself)")
+
+    def facts(self) -> None:
+        facts = self.delta.get("facts") or {}
+        cpus = sentinels.cpu_list(self.cpus)
+        for name, missing in (("cpufreq", f"no cpufreq for CPUs {cpus} (a VM?): their clock is not known"),
+                              ("throttle_counters", f"no thermal throttle counters for CPUs {cpus} (a VM, or a "
+                                                    f"CPU the kernel keeps none for): throttling cannot be seen")):
+            value = _value(facts.get(name))
+            if value is None:
+                self.unknown.append(f"{name} not known ({_why(facts.get(name))})")
+            elif not value:
+                self.unknown.append(missing)
+
+    def gpus(self, gpu: list) -> None:
+        active = []
+        for entry in gpu:
+            uuid = _value(entry.get("uuid")) or "GPU ?"
+            for when in ("start", "end"):
+                reasons = _value((entry.get(when) or {}).get("clocks_event_reasons"))
+                if not isinstance(reasons, dict):
+                    self.notes.append(f"{uuid}: clock-event reasons at {when} not known")
+                    continue
+                for key, value in reasons.items():
+                    short = key.rsplit(".", 1)[-1]
+                    if any(word in short for word in GPU_SLOWDOWN_WORDS) and _active(_value(value)):
+                        active.append(f"{uuid} {short} at {when}")
+        if self.over("gpu_slowdown_reasons", len(active)):
+            self.noisy.append(f"GPU slowdown: {', '.join(active)}, more than "
+                              f"{self.limits['gpu_slowdown_reasons']}")
+
+
+def _active(value) -> bool:
+    """Whether a clock-event reason's value says it is active ("Active", true, 1)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("active", "1", "yes", "true")
+    return value is True or value == 1
