@@ -246,6 +246,18 @@ def cmd_new(conn, a) -> int:
             _, args["output_is_dir"] = check_destination(cwd, args.get("output"))
         except OutputError as exc:
             return out.fail(str(exc), 1, "refused")
+    if a["--record"] is not None:
+        from .userio import OutputError, check_destination
+        path = os.path.abspath(os.path.expanduser(a["--record"]))
+        try:
+            args["record_to"], args["record_is_dir"] = check_destination(cwd, path, "--record")
+        except OutputError as exc:
+            return out.fail(str(exc), 1, "refused")
+        if not args["record_is_dir"] and ("commands" in bulk or "array" in bulk):
+            raise UsageError(f"--record {a['--record']}: a bulk submit writes one record a job; "
+                             f"give a directory (record.<id>.json in it)")
+    if a["--record-env"]:
+        args["record_env"] = True
     mask = os.umask(0o077)
     os.umask(mask)
     args["umask"] = mask
@@ -347,6 +359,16 @@ def cmd_kill(conn, a) -> int:
 
 def cmd_show(conn, a) -> int:
     out = Out(a["--json"])
+    if a["--record"]:
+        reply = conn().call("record", id=job_ref(a["<job>"]))
+        if not reply.get("ok"):
+            return out.refused(reply, "show --record failed")
+        if out.json:
+            out.doc(reply["result"]["record"])
+        else:
+            from .recorddiff import render
+            print(render(reply["result"]["record"]))
+        return 0
     reply = conn().call("show", id=job_ref(a["<job>"]))
     if not reply.get("ok"):
         return out.refused(reply, "show failed")
@@ -357,6 +379,40 @@ def cmd_show(conn, a) -> int:
         for line in format_show(reply["result"]["job"], reply["result"]["now"]):
             print(line)
     return 0
+
+
+def cmd_record(conn, a) -> int:
+    """``dispatch record diff A B``: exit 0 when the two setups match, 1 when they differ."""
+    out = Out(a["--json"])
+    loaded = []
+    for word in (a["<a>"], a["<b>"]):
+        got = _load_record(conn, word)
+        if isinstance(got, dict) and "record" in got:
+            loaded.append(got["record"])
+        else:
+            return out.refused(got, f"cannot read the record {word!r}")
+    from .recorddiff import comparable, diff_json, differences, format_diff
+    diffs = differences(loaded[0], loaded[1])
+    if out.json:
+        out.doc(diff_json(diffs, a["<a>"], a["<b>"]))
+    else:
+        print(format_diff(diffs, a["<a>"], a["<b>"]))
+    return 0 if comparable(diffs) else 1
+
+
+def _load_record(conn, word: str) -> dict:
+    """A record from a file (read as the user) when *word* names one, else from the daemon: a reply."""
+    if "/" in word or word.endswith(".json") or os.path.exists(word):
+        from .userio import read_user_json
+        try:
+            data = read_user_json(word, 1 << 20)
+        except (OSError, ValueError) as exc:
+            return {"ok": False, "error": f"cannot read the record file {word}: {exc}", "code": "refused"}
+        if not isinstance(data, dict) or "schema" not in data:
+            return {"ok": False, "error": f"{word} is not a record (no \"schema\" key)", "code": "refused"}
+        return {"record": data}
+    reply = conn().call("record", id=job_ref(word))
+    return reply["result"] if reply.get("ok") else reply
 
 
 def cmd_status(conn, a) -> int:
@@ -507,7 +563,7 @@ def cmd_attach(conn, a) -> int:
 
 
 COMMANDS = {"new": cmd_new, "list": cmd_list, "attach": cmd_attach, "kill": cmd_kill, "wait": cmd_wait,
-            "show": cmd_show, "status": cmd_status, "job": cmd_job}
+            "show": cmd_show, "record": cmd_record, "status": cmd_status, "job": cmd_job}
 
 
 def main(argv=None) -> int:

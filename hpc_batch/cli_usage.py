@@ -9,7 +9,8 @@ Usage:
   dispatch attach <job>
   dispatch kill <job>...
   dispatch wait [--json] <job>...
-  dispatch show [--json] <job>
+  dispatch show [--json] [--record] <job>
+  dispatch record diff [--json] <a> <b>
   dispatch status [--json]
   dispatch job <job> max-time (get | set <duration> | add <duration>)
   dispatch (-h | --help)
@@ -21,7 +22,8 @@ Commands:
   attach   Follow a running job's output.
   kill     Kill a running job, or cancel a queued one.
   wait     Wait for jobs to end; exit with how they ended.
-  show     Everything about one job.
+  show     Everything about one job (--record: its reproducibility record).
+  record   Compare two jobs' records: dispatch record diff A B.
   status   The machine at a glance: CPUs, memory and GPUs per NUMA node, the queue.
   job      Read a job's max time; admins can set it or add to it.
 
@@ -90,6 +92,13 @@ Options:
                     (personality ADDR_NO_RANDOMIZE) [default: on].
   --thp MODE        off: no transparent huge pages for the job
                     (prctl PR_SET_THP_DISABLE) [default: on].
+  --record PATH     Also write the job's reproducibility record (what it ran
+                    on, and whether the machine stayed quiet) to PATH, as
+                    you, when it ends: a file, or a directory for
+                    record.<id>.json in it. dispatch show --record has it
+                    either way.
+  --record-env      Put the environment's values in the record (by default
+                    only its keys and digest: values can hold secrets).
   --env             Forward this environment instead of a clean one.
   --output PATH     Directory or file for the log [default: ./output.<id>.log].
   --no-output       Discard the output when the job ends.
@@ -168,12 +177,33 @@ deadline, cgroup, output, start and end, result, CPU time and peak memory;
 for a --benchmark job the CPUs it holds idle and every way the machine fell
 short; whether ASLR and transparent huge pages were on.
 
+With --record, the job's reproducibility record instead: the machine, kernel,
+CPU, frequency, memory, allocation, GPUs and software it ran with, what
+happened on its CPUs while it ran, and the verdict (clean, noisy or
+unknown). See docs/record.md.
+
 Usage:
-  dispatch show [--json] <job>
+  dispatch show [--json] [--record] <job>
   dispatch show (-h | --help)
 
 Options:
   --json       One JSON document (field names in the README).
+  --record     The job's reproducibility record (partial while it runs).
+  -h --help    Show this help.
+"""
+
+RECORD_USAGE = """Compare two reproducibility records and print only what differs, section by
+section: can the two jobs' numbers be compared? A and B are job ids or
+names (their records are asked of the daemon) or record files (written by
+dispatch new --record, or saved from dispatch show --record --json).
+Exits 0 when the setups match, 1 when they differ.
+
+Usage:
+  dispatch record diff [--json] <a> <b>
+  dispatch record (-h | --help)
+
+Options:
+  --json       One JSON document: {"comparable": ..., "differences": [...]}.
   -h --help    Show this help.
 """
 
@@ -204,4 +234,5 @@ Options:
 """
 
 SUBCOMMANDS = {"new": NEW_USAGE, "list": LIST_USAGE, "attach": ATTACH_USAGE, "kill": KILL_USAGE,
-               "wait": WAIT_USAGE, "show": SHOW_USAGE, "status": STATUS_USAGE, "job": JOB_USAGE}
+               "wait": WAIT_USAGE, "show": SHOW_USAGE, "record": RECORD_USAGE, "status": STATUS_USAGE,
+               "job": JOB_USAGE}

@@ -12,7 +12,7 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import __version__, bounds, defaults
 from .durations import parse_duration
@@ -53,6 +53,11 @@ Options:
                            to keep IRQs off benchmark jobs' CPUs while they
                            run; without it irqbalance is only detected and
                            the job's record says it may undo the IRQ moves.
+  --records MODE           all: every job gets a reproducibility record
+                           (dispatch show --record); none: no record
+                           [default: {defaults.RECORDS}]
+  --record-thresholds LIST Change the record's verdict thresholds:
+                           NAME=VALUE,... (names in docs/record.md).
   --reserve-mem GB         Memory (GiB) held back for the OS [default: {defaults.RESERVE_MEM_GB}]
   --min-job-mem GB         Floor of an assigned memory budget [default: {defaults.MIN_JOB_MEM_GB}]
   --keep-finished N        Finished jobs remembered per user [default: {defaults.KEEP_FINISHED}]
@@ -161,6 +166,8 @@ class Config:
     cpufreq: str = defaults.CPUFREQ
     allow_turbo_off: bool = False
     irqbalance_ban: bool = False
+    records: str = defaults.RECORDS
+    record_thresholds: dict = field(default_factory=dict)   # --record-thresholds, checked
 
 
 def _size(flag: str, text: str, unit: str = "G", minimum: int = 0) -> int:
@@ -204,6 +211,13 @@ def parse_args(argv) -> Config:
         raise ConfigError(f"--cpufreq {a['--cpufreq']!r}: choose {' or '.join(defaults.CPUFREQ_POLICIES)}", 2)
     if a["--allow-turbo-off"] and a["--cpufreq"] != "enforce":
         raise ConfigError("--allow-turbo-off needs --cpufreq enforce", 2)
+    if a["--records"] not in defaults.RECORDS_MODES:
+        raise ConfigError(f"--records {a['--records']!r}: choose {' or '.join(defaults.RECORDS_MODES)}", 2)
+    from .jobrecord import ThresholdError, parse_thresholds
+    try:
+        thresholds = parse_thresholds([w.strip() for w in (a["--record-thresholds"] or "").split(",") if w.strip()])
+    except ThresholdError as exc:
+        raise ConfigError(str(exc), 2) from None
     if a["--schedule"] not in POLICIES:
         raise ConfigError(f"--schedule {a['--schedule']!r}: choose one of {', '.join(POLICIES)}", 2)
     metrics = _metrics_file(a["--metrics-file"], a["--metrics-group"])
@@ -244,6 +258,8 @@ def parse_args(argv) -> Config:
         allow_turbo_off=bool(a["--allow-turbo-off"]),
         irqbalance_ban=bool(a["--irqbalance-ban"]),
         housekeeping_flag=hk_flag,
+        records=a["--records"],
+        record_thresholds=thresholds,
     )
 
 

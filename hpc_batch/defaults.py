@@ -25,6 +25,9 @@ CPU_UNITS = ("core", "thread")
 # it, "enforce" also sets governor performance and minimum = maximum frequency (undone at its end).
 CPUFREQ = "record"
 CPUFREQ_POLICIES = ("record", "enforce")
+# --records: which jobs get a reproducibility record (shepherd/record.py).
+RECORDS = "all"
+RECORDS_MODES = ("all", "none")
 # CPUs for the daemon, its shepherds and steered interrupts, never given to benchmark jobs:
 # "auto" (the --reserve-cpu CPUs, else the lowest CPU's core), "none", or a CPU list.
 HOUSEKEEPING_CPUS = "auto"

@@ -20,6 +20,7 @@ import heapq
 import logging
 import os
 import pwd
+import shutil
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ from . import (
     dependencies,
     devdir,
     gputopo,
+    jobrecord,
     launcher,
     probe,
     quiet,
@@ -142,6 +144,8 @@ class Engine:
                                     irqbalance_ban=cfg.irqbalance_ban)
         self.irq_banned: dict[int, set[int]] = {}   # job -> CPUs irqbalance was told to keep IRQs off
         self.benchmarks: dict[int, tuple[int, ...]] = {}   # running job with changes to undo -> CPUs it holds
+        # The GPU query of a job's record runs the nvidia-smi the daemon found (its PATH, not a user's).
+        self.nvidia_smi = shutil.which("nvidia-smi") if machine.gpus else None
         reserved = resources.capacity(machine, limits).reserved_cpus
         self.housekeeping_default = tuple(reserved) or tuple(
             sorted({c for n in machine.nodes for c in n.cpus}))
@@ -278,7 +282,7 @@ class Engine:
             "exit": exit_column(res) if job.state == FINISHED else None,
             "result": job.result, "output": job.output, "output_error": job.output_error,
             "output_note": job.output_note, "name": job.name,
-            "stats": job.stats,
+            "stats": job.stats, "verdict": job.stats.get("verdict"),
         }
 
     def why(self, job: Job) -> tuple[int | None, str | None]:
@@ -323,6 +327,18 @@ class Engine:
             "signal": res.signal if res else None,
         })
         return out
+
+    def record(self, caller: Caller, ref: int | str) -> dict[str, Any]:
+        """``dispatch show --record``: the job's reproducibility record (partial while it runs)."""
+        job = self.lookup(caller, ref)
+        if job.state in (QUEUED, WAITING):
+            raise Refused(f"job {job.id} has not started: its record is made when it starts")
+        data = records.read_json(os.path.join(self.store.job_dir(job.id), records.RECORD))
+        if not isinstance(data, dict):
+            why = ("it ended before it started" if job.started is None else
+                   "none was written (the daemon runs with --records none, or an older one started it)")
+            raise Refused(f"job {job.id} has no record: {why}")
+        return data
 
     def status(self, now: float, caller: Caller | None = None) -> dict[str, Any]:
         """``dispatch status``: the machine at a glance (another's head job by id only, unless the list is public)."""
@@ -394,6 +410,8 @@ class Engine:
                   "numa_local": req.numa_local or req.benchmark is not None,   # --benchmark keeps memory local
                   "numa_local_gpu": req.numa_local_gpu, "gpu_link": req.gpu_link,
                   "benchmark": req.benchmark, "whole_l3": req.whole_l3, "aslr": req.aslr, "thp": req.thp}
+        if req.record_to is not None or req.record_env:   # (kept out of the usual job's record)
+            wanted.update(record_to=req.record_to, record_is_dir=req.record_is_dir, record_env=req.record_env)
         request = _request(wanted)
         try:
             budget = resources.check_request(request, self.machine, self.limits)
@@ -920,7 +938,16 @@ class Engine:
             "delivery_limit": defaults.DELIVERY_LIMIT, "max_output_buffer": self.cfg.max_output_buffer,
             "fork_retry": defaults.FORK_RETRY,
             "aslr": job.request.get("aslr", "on"), "thp": job.request.get("thp", "on"),
+            "record": self._record_spec(job, alloc) if self.cfg.records == "all" else None,
         }
+
+    def _record_spec(self, job: Job, alloc) -> dict:
+        """What the shepherd needs from the daemon for the job's reproducibility record."""
+        return jobrecord.spec(
+            job, alloc, self.machine, {i: h["alloc"] for i, h in self.running.items()},
+            housekeeping=self.cfg.housekeeping or self.housekeeping_default,
+            thresholds=self.cfg.record_thresholds, nvidia_smi=self.nvidia_smi, root=probe.root(),
+            cgroups=self.cfg.cgroups, cpu_unit=self.cfg.cpu_unit)
 
     def _requeue(self, job: Job, cg, exc: OSError, now: float) -> None:
         """A start that could not be written: with a full disk back to the queue, retried soon."""
@@ -1043,6 +1070,8 @@ class Engine:
             job.stats["peak_mem"] = rec.peak_mem
         if rec.cpu_time is not None:
             job.stats["cpu_time"] = rec.cpu_time
+        if rec.verdict is not None:
+            job.stats["verdict"], job.stats["record_digest"] = rec.verdict, rec.record_digest
         self._finish(job, self._result(job, rec), rec.ended if rec.ended is not None else now)
 
     def _result(self, job: Job, rec: records.ExitRecord) -> Result:

@@ -77,6 +77,11 @@ def show(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, A
     return protocol.ok(job=engine.show(caller, req.id, now), now=now)
 
 
+def record(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, Any]:
+    """``dispatch show --record JOB`` and ``dispatch record diff``: one job's record."""
+    return protocol.ok(record=engine.record(caller, req.id))
+
+
 def status(engine: Engine, caller: Caller, req: Status, now: float) -> dict[str, Any]:
     """``dispatch status``."""
     return protocol.ok(**engine.status(now, caller))
@@ -87,5 +92,5 @@ def ping(engine: Engine, caller: Caller, req: Ping, now: float) -> dict[str, Any
     return protocol.ok(version=__version__, protocol=protocol.VERSION)
 
 
-HANDLERS: dict[str, Handler] = {"new": new, "list": list_jobs, "kill": kill, "show": show, "status": status,
-                                 "job": job, "ping": ping}
+HANDLERS: dict[str, Handler] = {"new": new, "list": list_jobs, "kill": kill, "show": show, "record": record,
+                                 "status": status, "job": job, "ping": ping}

@@ -61,6 +61,7 @@ def line_of(job: Job) -> dict[str, Any]:
         "note": res.note if res else None, "max_time": job.max_time, "mem": job.budget.get("mem"),
         "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"), "output": job.output,
         "output_error": job.output_error,
+        "verdict": job.stats.get("verdict"), "record_digest": job.stats.get("record_digest"),
     }
 
 

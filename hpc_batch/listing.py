@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import time
 
+from shepherd.records import VERDICTS
+
 from .durations import format_clock, format_duration
 from .sizes import format_mem
 
@@ -92,7 +94,8 @@ def format_cores(cores: list[list[int]]) -> str:
 
 
 def _usage(job: dict[str, Any]) -> str:
-    """`` cpu 12.3s peak 210M`` for a finished job that ran (what accounting measured)."""
+    """`` cpu 12.3s peak 210M clean`` for a finished job that ran: what accounting measured, and
+    its record's verdict (one word) when it has one."""
     stats = job.get("stats") or {}
     if job["state"] != "finished" or job.get("started") is None:
         return ""
@@ -100,8 +103,10 @@ def _usage(job: dict[str, Any]) -> str:
     peak = stats.get("peak_mem")
     if cpu is None and peak is None:
         return ""
+    verdict = stats.get("verdict")
     return (f" cpu {cpu:.1f}s" if isinstance(cpu, (int, float)) else " cpu -") + \
-        (f" peak {format_mem(peak)}" if isinstance(peak, int) else " peak -")
+        (f" peak {format_mem(peak)}" if isinstance(peak, int) else " peak -") + \
+        (f" {verdict}" if verdict in VERDICTS else "")
 
 
 SHOW_FIELDS = (

@@ -172,6 +172,9 @@ class NewJob:
     whole_l3: bool = False          # --whole-l3 (with --benchmark): its last-level caches to itself
     aslr: str = "on"                # --aslr off: the job runs with ADDR_NO_RANDOMIZE
     thp: str = "on"                 # --thp off: the job runs with PR_SET_THP_DISABLE
+    record_to: str | None = None    # --record FILE: absolute; the record is written there as the user
+    record_is_dir: bool = False     # *record_to* is a directory: record.<id>.json in it
+    record_env: bool = False        # --record-env: the record holds the environment's values too
 
     @classmethod
     def from_args(cls, args: Args) -> "NewJob":
@@ -215,6 +218,9 @@ class NewJob:
             benchmark=benchmark, whole_l3=whole_l3,
             aslr=_choice(args, "aslr", ("on", "off"), "on"),
             thp=_choice(args, "thp", ("on", "off"), "on"),
+            record_to=_path(args, "record_to", default=None, allow_none=True),
+            record_is_dir=_get(args, "record_is_dir", (bool,), default=False),
+            record_env=_get(args, "record_env", (bool,), default=False),
         )
 
     def elements(self) -> list[tuple[tuple[str, ...], int | None]]:
@@ -361,7 +367,7 @@ Payload = NewJob | ListJobs | Attach | JobRef | Ping | JobSetting | WaitJobs | S
 
 # One line a verb: the daemon's dispatch table is keyed on the same names.
 REQUESTS: dict[str, type[Payload]] = {"new": NewJob, "list": ListJobs, "attach": Attach, "kill": JobRef,
-                                      "wait": WaitJobs, "show": JobRef, "status": Status,
+                                      "wait": WaitJobs, "show": JobRef, "record": JobRef, "status": Status,
                                       "job": JobSetting, "ping": Ping, "watch": Watch}
 
 

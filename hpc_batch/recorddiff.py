@@ -218,6 +218,8 @@ def classify(section: str, key: str, a: Any = None, b: Any = None) -> str:
         return "ignored"            # the cgroup's path names the job id
     if section == "memory" and _RUN_MEMORY.search(key.rpartition(".")[2] or key):
         return "run"
+    if section == "software" and re.fullmatch(r"environment\.(sha256|bytes)", key):
+        return "noted"              # these count the job's own id; submitted_sha256 leaves it out
     if section == "machine" and "job" in key:
         return "run"                # the other jobs beside this one: the state, not the setup
     if section == "gpu":

@@ -21,12 +21,14 @@ def log_name(job_id: int) -> str:
     return f"output.{job_id}.log"
 
 
-def check_destination(cwd: str, output: str | None) -> tuple:
+def check_destination(cwd: str, output: str | None, flag: str = "--output") -> tuple:
     """Check where a job's log will go; returns ``(path, is_dir)``.
 
     *output* is a directory, a file, or None (the submit directory). A
     directory gets ``output.<id>.log`` in it once the daemon assigns the id.
+    *flag* names the option in messages (``--record`` checks its file the same way).
     """
+    what = flag.lstrip("-")
     target = output or cwd
     try:
         st = os.stat(target)
@@ -34,13 +36,14 @@ def check_destination(cwd: str, output: str | None) -> tuple:
     except FileNotFoundError:
         is_dir = False
     except OSError as exc:
-        raise OutputError(f"cannot use output path {target}: {exc.strerror}") from None
+        raise OutputError(f"cannot use {what} path {target}: {exc.strerror}") from None
     parent = target if is_dir else (os.path.dirname(target) or "/")
     if not os.path.isdir(parent):
-        raise OutputError(f"output directory {parent} does not exist; create it or pick another --output")
+        raise OutputError(f"{what} directory {parent} does not exist; create it or pick another {flag}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write to {parent}: permission denied; "
-                          f"pick a directory you can write with --output, or use --no-output")
+                          f"pick a directory you can write with {flag}"
+                          + (", or use --no-output" if flag == "--output" else ""))
     if is_dir:
         return target, True
     try:
@@ -48,15 +51,34 @@ def check_destination(cwd: str, output: str | None) -> tuple:
     except FileNotFoundError:
         return target, False
     except OSError as exc:
-        raise OutputError(f"cannot use output file {target}: {exc.strerror}") from None
+        raise OutputError(f"cannot use {what} file {target}: {exc.strerror}") from None
     if stat.S_ISLNK(lst.st_mode):
-        raise OutputError(f"output file {target} is a symbolic link; hpc-batch never writes through "
-                          f"links: remove it or pick another --output")
+        raise OutputError(f"{what} file {target} is a symbolic link; hpc-batch never writes through "
+                          f"links: remove it or pick another {flag}")
     if not stat.S_ISREG(lst.st_mode):
-        raise OutputError(f"output path {target} exists and is not a regular file")
+        raise OutputError(f"{what} path {target} exists and is not a regular file")
     if lst.st_uid != os.geteuid():
-        raise OutputError(f"output file {target} belongs to another user; hpc-batch never writes into "
-                          f"another user's file: pick another --output")
+        raise OutputError(f"{what} file {target} belongs to another user; hpc-batch never writes into "
+                          f"another user's file: pick another {flag}")
     if not os.access(target, os.W_OK):
         raise OutputError(f"cannot overwrite {target}: permission denied")
     return target, False
+
+
+def read_user_json(path: str, limit: int):
+    """The JSON document in the user's file *path* (a record to compare), at most *limit* bytes.
+
+    Read as the user, but still never blocking on a FIFO or a device: only a
+    regular file is read. Raises OSError or ValueError saying why not.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit >> 10} KiB, more than any record")
+    from shepherd.jsoncodec import loads
+    return loads(data.decode("utf-8", "replace"))

@@ -33,6 +33,9 @@ _encode = _json.make_encoder(None, None, _json.encode_basestring_ascii, None, ":
 # uses it too, so dispatch never imports json (and with it re).
 _encode_wire = _json.make_encoder(None, None, _json.encode_basestring_ascii, None, ":", ",",  # type: ignore[arg-type]
                                   False, False, False)
+# The canonical form a record's digest is taken of: compact, keys sorted.
+_encode_canonical = _json.make_encoder(None, None, _json.encode_basestring_ascii, None, ":", ",",  # type: ignore[arg-type]
+                                       True, False, False)
 _SPACE = " \t\n\r"
 
 
@@ -44,6 +47,11 @@ def dumps(obj) -> str:
 def dumps_wire(obj) -> str:
     """Compact JSON text of *obj*, keys in insertion order (a protocol frame's body)."""
     return "".join(_encode_wire(obj, 0))
+
+
+def dumps_canonical(obj) -> str:
+    """Compact JSON text of *obj* with keys sorted: the same object always gives the same text."""
+    return "".join(_encode_canonical(obj, 0))
 
 
 def loads(text: str):

@@ -45,7 +45,7 @@ import sys
 import time
 
 try:
-    from shepherd import acl, cgroup, control, identity, output, process, records
+    from shepherd import acl, cgroup, control, identity, output, process, record, records
 except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py): siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
     import acl  # type: ignore[no-redef]
@@ -54,6 +54,7 @@ except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py)
     import identity  # type: ignore[no-redef]
     import output  # type: ignore[no-redef]
     import process  # type: ignore[no-redef]
+    import record  # type: ignore[no-redef]
     import records  # type: ignore[no-redef]
 
 STOP_REASONS = ("killed", "timeout")
@@ -161,6 +162,9 @@ class Supervisor:
         self.relay_give_up: float | None = None  # mode "held": when to stop retrying the relay's fork
         self.output_note: str | None = None
         self.failure = b""
+        # The reproducibility record (shepherd/record.py), unless the daemon runs with --records none.
+        self.recorder = record.Recorder(job_dir, spec, fork=_fork) if spec.get("record") else None
+        self.record_fds: list[int] = []
         ctl_r, self._ctl_keeper = control.create(job_dir)
         self.control = control.Reader(ctl_r)
         self._watch(ctl_r, self._on_control)
@@ -196,6 +200,8 @@ class Supervisor:
         self.buf = _open_buffer(os.path.join(self.job_dir, records.OUTPUT), spec)
         self.pipe_r, pipe_w = output.make_pipe()
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        if self.recorder is not None:
+            self.recorder.before_start()
         try:
             pid = self._fork_retrying(lambda: self.stop_reason is not None)
         except OSError as exc:
@@ -219,6 +225,7 @@ class Supervisor:
         os.set_blocking(self.pipe_r, False)
         self._watch(self.pipe_r, self._on_output)
         self._watch(err_r, self._on_exec_report)
+        self._record_started()
         ended = []
         self._watch(pidfd, lambda fd: ended.append(True))
         while not ended:
@@ -227,6 +234,36 @@ class Supervisor:
         self._unwatch(pidfd)
         os.close(pidfd)
         return self._collect(err_r)
+
+    def _record_started(self) -> None:
+        """The record's part while the job runs: static sections now, side tasks in the poll loop."""
+        if self.recorder is None:
+            return
+        try:
+            self.record_fds = self.recorder.after_start()
+        except Exception as exc:   # the record must never cost the job anything
+            sys.stderr.write(f"hpc-batch-shepherd: job {self.spec.get('id')}: cannot start its record: {exc}\n")
+            self.recorder.record["error"] = str(exc)
+            return
+        for fd in self.record_fds:
+            self._watch(fd, self._on_record_side)
+
+    def _on_record_side(self, fd: int) -> None:
+        assert self.recorder is not None
+        if self.recorder.on_readable(fd):
+            self._unwatch(fd)
+
+    def _record_end(self, usage) -> dict | None:
+        """The record's end (before the cgroup goes): ``{"verdict", "digest"}``, or None."""
+        if self.recorder is None:
+            return None
+        for fd in self.record_fds:
+            self._unwatch(fd)
+        try:
+            return self.recorder.at_end(usage)
+        except Exception as exc:
+            sys.stderr.write(f"hpc-batch-shepherd: job {self.spec.get('id')}: cannot finish its record: {exc}\n")
+            return None
 
     def _fork_retrying(self, interrupted, limit: float | None = None) -> int:
         """:func:`_fork`, retried while it fails for want of pids or memory.
@@ -263,10 +300,18 @@ class Supervisor:
     def _next_timer(self):
         times = [t for t in (self.kill_at, self.resume_pipe_at,
                              self.deadline if self.stop_reason is None else None) if t is not None]
+        side = self.recorder.deadline() if self.recorder is not None else None
+        if side is not None:   # (monotonic: the record's side tasks' limit)
+            times.append(time.time() + side - time.monotonic())
         return min(times) if times else None
 
     def _timers(self) -> None:
         now = time.time()
+        side = self.recorder.deadline() if self.recorder is not None else None
+        if side is not None and time.monotonic() >= side:
+            for fd in self.record_fds:
+                self._unwatch(fd)
+            self.recorder.cut_short()   # type: ignore[union-attr]
         if self.stop_reason is None and self.deadline is not None and now >= self.deadline:
             self.stop("timeout")
         if self.kill_at is not None and now >= self.kill_at:
@@ -450,6 +495,9 @@ class Supervisor:
             rec.code = os.WEXITSTATUS(status)
         elif os.WIFSIGNALED(status):
             rec.signal = os.WTERMSIG(status)
+        summary = self._record_end(usage)   # (its end snapshot reads the cgroup: before it goes)
+        if summary is not None:
+            rec.verdict, rec.record_digest = summary.get("verdict"), summary.get("digest")
         if self.cgroup:
             for key, value in cgroup.collect_and_remove(self.cgroup).items():
                 if value is not None:   # the cgroup saw the whole job: prefer it to rusage
@@ -516,7 +564,39 @@ class Supervisor:
             # The delivery child fsynced the log before it exited 0: only now may
             # the buffer, the only other copy of the output, go.
             _unlink(path)
+        why = self._deliver_record()
+        if why:
+            rec.note = f"{rec.note}; {why}" if rec.note else why
         self._record_delivery(rec)
+
+    def _deliver_record(self) -> str | None:
+        """``dispatch new --record FILE``: copy record.json there as the user; why not, or None."""
+        to = (self.spec.get("record") or {}).get("to")
+        if not to or self.recorder is None or self.pid is None:
+            return None
+        if self.abandon:
+            return f"the record was not written to {to}: {self.abandon}"
+        try:
+            src = os.open(os.path.join(self.job_dir, records.RECORD), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            return f"the record was not written to {to}: it could not be made ({exc.strerror})"
+        report_r, report_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = self._fork_retrying(lambda: bool(self.abandon), self.delivery_limit)
+        except OSError as exc:
+            for fd in (src, report_r, report_w):
+                os.close(fd)
+            return f"the record was not written to {to}: cannot fork ({exc.strerror})"
+        if pid == 0:
+            try:
+                _keep_only(src, report_w)
+                output.deliver_as_user(dict(self.spec, output=to), src, None, report_w)
+            finally:
+                os._exit(1)
+        os.close(report_w)
+        os.close(src)
+        ok, why = self._await_child(pid, os.pidfd_open(pid), report_r)
+        return None if ok else f"the record was not written: {why}"
 
     def _record_delivery(self, rec: records.DeliveryRecord) -> None:
         # Not fsync'd: if a crash loses it, the buffer's presence tells the daemon

@@ -48,6 +48,8 @@ EXIT = "exit.json"
 DELIVERY = "delivery.json"
 OUTPUT = "output"
 INFO = "info.json"
+VERDICTS = ("clean", "noisy", "unknown")   # a record's verdict: was the machine quiet while the job ran?
+RECORD = "record.json"     # the reproducibility record (shepherd/record.py), root's, readable by the user
 
 # A fork that failed with one of these may work later (out of pids, out of memory): the job
 # waits and is retried, never failed. An exit record's not_started holds one of these names.
@@ -230,11 +232,13 @@ class ExitRecord(_Record):
     errno name (``"EAGAIN"``, ``"ENOMEM"``) when the shepherd could not fork
     the job at all: its command never ran, so the daemon may queue it again
     (``error`` says the same in words, for a daemon that does not know the
-    field). It is on disk only when set.
+    field). ``verdict`` and ``record_digest`` summarise the job's record.json.
+    These three are on disk only when set.
     """
 
     FIELDS = ("status", "ended", "code", "signal", "error", "stopped", "stop_note",
-              "oom_kill", "oom_group_kill", "peak_mem", "cpu_time", "not_started")
+              "oom_kill", "oom_group_kill", "peak_mem", "cpu_time", "not_started", "verdict", "record_digest")
+    _OPTIONAL = ("not_started", "verdict", "record_digest")   # on disk only when set
     __slots__ = (*FIELDS, "old_format")    # old_format lives in memory only
     STOP_REASONS = ("killed", "timeout")
 
@@ -246,12 +250,15 @@ class ExitRecord(_Record):
         self.error, self.stopped, self.stop_note = error, stopped, stop_note
         self.oom_kill, self.oom_group_kill, self.peak_mem, self.cpu_time = oom_kill, oom_group_kill, peak_mem, cpu_time
         self.not_started: str | None = None
+        self.verdict: str | None = None         # the reproducibility record's verdict (clean, noisy, unknown)
+        self.record_digest: str | None = None   # and its digest ("sha256:...")
         self.old_format = False
 
     def to_dict(self) -> dict:
         d = super().to_dict()
-        if d["not_started"] is None:
-            del d["not_started"]   # the usual record stays as it always was
+        for key in self._OPTIONAL:
+            if d[key] is None:
+                del d[key]   # the usual record stays as it always was
         return d
 
     @classmethod
@@ -262,6 +269,9 @@ class ExitRecord(_Record):
                   _int(d, "oom_kill") or 0, _int(d, "oom_group_kill") or 0, _int(d, "peak_mem"),
                   _num(d, "cpu_time"))
         rec.not_started = _text(d, "not_started")
+        verdict = _text(d, "verdict")
+        rec.verdict = verdict if verdict in VERDICTS else None
+        rec.record_digest = _text(d, "record_digest")
         rec.old_format = "stopped" not in d
         return rec
 

@@ -78,7 +78,7 @@ def test_the_usage_parser_sees_the_verbs_and_options():
     assert "--max-lifetime" not in new and "--list-is-public" not in new
     assert valued_options(cli_usage.NEW_USAGE) == {
         "--cpu", "--gpu-cores", "--gpu-link", "--max-mem", "--max-time", "--output", "--name",
-        "--after", "--after-ok", "--array", "--commands", "--benchmark", "--aslr", "--thp"}
+        "--after", "--after-ok", "--array", "--commands", "--benchmark", "--aslr", "--thp", "--record"}
 
 
 def test_every_verb_and_option_appears_in_both_files():

@@ -28,13 +28,14 @@ _dispatch_verb_options() {
     case $1 in
         new)
             opts="--cpu --gpu-cores --gpu-link --max-mem --max-time --exclusive --numa-local"
-            opts+=" --numa-local-mem --numa-local-gpu --benchmark --whole-l3 --aslr --thp --env --output"
-            opts+=" --no-output --name --after --after-ok --array --commands --wait --json -h --help"
+            opts+=" --numa-local-mem --numa-local-gpu --benchmark --whole-l3 --aslr --thp --record --record-env"
+            opts+=" --env --output --no-output --name --after --after-ok --array --commands --wait --json -h --help"
             valued=" --cpu --gpu-cores --gpu-link --max-mem --max-time --output --name --after --after-ok"
-            valued+=" --array --commands --benchmark --aslr --thp "
+            valued+=" --array --commands --benchmark --aslr --thp --record "
             ;;
         list) opts="--all --finished --json -h --help" ;;
-        wait | show | status) opts="--json -h --help" ;;
+        show) opts="--json --record -h --help" ;;
+        wait | status | record) opts="--json -h --help" ;;
         attach | kill | job) opts="-h --help" ;;
         *) opts="" ;;
     esac
@@ -202,7 +203,7 @@ _dispatch() {
         if [[ $cur == -* ]]; then
             _dispatch_add -h --help --version
         else
-            _dispatch_add new list attach kill wait show status job
+            _dispatch_add new list attach kill wait show record status job
         fi
         return 0
     fi
@@ -236,6 +237,15 @@ _dispatch() {
             fi
             ;;
         wait) _dispatch_add_jobs ;;
+        record)
+            # dispatch record diff <a> <b>: job ids or names, or record files
+            if ((n == 0)); then
+                _dispatch_add diff
+            elif ((n <= 2)); then
+                _dispatch_add_jobs
+                COMPREPLY+=($(compgen -f -- "$cur"))
+            fi
+            ;;
         job)
             # dispatch job <job> max-time (get | set <duration> | add <duration>)
             case $n in

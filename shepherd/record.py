@@ -1,0 +1,488 @@
+"""The job's reproducibility record: what it ran on, and whether the machine stayed quiet.
+
+The shepherd builds it in three steps, so that nothing slow lies between the
+submit and the job's first instruction, and nothing wakes while it runs:
+
+1. :meth:`Recorder.before_start`, just before the job is forked: the start
+   snapshot of the sentinels (interrupts, throttling, swap, pressure, CPU
+   time on the job's node and L3). Cheap: plain reads of /proc and /sys.
+2. :meth:`Recorder.after_start`, once the job runs: the static sections
+   (kernel, CPU, frequency, memory, the cgroup as read back), the software,
+   and two side tasks in child processes with a deadline: the executable's
+   hash, read *as the user* (root never opens a path the user controls), and
+   the GPU query (nvidia-smi). The record is written incomplete
+   (``"complete": false``), so ``dispatch show --record`` has it while the job
+   runs and a lost shepherd still leaves it.
+3. :meth:`Recorder.at_end`, after the job's leader is reaped and before its
+   cgroup goes: the end snapshot, the deltas, the verdict, the digest; the
+   record is written complete, and its verdict and digest go to exit.json.
+
+``record.json`` is root's, mode 0640 with an ACL entry for the job's user (like
+the output buffer), and at most :data:`MAX_BYTES`: bulky parts are dropped, and
+named in ``"cut"``, to keep it so. Standard library only.
+"""
+
+import errno
+import hashlib
+import os
+import signal
+import time
+
+try:
+    from shepherd import acl, collect, gpuquery, identity, records, sentinels, sysread, verdict
+    from shepherd.jsoncodec import dumps_canonical
+except ImportError:  # run as a file: siblings are top-level modules
+    import acl  # type: ignore[no-redef]
+    import collect  # type: ignore[no-redef]
+    import gpuquery  # type: ignore[no-redef]
+    import identity  # type: ignore[no-redef]
+    import records  # type: ignore[no-redef]
+    import sentinels  # type: ignore[no-redef]
+    import sysread  # type: ignore[no-redef]
+    import verdict  # type: ignore[no-redef]
+    from jsoncodec import dumps_canonical  # type: ignore[no-redef]
+
+MAX_BYTES = 256 << 10        # a record's size bound
+STRING_CAP = 1024            # characters kept of one user-controlled string (an argument, a path, a key)
+LIST_CAP = 512               # arguments or environment keys kept
+HASH_CAP = 1 << 30           # an executable larger than this is not hashed (its size is still recorded)
+SIDE_LIMIT = 30.0            # seconds the side tasks (hash, GPU query) may take after the start
+END_GPU_LIMIT = 5.0          # seconds the GPUs' end reading may take
+END_WAIT = 10.0              # seconds a job's end waits for side tasks still running (within SIDE_LIMIT)
+# Parts dropped, in this order, while a record is over MAX_BYTES: the raw snapshots first (their
+# deltas stay), then the largest static lists.
+_CUTS = (("sentinels", "start", "interrupts"), ("sentinels", "end", "interrupts"),
+         ("sentinels", "start"), ("sentinels", "end"), ("cpu", "vulnerabilities"), ("cpu", "caches"),
+         ("software", "environment", "values"), ("software", "environment", "keys"),
+         ("software", "argv"), ("sentinels", "delta", "interrupts"))
+
+
+def cap(text: str, limit: int = STRING_CAP) -> str:
+    """A user-controlled string, at most *limit* characters (JSON escapes the rest of its harm)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+# What the daemon sets for each job (engine._job_env): they differ between any two jobs, so the
+# environment's digest without them says whether two jobs were submitted with the same one.
+PER_JOB_VARS = ("HPC_BATCH_JOB_ID", "HPC_BATCH_ARRAY_INDEX", "HPC_BATCH_ARRAY_JOB_ID", "CUDA_VISIBLE_DEVICES")
+
+
+def env_block(env: dict) -> bytes:
+    """The environment as the sorted ``KEY=VALUE\\0`` block its digest and size are taken of."""
+    return b"".join(f"{k}={env[k]}".encode("utf-8", "surrogateescape") + b"\0" for k in sorted(env))
+
+
+def software(spec: dict, env_values: bool) -> dict:
+    """argv, cwd, libc, rlimits and the environment (values only when the user asked)."""
+    env = spec.get("env") or {}
+    block = env_block(env)
+    keys = sorted(env)
+    out = {
+        "argv": sysread.field([cap(a) for a in spec["argv"][:LIST_CAP]], "launch spec"),
+        "argc": sysread.field(len(spec["argv"]), "launch spec"),
+        "cwd": sysread.field(cap(spec["cwd"]), "launch spec"),
+        "libc": _libc(),
+        "rlimits": _rlimits(),
+        "environment": {
+            "keys": sysread.field([cap(k) for k in keys[:LIST_CAP]], "launch spec"),
+            "count": sysread.field(len(keys), "launch spec"),
+            "sha256": sysread.field(hashlib.sha256(block).hexdigest(), "launch spec"),
+            "bytes": sysread.field(len(block), "launch spec"),
+            "submitted_sha256": sysread.field(
+                hashlib.sha256(env_block({k: v for k, v in env.items() if k not in PER_JOB_VARS})).hexdigest(),
+                "launch spec, less " + ", ".join(PER_JOB_VARS)),
+        },
+    }
+    if env_values:
+        out["environment"]["values"] = sysread.field({cap(k): cap(env[k]) for k in keys[:LIST_CAP]},
+                                                     "launch spec (--record-env)")
+    return out
+
+
+def _libc() -> dict:
+    try:
+        return sysread.field(os.confstr("CS_GNU_LIBC_VERSION"), "confstr(_CS_GNU_LIBC_VERSION)")
+    except (OSError, ValueError) as exc:
+        return sysread.field(None, "confstr(_CS_GNU_LIBC_VERSION)", sysread.error_text(exc))
+
+
+def _rlimits() -> dict:
+    """The shepherd's limits, which the job inherits unchanged."""
+    import resource
+    out = {}
+    for name in sorted(n for n in dir(resource) if n.startswith("RLIMIT_")):
+        try:
+            soft, hard = resource.getrlimit(getattr(resource, name))
+        except (OSError, ValueError):
+            continue
+        out[name[7:].lower()] = [None if soft == resource.RLIM_INFINITY else soft,
+                                 None if hard == resource.RLIM_INFINITY else hard]
+    return sysread.field(out, "getrlimit(2) (null: unlimited)")
+
+
+def digest(record: dict) -> str:
+    """``sha256:<hex>`` of the record without its digest, keys sorted, compact."""
+    body = {k: v for k, v in record.items() if k != "digest"}
+    return "sha256:" + hashlib.sha256(dumps_canonical(body).encode()).hexdigest()
+
+
+def bounded(record: dict, limit: int = MAX_BYTES) -> bytes:
+    """The record's JSON, with parts dropped (and named in ``cut``) until it fits *limit*."""
+    record["digest"] = digest(record)
+    data = records.dumps(record).encode()
+    for path in _CUTS:
+        if len(data) <= limit:
+            break
+        parent = record
+        for key in path[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None  # type: ignore[assignment]
+        if not isinstance(parent, dict) or path[-1] not in parent:
+            continue
+        del parent[path[-1]]
+        record.setdefault("cut", []).append(".".join(path))
+        record["digest"] = digest(record)
+        data = records.dumps(record).encode()
+    if len(data) > limit:   # nothing left to drop: keep what identifies the run
+        judged = record["verdict"] if isinstance(record.get("verdict"), dict) else {}
+        keep = ("schema", "job", "complete", "cut")
+        record = {k: record[k] for k in keep if k in record}
+        record["verdict"] = {"verdict": judged.get("verdict", "unknown"),
+                             "reasons": [cap(str(r)) for r in (judged.get("reasons") or [])[:LIST_CAP // 8]]}
+        record.setdefault("cut", []).append("everything else (over the size bound)")
+        record["digest"] = digest(record)
+        data = records.dumps(record).encode()
+    return data
+
+
+def _run(argv: list[str], timeout: float = SIDE_LIMIT / 3) -> tuple[int, str]:
+    """In a side task's child: run *argv* (nvidia-smi) with a deadline; ``(status, output)``, -1 if it did not run."""
+    import subprocess
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return -1, f"{argv[0]} took longer than {int(timeout)}s"
+    except OSError as exc:
+        return -1, f"cannot run {argv[0]}: {sysread.error_text(exc)}"
+    return done.returncode, done.stdout.decode("utf-8", "replace")[:MAX_BYTES]
+
+
+class _Side:
+    """A child process whose stdout (JSON or text) the record waits for, within a deadline."""
+
+    def __init__(self, name: str, pid: int, fd: int):
+        self.name, self.pid, self.fd = name, pid, fd
+        self.chunks: list[bytes] = []
+        self.done = False
+        self.status: int | None = None
+
+    def read(self) -> bool:
+        """Take what the pipe holds; True once it reached EOF (the child is then reaped)."""
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return False
+            except OSError:
+                chunk = b""
+            if not chunk or sum(map(len, self.chunks)) > MAX_BYTES:
+                self.finish()
+                return True
+            self.chunks.append(chunk)
+
+    def finish(self, kill: bool = False) -> None:
+        if self.done:
+            return
+        if kill:   # our unreaped child: its pid is still ours
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.close(self.fd)
+        _, self.status = os.waitpid(self.pid, 0)
+        self.done = True
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode("utf-8", "replace")
+
+
+class Recorder:
+    """One job's record, from the shepherd's first look to the end (see the module's text)."""
+
+    def __init__(self, job_dir: str, spec: dict, fork=os.fork):
+        self.fork = fork    # the shepherd's, which holds its stop signals back from the child
+        self.job_dir = job_dir
+        self.spec = spec
+        self.conf = spec.get("record") or {}
+        self.src = sysread.Source(self.conf.get("root") or "/")
+        self.cpus = list(self.conf.get("cpus") or [])
+        self.cgroup = spec.get("cgroup")
+        self.record: dict = {"schema": collect.SCHEMA, "job": spec.get("id"), "complete": False}
+        self.start_snap: dict | None = None
+        self.sides: dict[str, _Side] = {}
+        self.side_deadline: float | None = None
+
+    # -- 1. before the fork -----------------------------------------------------------------
+    def before_start(self) -> None:
+        """The sentinels' start snapshot (the only part between the submit and the job's start)."""
+        try:
+            self.start_snap = sentinels.snapshot(self.src, self.cpus, self.conf.get("node_cpus") or self.cpus,
+                                                 self.conf.get("l3_cpus") or self.cpus, self.cgroup)
+        except Exception as exc:   # a record must never cost the job its start
+            self.start_snap = {"error": sysread.error_text(exc)}
+
+    # -- 2. while the job runs ---------------------------------------------------------------
+    def after_start(self) -> list[int]:
+        """The static sections and the side tasks; returns the side tasks' fds to watch."""
+        rec, src, conf = self.record, self.src, self.conf
+        for name, make in (
+                ("collector", lambda: collect.collector(src, int(self.spec.get("id") or 0), conf.get("version", "?"),
+                                                        conf.get("commit"))),
+                ("kernel", lambda: collect.kernel(src)),
+                ("cpu", lambda: collect.cpu(src)),
+                ("frequency", lambda: collect.frequency(src, self.cpus)),
+                ("memory", lambda: collect.memory(src, list(conf.get("mems") or []))),
+                ("software", lambda: software(self.spec, bool(conf.get("env_values"))))):
+            try:
+                rec[name] = make()
+            except Exception as exc:
+                rec[name] = {"error": sysread.error_text(exc)}
+        try:
+            read_back = collect.read_back(src, self.cgroup)
+        except Exception as exc:
+            read_back = {"error": sysread.error_text(exc)}
+        rec["allocation"] = {"requested": conf.get("requested") or {}, "read_back": read_back}
+        rec["machine"] = dict(conf.get("machine") or {}, quiet=self._quiet())
+        rec["gpu"] = []
+        self.side_deadline = time.monotonic() + SIDE_LIMIT
+        self._spawn_side("executable", self._hash_executable)
+        if conf.get("gpus") and conf.get("nvidia_smi"):
+            self._spawn_side("gpu", self._gpu_start)
+        self.write()
+        return [side.fd for side in self.sides.values()]
+
+    def _quiet(self) -> dict:
+        """What a benchmark job's start changed (quiet.json, the daemon's), or null with why."""
+        path = os.path.join(self.job_dir, "quiet.json")
+        data = records.read_json(path)
+        if data is None:
+            return sysread.field(None, "quiet.json", "not a benchmark job, or nothing was changed")
+        return sysread.field(data, "quiet.json")
+
+    def on_readable(self, fd: int) -> bool:
+        """A side task's pipe is readable; True once that task is done (stop watching *fd*)."""
+        for side in self.sides.values():
+            if side.fd == fd and not side.done:
+                return side.read()
+        return True
+
+    def deadline(self) -> float | None:
+        """When the side tasks are cut short (monotonic), while any runs."""
+        return self.side_deadline if any(not s.done for s in self.sides.values()) else None
+
+    def cut_short(self) -> None:
+        """The side tasks' time is up: kill the ones still running."""
+        for side in self.sides.values():
+            side.finish(kill=True)
+
+    def _gpu_ids(self) -> list[str]:
+        return [g.get("uuid") or str(g.get("index")) for g in self.conf["gpus"]]
+
+    def _gpu_start(self) -> dict:
+        """In a child: the GPUs' static facts and start state, their CUDA version and topology rows."""
+        smi, ids = self.conf["nvidia_smi"], self._gpu_ids()
+        rc, out = _run([smi, "topo", "-m"])
+        uuids = {g["index"]: g["uuid"] for g in self.conf["gpus"] if g.get("uuid")}
+        return {"rows": gpuquery.query(_run, smi, ids), "cuda": gpuquery.cuda_version(_run, smi, ids),
+                "topo": gpuquery.topo_rows(out, uuids) if rc == 0 else {}}
+
+    def _gpu_finish(self) -> dict:
+        """In a child: the GPUs' end state (temperature, clock event reasons)."""
+        return {"rows": gpuquery.query(_run, self.conf["nvidia_smi"], self._gpu_ids(), gpuquery.DYNAMIC_FIELDS)}
+
+    def _gpu_section(self, start: dict | None, end: dict | None) -> list:
+        gpus = self.conf.get("gpus") or []
+        if start is None:
+            why = (self.record.get("side_errors") or {}).get("gpu") or "the GPU query failed"
+            rows = gpuquery.unavailable(self._gpu_ids(), why)
+            start = {"rows": [dict(r, uuid=sysread.field(g.get("uuid"), "the daemon (nvidia-smi -L)"))
+                              for r, g in zip(rows, gpus)]}
+        topo = dict(start.get("topo") or {})
+        for g in gpus:   # the daemon's reading of topo -m, where this one failed
+            if g.get("uuid") and g["uuid"] not in topo and g.get("topo"):
+                row = g["topo"]
+                topo[g["uuid"]] = " ".join(f"{k}={v}" for k, v in sorted((row.get("links") or {}).items())) + \
+                    f" NUMA Affinity={row.get('numa')}"
+        return gpuquery.section(start.get("rows") or [], topo, (end or {}).get("rows") or [], start.get("cuda"))
+
+    def _spawn_side(self, name: str, fn) -> None:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = self.fork()
+        except OSError as exc:
+            os.close(r)
+            os.close(w)
+            self.record.setdefault("side_errors", {})[name] = f"cannot fork ({sysread.error_text(exc)})"
+            return
+        if pid == 0:
+            code = 1
+            try:
+                signal.set_wakeup_fd(-1)
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, ())
+                os.dup2(w, 1)
+                null = os.open(os.devnull, os.O_RDWR)
+                os.dup2(null, 0)
+                os.dup2(null, 2)
+                os.closerange(3, 1 << 16)
+                try:
+                    out = fn()
+                except Exception as exc:
+                    out = {"error": sysread.error_text(exc)}
+                os.write(1, records.dumps(out).encode())
+                code = 0
+            except BaseException:
+                pass
+            os._exit(code)
+        os.close(w)
+        os.set_blocking(r, False)
+        self.sides[name] = _Side(name, pid, r)
+
+    def _hash_executable(self) -> dict:
+        """In a child, as the job's user: resolve argv[0] as execvpe does, and hash that file."""
+        spec = self.spec
+        identity.become(spec["user"], spec["uid"], spec["gid"])
+        os.chdir(spec["cwd"])
+        name = spec["argv"][0]
+        path = None
+        if "/" in name:
+            path = name
+        else:
+            for d in ((spec.get("env") or {}).get("PATH") or os.defpath).split(os.pathsep):
+                candidate = os.path.join(d or ".", name)
+                if os.access(candidate, os.X_OK) and os.path.isfile(candidate):
+                    path = candidate
+                    break
+        if path is None:
+            return {"error": f"{name!r} is not on the job's PATH"}
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        out = {"path": os.path.abspath(path), "realpath": os.path.realpath(path), "size": st.st_size}
+        if not (st.st_mode & 0o170000 == 0o100000):
+            return dict(out, error="not a regular file")
+        if st.st_size > HASH_CAP:
+            return dict(out, error=f"larger than {HASH_CAP >> 20} MiB: not hashed")
+        h = hashlib.sha256()
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            h.update(chunk)
+        return dict(out, sha256=h.hexdigest())
+
+    # -- 3. at the end --------------------------------------------------------------------------
+    def at_end(self, usage) -> dict:
+        """The end snapshot, deltas and verdict; writes the complete record. Returns
+        ``{"verdict": word, "digest": "sha256:..."}`` for the exit record."""
+        self._await_sides(min(self.side_deadline or 0.0, time.monotonic() + END_WAIT))
+        rec = self.record
+        rec["software"] = rec.get("software") or {}
+        rec["software"]["executable"] = self._side_result("executable", "the executable, read as the user")
+        gpu_start = self._side_json("gpu")
+        gpu_end = self._gpu_end() if self.conf.get("gpus") and self.conf.get("nvidia_smi") else None
+        own = {"nivcsw": usage.ru_nivcsw, "nvcsw": usage.ru_nvcsw,   # the job's usage, for a job without a cgroup
+               "usage_usec": int((usage.ru_utime + usage.ru_stime) * 1e6)} if usage is not None else None
+        try:
+            end = sentinels.snapshot(self.src, self.cpus, self.conf.get("node_cpus") or self.cpus,
+                                     self.conf.get("l3_cpus") or self.cpus, self.cgroup)
+        except Exception as exc:
+            end = {"error": sysread.error_text(exc)}
+        try:
+            rec["gpu"] = self._gpu_section(gpu_start, gpu_end) if self.conf.get("gpus") else []
+        except Exception as exc:
+            rec["gpu"] = [{"error": sysread.error_text(exc)}]
+        start = self.start_snap or {"error": "no start snapshot"}
+        try:
+            delta = sentinels.delta(start, end, own)
+        except Exception as exc:
+            delta = {"error": sysread.error_text(exc)}
+        rec["sentinels"] = {"start": start, "end": end, "delta": delta}
+        try:
+            rec["verdict"] = verdict.judge(delta, self.conf.get("thresholds"), rec["gpu"])
+        except Exception as exc:
+            rec["verdict"] = {"verdict": "unknown", "reasons": [f"no verdict: {sysread.error_text(exc)}"]}
+        rec["complete"] = True
+        data = self.write()
+        return {"verdict": rec["verdict"].get("verdict", "unknown"), "digest": rec.get("digest"),
+                "bytes": len(data)}
+
+    def _await_sides(self, until: float) -> None:
+        import select
+        poller = select.poll()
+        live = {s.fd: s for s in self.sides.values() if not s.done}
+        for fd in live:
+            poller.register(fd, select.POLLIN)
+        while live:
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            for fd, _ in poller.poll(int(left * 1000) + 1):
+                if live[fd].read():
+                    poller.unregister(fd)
+                    del live[fd]
+        for side in live.values():
+            side.finish(kill=True)
+            side.chunks.append(b"")
+            self.record.setdefault("side_errors", {})[side.name] = f"took longer than {int(SIDE_LIMIT)}s"
+
+    def _side_json(self, name: str) -> dict | None:
+        side = self.sides.get(name)
+        if side is None or not side.done or side.status != 0:
+            return None
+        try:
+            value = records.loads(side.text())
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) and "error" not in value else None
+
+    def _side_result(self, name: str, source: str) -> dict:
+        side = self.sides.get(name)
+        why = (self.record.get("side_errors") or {}).get(name)
+        if side is None or why:
+            return sysread.field(None, source, why or "not read")
+        try:
+            value = records.loads(side.text())
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            return sysread.field(None, source, f"the reader failed (status {side.status})")
+        if value.get("error") and "sha256" not in value:
+            return dict(sysread.field(None, source, cap(str(value["error"]))),
+                        **{k: cap(v) if isinstance(v, str) else v for k, v in value.items() if k != "error"})
+        return sysread.field({k: cap(v) if isinstance(v, str) else v for k, v in value.items()}, source)
+
+    def _gpu_end(self) -> dict | None:
+        self._spawn_side("gpu_end", self._gpu_finish)
+        if "gpu_end" not in self.sides:
+            return None
+        self._await_sides(time.monotonic() + END_GPU_LIMIT)
+        return self._side_json("gpu_end")
+
+    # -- the file ----------------------------------------------------------------------------------
+    def write(self) -> bytes:
+        """Replace record.json (root's, 0640, readable by the job's user); returns what was written."""
+        data = bounded(self.record)
+        uid, gid = self.spec.get("uid"), self.spec.get("admin_gid")
+
+        def share(fd: int) -> None:
+            if isinstance(uid, int):
+                acl.share_with(fd, uid, gid if isinstance(gid, int) else -1)
+        try:
+            records.write_atomic(os.path.join(self.job_dir, records.RECORD), data, 0o640, durable=False,
+                                 prepare=share)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self.record["write_error"] = sysread.error_text(exc)   # a full disk costs the record, never the job
+        return data
