@@ -1,4 +1,5 @@
-"""Shepherds forked by the resident fork server: named in ps, nobody's child, independent of the server."""
+"""Shepherds forked by the resident fork server: named in ps, nobody's child, independent of the server;
+and exec'd by the daemon when no server can be had."""
 
 import os
 import signal
@@ -101,7 +102,7 @@ def test_with_no_fork_server_to_be_had_the_shepherd_is_execd_and_runs_the_job(da
     flag = os.path.join(scratch, "go")
     job = d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done; echo through exec; id -un",
                    user=USERS["alice"], cwd=work)
-    pid = wait_for(lambda: _exec_shepherd_of(d, job), what="an exec'd shepherd for the job")
+    pid = wait_for(lambda: _exec_shepherd_of(d, job), timeout=30, what="an exec'd shepherd for the job")
     assert _ppid(pid) == d.proc.pid, "an exec'd shepherd is spawned by the daemon itself"
     assert "the shepherd fork server failed" in d.log()
     open(flag, "w").close()
