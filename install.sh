@@ -26,6 +26,7 @@ set -eu
 # venv is created as root, unless it would go straight into a sticky one.
 # A checkout is checked as a directory, not file by file: pip builds it as
 # root, so whoever can write the directory can run code as root.
+# shellcheck disable=SC2016  # Python source: its $ and quotes are not the shell's
 ROOT_ONLY_PY='
 import os, pwd, re, stat, sys, urllib.parse
 

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by scripts/test and scripts/try (and asked by bench/run): make the project's venv.
 #
 # Jobs and dispatch run as real unprivileged users in the tests, so the venv's
@@ -25,10 +26,10 @@ ensure_venv() {
         mkdir -p "$(dirname "$venv")" && chmod 755 "$(dirname "$venv")"
         "$base_python" -m venv "$venv" || { echo "$base_python -m venv failed" >&2; return 1; }
     fi
-    "$py" -m pip install --disable-pip-version-check -q --force-reinstall --no-deps . &&
-    "$py" -m pip install --disable-pip-version-check -q ".$extra" || {
+    if ! "$py" -m pip install --disable-pip-version-check -q --force-reinstall --no-deps . ||
+        ! "$py" -m pip install --disable-pip-version-check -q ".$extra"; then
         echo "pip install of this checkout failed" >&2
         return 1
-    }
+    fi
     chmod -R a+rX "$venv"
 }

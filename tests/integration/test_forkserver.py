@@ -1,7 +1,9 @@
-"""Shepherds forked by the resident fork server: named in ps, nobody's child, independent of the server."""
+"""Shepherds forked by the resident fork server: named in ps, nobody's child, independent of the server;
+and exec'd by the daemon when no server can be had."""
 
 import os
 import signal
+import subprocess
 
 import pytest
 from conftest import USERS, exit_of, wait_for
@@ -75,3 +77,45 @@ def test_an_admin_can_kill_a_forked_shepherd(daemon, scratch):
     os.kill(pid, signal.SIGTERM)
     row = daemon.wait_finished(job)
     assert exit_of(row) == "killed", row
+
+
+def test_with_no_fork_server_to_be_had_the_shepherd_is_execd_and_runs_the_job(daemon_factory, users, scratch):
+    # The fork server imports ctypes at its start; the daemon and a shepherd
+    # that has already started do not need to load it again. So in a mount
+    # namespace of the daemon's own, once the daemon is up, _ctypes is
+    # covered with an empty file and the running server killed: every
+    # server the daemon starts from then on dies at its imports, which is
+    # the failure the exec fallback is there for.
+    import _ctypes
+
+    d = daemon_factory(wrap=["unshare", "--mount", "--propagation", "private", "--"])
+    (server,) = wait_for(lambda: _fork_servers(d), what="the first fork server")
+    subprocess.run(["nsenter", "--target", str(d.proc.pid), "--mount", "--",
+                    "mount", "--bind", "/dev/null", _ctypes.__file__], check=True)
+    os.kill(server, signal.SIGKILL)
+    wait_for(lambda: server not in _fork_servers(d), what="the server to die")
+
+    alice = users["alice"]
+    work = os.path.join(scratch, "alice-work")
+    os.mkdir(work)
+    os.chown(work, alice.pw_uid, alice.pw_gid)
+    flag = os.path.join(scratch, "go")
+    job = d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done; echo through exec; id -un",
+                   user=USERS["alice"], cwd=work)
+    pid = wait_for(lambda: _exec_shepherd_of(d, job), timeout=30, what="an exec'd shepherd for the job")
+    assert _ppid(pid) == d.proc.pid, "an exec'd shepherd is spawned by the daemon itself"
+    assert "the shepherd fork server failed" in d.log()
+    open(flag, "w").close()
+    assert exit_of(d.wait_finished(job, user=USERS["alice"])) == "0"
+    with open(os.path.join(work, f"output.{job}.log")) as f:
+        assert f.read() == f"through exec\n{USERS['alice']}\n"
+    assert _fork_servers(d) == []   # it gave up on them: no server was started again
+
+
+def _exec_shepherd_of(daemon, job):
+    """The pid of the job's shepherd if it was exec'd (``python -E -s -S .../hpc-batch-shepherd.py ...``)."""
+    jdir = os.path.join(daemon.state_dir, "jobs", str(job))
+    found = _pids_whose_cmdline(lambda argv: argv[1:4] == ["-E", "-s", "-S"]
+                                and argv[4].endswith("/hpc-batch-shepherd.py")
+                                and argv[5:7] == ["--job", str(job)] and argv[-1] == jdir)
+    return found[0] if found else None

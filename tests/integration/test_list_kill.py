@@ -1,6 +1,9 @@
 """dispatch list and dispatch kill."""
 
+import json
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -50,12 +53,17 @@ def test_kill_running_and_queued(daemon_factory, users):
 
 
 def test_kill_job_that_ignores_sigterm(daemon):
-    job = daemon.submit("sh", "-c", "trap '' TERM; while :; do sleep 0.1; done")
-    wait_for(lambda: daemon.rows().get(job), what="job listed")
-    time.sleep(0.5)  # let the trap be installed before the kill
+    # The job says when its trap is in place; killing it before then would
+    # end it with the SIGTERM and leave the escalation untested.
+    ready = os.path.join(daemon.base, "trap-installed")
+    job = daemon.submit("sh", "-c", f"trap '' TERM; : > {ready}; while :; do sleep 0.1; done")
+    wait_for(lambda: os.path.exists(ready), timeout=30, what="the job's TERM trap")
     daemon.ok("kill", str(job))
     row = daemon.wait_finished(job, timeout=30)
     assert exit_of(row) == "killed"
+    shown = json.loads(daemon.ok("show", "--json", str(job)))
+    # It outlived the SIGTERM; what ended it was the SIGKILL after the grace.
+    assert shown["signal"] == signal.SIGKILL, shown
 
 
 def test_kill_unknown_and_finished(daemon):

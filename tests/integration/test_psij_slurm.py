@@ -5,9 +5,9 @@ deps --slurm``) as root on scratch paths: munged with a key of its own,
 slurmctld and slurmd in the foreground with a minimal slurm.conf naming this
 host, all stopped at the end. Then psij_portable.py runs with PSI/J's slurm
 executor and with hpc-batch, and every job must end in the same state, with
-the same exit code and the same output. Marked ``slurm`` and left out of the
-default run (it installs and starts a scheduler); run it with
-``./scripts/test --no-system -m slurm -k slurm``.
+the same exit code and the same output. ``./scripts/test`` (and so CI)
+installs the packages and runs it with the host tests, in seconds; it is
+marked ``slurm`` to run it alone: ``./scripts/test --no-system -m slurm``.
 """
 
 import json

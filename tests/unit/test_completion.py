@@ -1,7 +1,10 @@
 """Shell completion of dispatch: the bash function run in a real bash, the zsh
-file checked statically (and with ``zsh -n`` where zsh exists), both checked
-against every verb and option of hpc_batch/cli_usage.py, and both in the wheel."""
+file checked statically and run in a real zsh (Debian's package, from
+scripts/install-host-deps --host: without it the zsh tests fail), both
+checked against every verb and option of hpc_batch/cli_usage.py, and both in
+the wheel."""
 
+import fcntl
 import json
 import os
 import pty
@@ -9,8 +12,10 @@ import re
 import select
 import shlex
 import shutil
+import struct
 import subprocess
 import sys
+import termios
 import time
 import zipfile
 from pathlib import Path
@@ -336,14 +341,16 @@ def test_bash_gives_up_on_a_daemon_that_does_not_answer(tmp_path):
 
 
 class Terminal:
-    """An interactive bash on a pseudo-terminal, to type into as a user would."""
+    """An interactive shell (bash unless *argv* says) on a pseudo-terminal, to type into as a user would."""
 
-    def __init__(self, env: dict, cwd: Path):
+    def __init__(self, env: dict, cwd: Path, argv=("/bin/bash", "--norc", "--noprofile", "-i"),
+                 rows: int = 24, columns: int = 80):
         self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child: nothing but exec
+        if self.pid == 0:  # the child: its terminal's size, then exec
             try:
+                fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
                 os.chdir(cwd)
-                os.execve("/bin/bash", ["bash", "--norc", "--noprofile", "-i"], env)
+                os.execve(argv[0], [os.path.basename(argv[0]), *argv[1:]], env)
             finally:
                 os._exit(127)
         self.seen = b""
@@ -364,7 +371,7 @@ class Terminal:
                 try:
                     self.seen += os.read(self.fd, 4096)
                 except OSError:  # the shell is gone
-                    raise AssertionError(f"bash exited; no {pattern!r} in {self.seen!r}") from None
+                    raise AssertionError(f"the shell exited; no {pattern!r} in {self.seen!r}") from None
 
     def type(self, keys: str) -> None:
         os.write(self.fd, keys.encode())
@@ -415,6 +422,12 @@ def test_bash_completes_through_readline(tmp_path, listing, keys, line):
 ZSH = shutil.which("zsh") or ("/usr/bin/zsh" if os.path.exists("/usr/bin/zsh") else None)
 
 
+def need_zsh() -> str:
+    """zsh's path; a failure, not a skip, without it (CI installs it, so its absence is a fault)."""
+    assert ZSH, "zsh is missing: scripts/install-host-deps --host installs it"
+    return ZSH
+
+
 def _zsh_blocks(text: str) -> dict[str, str]:
     """The body of each ``verb)`` branch of _dispatch's case, by verb."""
     blocks = {}
@@ -425,7 +438,7 @@ def _zsh_blocks(text: str) -> dict[str, str]:
 
 
 def test_zsh_file(tmp_path):
-    """Static checks always (zsh is not installed everywhere), ``zsh -n`` where it is."""
+    """What the file must hold, read as text (the zsh tests below run it)."""
     text = ZSH_FILE.read_text()
     lines = text.splitlines()
     assert lines[0] == "#compdef dispatch"
@@ -459,26 +472,88 @@ def test_zsh_file(tmp_path):
     assert " ".join(GPU_LINKS) in blocks["new"]
     assert "run=( ${_dispatch_exe:-dispatch} list --json )" in text
 
-    if ZSH:
-        run = subprocess.run([ZSH, "-n", str(ZSH_FILE)], capture_output=True, text=True)
-        assert run.returncode == 0 and run.stderr == "", run.stderr
+
+def test_zsh_syntax():
+    run = subprocess.run([need_zsh(), "-n", str(ZSH_FILE)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
 
 
-def test_zsh_job_lister_parses_the_list_document():
-    # The Python the zsh file runs on `dispatch list --json`, run here on
-    # the same document the bash tests use: "value:description" lines.
-    text = ZSH_FILE.read_text()
-    found = re.search(r"python3 -I -S -c '\n(.*?)\n' 2>/dev/null", text, re.S)
-    assert found, "no python3 -c '...' in the zsh file"
-    run = subprocess.run([sys.executable, "-I", "-S", "-c", found.group(1)], capture_output=True,
-                         text=True, input=json.dumps(LIST_DOC), timeout=60)
-    assert run.returncode == 0 and run.stderr == ""
-    assert run.stdout.splitlines() == ["7:running sleep 30", "prep:job 7", "12:queued make",
-                                       "13:queued x"]
-    for junk in ("", "not json", '{"ok": false, "exit": 69}', "[1, 2]", '{"jobs": [1]}'):
-        run = subprocess.run([sys.executable, "-I", "-S", "-c", found.group(1)], capture_output=True,
-                             text=True, input=junk, timeout=60)
-        assert (run.returncode, run.stdout, run.stderr) == (0, "", ""), junk
+# A zsh as a user has it (no rc files; compinit with the file's directory on
+# $fpath, as hpc-batch-install puts it on a site's), on a terminal tall and
+# wide enough that every list shows whole, one "match -- description" a line.
+ZSH_SETUP = (f"fpath=({shlex.quote(str(DATA))} $fpath); autoload -U compinit; compinit -u -D; "
+             "unset zle_bracketed_paste; PS1='%% '; echo READY-$((6 * 7))\n")
+_LISTED = re.compile(r"^(\S.*?) +-- (.*)$")
+
+
+def zsh_tab(tmp_path: Path, keys: str, until: str, path_dirs=()) -> str:
+    """Type *keys* (TABs among them) into a real zsh; what it shows up to the pattern *until*."""
+    env = {"PATH": search_path(tmp_path, path_dirs), "HOME": str(tmp_path), "TERM": "dumb", "LC_ALL": "C"}
+    term = Terminal(env, tmp_path, argv=(need_zsh(), "-f", "-i"), rows=100, columns=250)
+    try:
+        term.type(ZSH_SETUP)
+        term.expect("READY-42")
+        term.expect("% ")
+        term.type(keys)
+        shown = term.expect(until, timeout=30)
+        term.type("\x15echo DONE-$((6 * 7))\n")   # the shell still works
+        term.expect("DONE-42")
+    finally:
+        term.close()
+    return shown.replace("\r", "")
+
+
+def listed(shown: str) -> dict[str, str]:
+    """The matches of a zsh list, each with its description (``--help -h -- show this help``: two)."""
+    out = {}
+    for line in shown.split("\n"):
+        found = _LISTED.match(line.rstrip())
+        if found:
+            out.update(dict.fromkeys(found.group(1).split(), found.group(2)))
+    return out
+
+
+def until_redrawn(line: str) -> str:
+    """The pattern for a list shown and the prompt drawn again below it, holding *line*."""
+    return r"\n% " + re.escape(line)
+
+
+def test_zsh_lists_the_verbs_described(tmp_path):
+    shown = zsh_tab(tmp_path, "dispatch \t", until_redrawn("dispatch "))
+    verbs = listed(shown)
+    assert sorted(verbs) == sorted(VERBS)
+    # Each with its description from the file's verbs=( ... ) list.
+    assert verbs["new"] == "queue a job; everything after -- is its command line"
+    assert verbs["status"] == "the machine at a glance, and the queue"
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_zsh_lists_exactly_each_verbs_long_options(tmp_path, verb):
+    expected = sorted(o for o in usage_options(cli_usage.SUBCOMMANDS[verb]) if o.startswith("--"))
+    if len(expected) == 1:   # the one there is goes on the line, with no list
+        zsh_tab(tmp_path, f"dispatch {verb} --\t", re.escape(f"dispatch {verb} {expected[0]} "))
+        return
+    shown = zsh_tab(tmp_path, f"dispatch {verb} --\t", until_redrawn(f"dispatch {verb} --"))
+    assert sorted(listed(shown)) == expected
+
+
+@pytest.mark.parametrize("keys, line", [
+    ("dispatch ne\t", "dispatch new "),
+    ("dispatch st\t", "dispatch status "),
+    ("dispatch new --max-t\t", "dispatch new --max-time="),
+    ("dispatch new --gpu-link=PH\t", "dispatch new --gpu-link=PHB "),
+    ("dispatch new --aslr=o\t", "dispatch new --aslr=o"),          # on or off: no single match
+    ("dispatch job 7 max-time s\t", "dispatch job 7 max-time set "),
+])
+def test_zsh_completes_the_word(tmp_path, keys, line):
+    zsh_tab(tmp_path, keys, re.escape(line))
+
+
+def test_zsh_lists_job_ids_and_names(tmp_path, listing):
+    shown = zsh_tab(tmp_path, "dispatch kill \t", until_redrawn("dispatch kill "), path_dirs=[listing])
+    # Job 12 has no name; job 13 one no shell word could hold plainly.
+    assert listed(shown) == {"7": "running sleep 30", "prep": "job 7", "12": "queued make", "13": "queued x"}
+    assert (tmp_path / "calls").read_text() == "list --json\n"
 
 
 # ---------------------------------------------------------------- the wheel
