@@ -243,7 +243,7 @@ _dispatch() {
                 _dispatch_add diff
             elif ((n <= 2)); then
                 _dispatch_add_jobs
-                COMPREPLY+=($(compgen -f -- "$cur"))
+                mapfile -t -O "${#COMPREPLY[@]}" COMPREPLY < <(compgen -f -- "$cur")
             fi
             ;;
         job)
