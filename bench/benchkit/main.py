@@ -17,7 +17,21 @@ from collections.abc import Callable
 
 import hpc_batch
 
-from . import benchmode, client, drain, machine, output, queue, release, report, restart, rows, scale, shepherd
+from . import (
+    benchmode,
+    client,
+    drain,
+    machine,
+    output,
+    queue,
+    recordrow,
+    release,
+    report,
+    restart,
+    rows,
+    scale,
+    shepherd,
+)
 from .context import FULL, SMOKE, Context
 from .report import Figure
 from .scratchd import DAEMON, DISPATCH, ScratchDaemon
@@ -98,6 +112,7 @@ def _measurements(ctx: Context) -> list[tuple[str, Callable[[dict[str, Figure]],
         ("restart", lambda figs: restart.measure(ctx, figs)),
         ("benchmark", lambda figs: benchmode.measure(ctx, figs)),
         ("release", lambda figs: release.measure(ctx, figs)),
+        ("record", lambda figs: recordrow.measure(ctx, figs)),
     ]
 
 

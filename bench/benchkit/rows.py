@@ -19,6 +19,7 @@ GROUPS = {
     "wait": ("wait",),
     "benchmark": ("bench_start", "bench_wakeups"),
     "release": ("release",),
+    "record": ("record_start",),
 }
 
 
@@ -114,6 +115,14 @@ def table(plan: Plan) -> list[Figure]:
                "`sleep 3600` job, on the daemon of the row above (one CPU for jobs, so one job at a time): "
                f"in each of {plan.shepherd_rounds} round(s) a benchmark job, then a plain one, the baseline.",
                Target("0", "max", "<=", 0), "a plain job's shepherd"),
+        Figure("record_start", "a job with its record: submit to its first instruction",
+               "Row (2) on a daemon of its own (the 2 CPUs of (1)) that keeps a reproducibility record for "
+               "every job (the default), against the same probe on a twin daemon with `--records none`, "
+               "alternating (which goes first alternates too). Before the job's first instruction the record "
+               "adds only its start snapshot (interrupts, throttle and swap counters, `/proc/stat`, pressure), "
+               "taken by the shepherd just before it forks the job; the rest runs after the start. Target: on "
+               "the median less the baseline's median.",
+               Target("<= 5 ms more", "excess", "<=", 0.005), "the same daemon with `--records none`"),
         Figure("release", f"the loop's worst stall while a bulk of {plan.release_jobs:,} dependents is released",
                f"A daemon pinned to 1 CPU runs a gate job (it exits with what the benchmark writes to a FIFO), "
                f"has a `sleep 3600` queued behind it, and `dispatch new --array 1-{plan.release_jobs} --after-ok "

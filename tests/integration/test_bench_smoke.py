@@ -62,7 +62,7 @@ def test_smoke_run_produces_every_figure(users, scratch):
     figures = {f["key"]: f for f in report["figures"]}
     for key in ("new", "latency", "drain_array", "drain_loop", "shepherd_pss", "shepherd_rss",
                 "shepherd_wakeups", "queue_new", "queue_list", "output", "restart", "vm", "wait",
-                "bench_start", "bench_wakeups"):
+                "bench_start", "bench_wakeups", "record_start"):
         assert key in figures, f"figure {key} is gone from the report"
     for key, fig in figures.items():
         assert fig["complete"], f"{key}: neither a value nor a reason"
