@@ -199,8 +199,15 @@ class _Side:
             except ProcessLookupError:
                 pass
         os.close(self.fd)
-        _, self.status = os.waitpid(self.pid, 0)
         self.done = True
+        # A child stuck in the kernel (a hung filesystem) must not hold the shepherd: reap it if it
+        # is gone within a moment, else leave it (its pid stays ours, a zombie, until we exit).
+        for _ in range(50):
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = status
+                return
+            time.sleep(0.01)
 
     def text(self) -> str:
         return b"".join(self.chunks).decode("utf-8", "replace")

@@ -79,8 +79,8 @@ def record(job=12, cpus="2-3", policies="2-3", node="0"):
         "gpu": [],
         "software": {
             "argv": f(["./bench", "--size", "4096"], "request"),
-            "environment": {"keys": f(["HOME", "PATH"], "environment"), "size": f(64, "environment"),
-                            "sha256": f("a" * 64, "environment")},
+            "environment": {"keys": f(["HOME", "PATH"], "environment"), "bytes": f(64, "environment"),
+                            "sha256": f("a" * 64, "environment"), "submitted_sha256": f("c" * 64, "environment")},
             "pid": f(4000 + job, "fork(2)"),
         },
         "sentinels": {
@@ -135,17 +135,21 @@ def test_a_field_that_could_not_be_read_differs_from_one_that_was():
 def test_environments_differing_by_one_key_are_not_comparable_and_say_which_key():
     a, b = record(), record()
     b["software"]["environment"] = {"keys": f(["HOME", "OMP_NUM_THREADS", "PATH"], "environment"),
-                                    "size": f(82, "environment"), "sha256": f("b" * 64, "environment")}
+                                    "bytes": f(82, "environment"), "sha256": f("b" * 64, "environment"),
+                                    "submitted_sha256": f("d" * 64, "environment")}
     diffs = differences(a, b)
     assert [(d.section, d.key) for d in diffs if classify(*d) == "setup"] == [
-        ("software", "environment.keys"), ("software", "environment.size"), ("software", "environment.sha256")]
+        ("software", "environment.keys"), ("software", "environment.submitted_sha256")]
+    # The whole block's digest and size count the job's own id too: shown, not counted.
+    assert {(d.key, classify(*d)) for d in diffs if d.key in ("environment.bytes", "environment.sha256")} == {
+        ("environment.bytes", "noted"), ("environment.sha256", "noted")}
     out = format_diff(diffs, "job 12", "job 13")
     lines = out.splitlines()
-    assert lines[0] == "not comparable: 3 differences in software"
+    assert lines[0] == "not comparable: 2 differences in software"
     assert "    environment.keys: only in b: OMP_NUM_THREADS" in lines
-    assert "    environment.size: 64 | 82" in lines
-    sha = lines.index("    environment.sha256:")          # too wide for one line: a and b on their own
-    assert lines[sha + 1] == "      a: " + "a" * 64 and lines[sha + 2] == "      b: " + "b" * 64
+    assert "    environment.bytes: 64 | 82" in lines
+    sha = lines.index("    environment.submitted_sha256:")   # too wide for one line: a and b on their own
+    assert lines[sha + 1] == "      a: " + "c" * 64 and lines[sha + 2] == "      b: " + "d" * 64
 
 
 def test_the_first_line_counts_setup_differences_per_section_in_record_order():
