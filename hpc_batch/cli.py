@@ -12,12 +12,11 @@ import sys
 from . import __version__
 from .argscan import scan
 from .cli_usage import SUBCOMMANDS, USAGE
+from .jobnames import env_word
 
 EX_USAGE = 2
 EX_UNAVAILABLE = 69
 BULK_BYTES = 4 << 20    # a --commands file: what one request can carry
-_NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
-_NAME_REST = _NAME_START | frozenset("0123456789")
 
 
 class UsageError(Exception):
@@ -68,11 +67,6 @@ def _positive(flag: str, text: str, minimum: int) -> int:
         raise UsageError(f"{flag} {text!r}: expected a whole number of at least {minimum}")
     return int(text)
 
-
-def env_word(word: str) -> bool:
-    """NAME=VALUE with NAME a shell variable name (what env(1) takes as an assignment)."""
-    name, eq, _ = word.partition("=")
-    return bool(eq) and bool(name) and name[0] in _NAME_START and all(c in _NAME_REST for c in name)
 
 
 def split_env(words):
@@ -423,7 +417,7 @@ def cmd_status(conn, a) -> int:
     if out.json:
         out.doc(reply["result"])
     else:
-        from .report import format_status
+        from .listing import format_status
         for line in format_status(reply["result"]):
             print(line)
     return 0

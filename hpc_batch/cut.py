@@ -34,3 +34,9 @@ def cut_command(argv: list[str] | tuple[str, ...]) -> tuple[str, int]:
     _memo = (argv, got)
     return got
 
+
+def one_line(text: str) -> str:
+    """*text* with control characters escaped, so every job stays on one row."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

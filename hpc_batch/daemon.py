@@ -463,7 +463,7 @@ class _Escaping(logging.Formatter):
     """One log line per record whatever it quotes: a user's command cannot forge a line."""
 
     def formatMessage(self, record) -> str:
-        from .listing import one_line
+        from .cut import one_line
         return one_line(super().formatMessage(record))
 
 

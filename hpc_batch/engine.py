@@ -47,7 +47,7 @@ from . import (
 from .access import Caller
 from .durations import format_duration
 from .history import History
-from .jobnames import split_ref
+from .jobnames import log_name, split_ref
 from .jobs import (
     CANCELLED,
     DEPENDENCY_FAILED,
@@ -73,7 +73,6 @@ from .sizes import format_mem
 from .store import is_disk_full
 from .undelivered import Bounds as UndeliveredBounds
 from .undelivered import Undelivered
-from .userio import log_name
 
 log = logging.getLogger("hpc-batchd")
 

@@ -25,3 +25,20 @@ def split_ref(text: str) -> tuple[str | None, str] | None:
             and all(c.isalnum() or c in "._-" for c in user.removesuffix("$"))):
         return None
     return (user, name) if valid_name(name) else None
+
+
+def log_name(job_id: int) -> str:
+    """The default log file name."""
+    return f"output.{job_id}.log"
+
+
+def env_word(word: str) -> bool:
+    """NAME=VALUE with NAME a shell variable name (what env(1) takes as an assignment)."""
+    name, eq, _ = word.partition("=")
+    return bool(eq) and bool(name) and name[0] in _NAME_START and all(c in _NAME_REST for c in name)
+
+
+_NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+
+
+_NAME_REST = _NAME_START | frozenset("0123456789")

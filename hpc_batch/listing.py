@@ -19,6 +19,7 @@ import time
 
 from shepherd.records import VERDICTS
 
+from .cut import one_line
 from .durations import format_clock, format_duration
 from .sizes import format_mem
 
@@ -35,12 +36,6 @@ def format_start(started: float, now: float) -> str:
         return time.strftime("%H:%M:%S", s)
     return time.strftime("%Y-%m-%d %H:%M", s)
 
-
-def one_line(text: str) -> str:
-    """*text* with control characters escaped, so every job stays on one row."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _note(job: dict[str, Any]) -> str:
@@ -158,7 +153,6 @@ def format_show(job: dict[str, Any], now: float) -> list[str]:
             text = str(value)
         if text:
             lines.append(f"{label}: {one_line(text)}")
-    from .quiet import describe
     lines += [f"{label}: {one_line(text)}" for label, text in describe(job.get("quiet"))]
     return lines
 
@@ -166,3 +160,91 @@ def format_show(job: dict[str, Any], now: float) -> list[str]:
 def format_rows(jobs: list[dict[str, Any]], now: float, finished: bool) -> list[str]:
     """Every line of ``dispatch list``, in job id order."""
     return [format_row(j, now, finished) for j in sorted(jobs, key=lambda j: j["id"])]
+
+
+def describe(rec: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A benchmark job's record as ``dispatch show`` lines: (label, text) pairs (pure)."""
+    if not rec:
+        return []
+    if "error" in rec:
+        return [("quiet cores", f"not set up: {rec['error']}")]
+    out = []
+    irqs = rec.get("irqs") or {}
+    unmovable = irqs.get("unmovable") or {}
+    text = f"{len(irqs.get('moved') or ())} moved to CPUs {irqs.get('to') or '-'}"
+    if unmovable:
+        text += "; unmovable: " + ", ".join(f"{irq} ({err})" for irq, err in sorted(unmovable.items()))
+    out.append(("interrupts", text))
+    if rec.get("irqbalance"):
+        ban = rec.get("irqbalance_ban")
+        out.append(("irqbalance", rec["irqbalance"] + (f"; {ban}" if ban else "")))
+    part = rec.get("partition") or {}
+    if part:
+        text = part.get("partition") or "-"
+        if part.get("state") and part.get("state") != text:
+            text += f" (read back: {part['state']})"
+        if part.get("reason") and part.get("partition") != "isolated":
+            text += f": {part['reason']}"
+        out.append(("cpu partition", text))
+    freq = rec.get("cpufreq") or {}
+    if freq:
+        st = freq.get("state") or {}
+        govs = sorted({p.get("scaling_governor") for p in st.get("policies") or ()} - {None})
+        text = f"{freq.get('policy')}: driver {st.get('driver') or 'none'}"
+        if govs:
+            text += f", governor {'/'.join(govs)}"
+        if freq.get("changed"):
+            text += f", {len(freq['changed'])} settings changed"
+        out.append(("frequency", f"{text}; {freq.get('turbo')}"))
+    undone = rec.get("undone")
+    if undone:
+        text = f"{undone['restored']} restored"
+        if undone.get("handed"):
+            text += f", {undone['handed']} handed to running benchmark jobs"
+        if undone.get("left"):
+            text += "; left alone: " + "; ".join(undone["left"])
+        out.append(("undone at its end", text))
+    return out
+
+
+def format_status(st: dict[str, Any]) -> list[str]:
+    """``dispatch status`` for people."""
+    lines = [f"policy {st['policy']}; memory budgeted {st['memory']}",
+             f"jobs: {st['jobs']['running']} running, {st['jobs']['queued']} queued, "
+             f"{st['jobs']['waiting']} waiting on other jobs"]
+    lines.append("node  cpus total/reserved/in use/free   cores total/reserved/in use/free   "
+                 "memory total/reserved/in use/free   gpus total/in use/free")
+    for n in st["nodes"]:
+        c, m, g = n["cpus"], n["mem"], n["gpus"]
+        k = n.get("cores") or c
+        mem = "/".join(_mem(m[key]) for key in ("total", "reserved", "in_use", "free"))
+        lines.append(f"{n['id']:>4}  {c['total']}/{c['reserved']}/{c['in_use']}/{c['free']}".ljust(36)
+                     + f"  {k['total']}/{k['reserved']}/{k['in_use']}/{k['free']}".ljust(37)
+                     + f"  {mem}".ljust(38) + f"  {g['total']}/{g['in_use']}/{g['free']}")
+    idle = {n["id"]: n.get("held_idle") for n in st["nodes"] if n.get("held_idle")}
+    if idle:
+        lines.append("held idle by benchmark jobs (siblings and L3 neighbours, in no job's cpuset): "
+                     + ", ".join(f"{v} CPU{'s' if v != 1 else ''} on node {k}" for k, v in idle.items()))
+    if st.get("housekeeping"):
+        from .cputopo import format_cpulist
+        lines.append(f"housekeeping CPUs (never given to benchmark jobs): {format_cpulist(st['housekeeping'])}")
+    extra = st["gpus_without_node"]
+    if extra["total"]:
+        lines.append(f"GPUs with no NUMA node: {extra['total']} total, {extra['in_use']} in use")
+    if st.get("cpu_unit") == "thread":
+        lines.append("CPUs are handed out as single threads (--cpu-unit thread): jobs may share a core")
+    else:
+        lines.append("CPUs are handed out in whole cores: a job gets every thread of its cores")
+    head = st.get("head")
+    if not head:
+        lines.append("head: none (the queue is empty)")
+    elif head.get("user") is None:   # another user's, and the list is not public
+        lines.append(f"head: job {head['id']} (another user's)")
+    else:
+        lines.append(f"head: job {head['id']} ({head['user']}): {head['why']}")
+    return lines
+
+
+def _mem(n: int) -> str:
+    from .sizes import format_mem
+    return format_mem(n) if n else "0"

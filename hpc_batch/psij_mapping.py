@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import jobnames, jobs
-from .cli import env_word
+from .jobnames import env_word
 
 EXECUTOR = "hpc-batch"      # the name PSI/J knows the executor by, and the prefix of its custom attributes
 

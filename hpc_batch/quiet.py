@@ -173,50 +173,6 @@ def ban(settings: Settings, banned) -> str:
     return f"irqbalance told to ban CPUs {format_cpulist(cpus)}" if cpus else "irqbalance back to its own banned CPUs"
 
 
-def describe(rec: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """A benchmark job's record as ``dispatch show`` lines: (label, text) pairs (pure)."""
-    if not rec:
-        return []
-    if "error" in rec:
-        return [("quiet cores", f"not set up: {rec['error']}")]
-    out = []
-    irqs = rec.get("irqs") or {}
-    unmovable = irqs.get("unmovable") or {}
-    text = f"{len(irqs.get('moved') or ())} moved to CPUs {irqs.get('to') or '-'}"
-    if unmovable:
-        text += "; unmovable: " + ", ".join(f"{irq} ({err})" for irq, err in sorted(unmovable.items()))
-    out.append(("interrupts", text))
-    if rec.get("irqbalance"):
-        ban = rec.get("irqbalance_ban")
-        out.append(("irqbalance", rec["irqbalance"] + (f"; {ban}" if ban else "")))
-    part = rec.get("partition") or {}
-    if part:
-        text = part.get("partition") or "-"
-        if part.get("state") and part.get("state") != text:
-            text += f" (read back: {part['state']})"
-        if part.get("reason") and part.get("partition") != "isolated":
-            text += f": {part['reason']}"
-        out.append(("cpu partition", text))
-    freq = rec.get("cpufreq") or {}
-    if freq:
-        st = freq.get("state") or {}
-        govs = sorted({p.get("scaling_governor") for p in st.get("policies") or ()} - {None})
-        text = f"{freq.get('policy')}: driver {st.get('driver') or 'none'}"
-        if govs:
-            text += f", governor {'/'.join(govs)}"
-        if freq.get("changed"):
-            text += f", {len(freq['changed'])} settings changed"
-        out.append(("frequency", f"{text}; {freq.get('turbo')}"))
-    undone = rec.get("undone")
-    if undone:
-        text = f"{undone['restored']} restored"
-        if undone.get("handed"):
-            text += f", {undone['handed']} handed to running benchmark jobs"
-        if undone.get("left"):
-            text += "; left alone: " + "; ".join(undone["left"])
-        out.append(("undone at its end", text))
-    return out
-
 
 def pending(jdir: str) -> bool:
     """Whether the job has changes still to undo."""

@@ -30,7 +30,7 @@ import shlex
 import textwrap
 from typing import Any, NamedTuple
 
-from .listing import one_line
+from .cut import one_line
 
 WIDTH = 100     # a terminal's width and a bit; longer values wrap or are cut, --json has them whole
 

@@ -16,10 +16,6 @@ class OutputError(ValueError):
     """The output destination is unusable; the message says why and what to do."""
 
 
-def log_name(job_id: int) -> str:
-    """The default log file name."""
-    return f"output.{job_id}.log"
-
 
 def check_destination(cwd: str, output: str | None, flag: str = "--output") -> tuple:
     """Check where a job's log will go; returns ``(path, is_dir)``.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_batch import benchmark, cli, housekeeping, probe, report
+from hpc_batch import benchmark, cli, housekeeping, listing, probe, report
 from hpc_batch.discovery import read_cpu_topology, read_numa
 from hpc_batch.listing import cpu_column, format_show
 from hpc_batch.protocol import NewJob, ProtocolError
@@ -270,7 +270,7 @@ def test_list_show_and_status_say_what_is_held_idle():
     assert "transparent huge pages: on" in text
     st = report.status(m, lim, [a], "fifo-strict", 0, 0, None)
     assert [n["held_idle"] for n in st["nodes"]] == [0, 2]   # 5 and 7 and st["housekeeping"] == [0, 1]
-    lines = "\n".join(report.format_status(st))
+    lines = "\n".join(listing.format_status(st))
     assert "held idle by benchmark jobs" in lines and "2 CPUs on node 1" in lines
     assert "housekeeping CPUs (never given to benchmark jobs): 0-1" in lines
 

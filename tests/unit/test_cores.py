@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_batch import gputopo, report
+from hpc_batch import gputopo, listing, report
 from hpc_batch.discovery import read_cpu_topology, read_numa
 from hpc_batch.listing import cpu_column, format_show
 from hpc_batch.resources import (
@@ -235,7 +235,7 @@ def test_status_counts_cores_and_threads():
     assert n0["cores"] == {"total": 20, "reserved": 1, "in_use": 2, "free": 17}
     assert st["nodes"][1]["cores"] == {"total": 20, "reserved": 0, "in_use": 0, "free": 20}
     assert st["cpu_unit"] == "core"
-    lines = report.format_status(st)
+    lines = listing.format_status(st)
     assert lines[3].split()[:3] == ["0", "40/2/4/34", "20/1/2/17"]
     assert lines[-2] == "CPUs are handed out in whole cores: a job gets every thread of its cores"
     assert report.status(m, THREADS, [], "fifo-strict", 0, 0, None)["cpu_unit"] == "thread"

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from hpc_batch import cpufreq, cpupartition, irqsteer, kfiles, quiet
+from hpc_batch import cpufreq, cpupartition, irqsteer, kfiles, listing, quiet
 
 pytestmark = pytest.mark.timeout(60)
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "quiet")
@@ -151,14 +151,14 @@ def test_show_lines(tree, tmp_path, monkeypatch):
     monkeypatch.setattr(kfiles, "write", managed)
     rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(cpufreq="enforce", root=root), False)
     rec["undone"] = quiet.end(jdir, quiet.Settings(root=root))
-    lines = dict(quiet.describe(rec))
+    lines = dict(listing.describe(rec))
     assert lines["interrupts"] == "4 moved to CPUs 0-1; unmovable: 120 (EIO)"
     assert lines["irqbalance"] == "not running"
     assert lines["cpu partition"] == "allocation-only: no cgroups"
     assert lines["frequency"] == ("enforce: driver intel_pstate, governor powersave, 4 settings changed; "
                                   "turbo on (--allow-turbo-off not given)")
     assert lines["undone at its end"] == "8 restored"
-    assert quiet.describe(None) == [] and quiet.describe({"error": "boom"}) == [("quiet cores", "not set up: boom")]
+    assert listing.describe(None) == [] and listing.describe({"error": "boom"}) == [("quiet cores", "not set up: boom")]
 
 
 def test_real_recording_parses():

@@ -8,7 +8,7 @@ read by the real discovery code, with four GPUs whose topology is a recorded
 
 from pathlib import Path
 
-from hpc_batch import gputopo, report
+from hpc_batch import gputopo, listing, report
 from hpc_batch.discovery import read_numa
 from hpc_batch.resources import Budget, Free, Limits, Machine, Request, allocate, capacity, check_request
 
@@ -42,13 +42,13 @@ def test_status_per_node_totals_reserves_use_and_free():
     assert (n0["gpus"]["total"], n1["gpus"]["total"]) == (2, 2)
     assert (n0, n1)[home]["gpus"]["in_use"] == 2 and sorted(a.gpus) in ([0, 1], [2, 3])
     assert st["jobs"] == {"running": 1, "queued": 3, "waiting": 1} and st["head"]["id"] == 9
-    lines = report.format_status(st)
+    lines = listing.format_status(st)
     assert lines[0] == "policy easy-backfill; memory budgeted per NUMA node"
     assert lines[3].split()[:2] == ["0", f"40/2/{n0['cpus']['in_use']}/{n0['cpus']['free']}"]
     assert lines[-1] == "head: job 9 (alice): it needs ..."
     # Another user's head, the list not public: the daemon sent its id only.
     st["head"] = {"id": 9, "user": None, "name": None, "why": None}
-    assert report.format_status(st)[-1] == "head: job 9 (another user's)"
+    assert listing.format_status(st)[-1] == "head: job 9 (another user's)"
 
 
 def test_why_a_job_waits():
