@@ -14,7 +14,7 @@ set -u
 # whole script has been read, even when it is piped into sh.
 
 # is_shepherd DIR: whether the process of DIR (/proc/PID) is a shepherd, as
-# is_shepherd() in hpc_batch/install.py decides. Any user picks their own
+# is_shepherd() in hpc_batch/install/__init__.py decides. Any user picks their own
 # argv, so its words are never split or globbed here: root expanding a word
 # like '*' would see the names in its working directory as that argv.
 is_shepherd() {

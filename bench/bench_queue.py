@@ -28,8 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hpc_batch.resources import Allocation, Budget, GiB, Limits, Machine, Node, Request  # noqa: E402
-from hpc_batch.scheduler import POLICIES, QueuedJob, RunningJob, schedule  # noqa: E402
+from hpc_batch.core.resources import Allocation, Budget, GiB, Limits, Machine, Node, Request  # noqa: E402
+from hpc_batch.core.scheduler import POLICIES, QueuedJob, RunningJob, schedule  # noqa: E402
 
 N_BLOCKED = 10_000
 

@@ -29,7 +29,7 @@ class _Decoding:
 _scan = _json.make_scanner(_Decoding())  # type: ignore[arg-type]
 _encode = _json.make_encoder(None, None, _json.encode_basestring_ascii, None, ": ", ", ",  # type: ignore[arg-type]
                              True, False, False)
-# The wire form (hpc_batch.framing): compact, in insertion order. The client
+# The wire form (hpc_batch.wire.framing): compact, in insertion order. The client
 # uses it too, so dispatch never imports json (and with it re).
 _encode_wire = _json.make_encoder(None, None, _json.encode_basestring_ascii, None, ":", ",",  # type: ignore[arg-type]
                                   False, False, False)

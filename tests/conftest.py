@@ -233,7 +233,7 @@ def kill_shepherds(base):
     """
     import glob
 
-    from hpc_batch import launcher
+    from hpc_batch.daemon import launcher
     for pid in _shepherds_under(base):
         try:
             os.kill(pid, signal.SIGTERM)

@@ -14,8 +14,8 @@ import statistics
 import time
 from typing import Any
 
-from hpc_batch import probe as hpc_probe
-from hpc_batch import quiet
+from hpc_batch.daemon import probe as hpc_probe
+from hpc_batch.daemon import quiet
 
 from . import probe
 from .client import submit_to_stamp

@@ -19,7 +19,8 @@ import sys
 import time
 from typing import Any
 
-from hpc_batch import defaults, framing, messages
+from hpc_batch import defaults
+from hpc_batch.wire import framing, messages
 
 from .procs import kill_under
 

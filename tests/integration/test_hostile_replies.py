@@ -17,7 +17,7 @@ import pytest
 from conftest import wait_for
 from test_hostile import alive, as_user, raw_as, request, shared_dir
 
-from hpc_batch.cut import COMMAND_CUT
+from hpc_batch.core.cut import COMMAND_CUT
 
 pytestmark = pytest.mark.timeout(240)
 BIG = 10_000            # characters of one word of alice's commands: past the cut

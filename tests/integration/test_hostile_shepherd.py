@@ -21,7 +21,7 @@ import pytest
 from conftest import exit_of, wait_for
 from test_hostile import alive, job_dir
 
-from hpc_batch import launcher
+from hpc_batch.daemon import launcher
 from shepherd import records
 
 pytestmark = pytest.mark.timeout(240)

@@ -91,7 +91,7 @@ def test_keep_finished_per_user(daemon_factory, users):
 
 
 def test_start_time_format_old_job(daemon):
-    from hpc_batch.listing import format_start
+    from hpc_batch.client.listing import format_start
     now = time.mktime((2026, 11, 30, 12, 0, 0, 0, 0, -1))
     assert format_start(now - 3600, now) == "11:00:00"
     assert format_start(now - 86400 * 2, now) == "2026-11-28 12:00"

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from hpc_batch import framing, protocol
+from hpc_batch.wire import framing, protocol
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -31,7 +31,7 @@ from psij import (
 )
 from test_gpus import _fake
 
-from hpc_batch.client import Connection
+from hpc_batch.client.connection import Connection
 
 pytestmark = pytest.mark.timeout(120)
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,7 +88,7 @@ def test_the_executor_is_found_by_name_from_the_installed_wheel(hb):
     assert "hpc-batch" in JobExecutor.get_executor_names()
     ex = JobExecutor.get_instance("hpc-batch", url=f"unix://{hb.socket}")
     assert type(ex).__name__ == "HpcBatchJobExecutor" and ex.name == "hpc-batch"
-    site = Path(type(ex).__psij_file__).parent.parent      # loaded by path, from the install
+    site = Path(type(ex).__psij_file__).parents[2]    # hpc_batch/psij/executor.py, loaded by path from the install
     assert (site / "psij-descriptors" / "hpc_batch.py").is_file()
     with pytest.raises(ValueError, match="absolute path"):
         JobExecutor.get_instance("hpc-batch", url="relative.sock")

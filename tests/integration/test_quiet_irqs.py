@@ -28,8 +28,8 @@ import signal
 import pytest
 from conftest import exit_of, wait_for
 
-from hpc_batch import irqsteer, quiet
-from hpc_batch.cputopo import parse_cpulist
+from hpc_batch.core.cputopo import parse_cpulist
+from hpc_batch.daemon import irqsteer, quiet
 
 pytestmark = pytest.mark.timeout(120)
 

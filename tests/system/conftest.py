@@ -265,7 +265,7 @@ def install_project(guest, project_wheel, rootdir, by_hand=False):
     """Install the wheel into a booted guest and start the service (see
     ``installed``, which returns what this does); ``by_hand`` skips the
     installer."""
-    for rel in ("hpc_batch/daemon.py", "hpc_batch/cli.py"):
+    for rel in ("hpc_batch/daemon/main.py", "hpc_batch/client/cli.py"):
         if not os.path.isfile(os.path.join(rootdir, rel)):
             pytest.fail("%s is missing: nothing to install in the guest" % rel)
 

@@ -1,4 +1,4 @@
-"""GPU device masking (hpc_batch.devmask) in the guest: a real cgroup v2 device program.
+"""GPU device masking (hpc_batch.daemon.devmask) in the guest: a real cgroup v2 device program.
 
 The guest has no GPU, so the tests make character nodes with NVIDIA's major
 themselves: 195:0 and 195:1 as /dev/nvidia0 and /dev/nvidia1, and 195:255 as

@@ -10,10 +10,10 @@ import os
 import pwd
 import shutil
 
-from hpc_batch import jobs, resources
-from hpc_batch.access import Caller
-from hpc_batch.daemon import Config
-from hpc_batch.engine import Engine
+from hpc_batch.core import jobs, resources
+from hpc_batch.daemon.access import Caller
+from hpc_batch.daemon.engine import Engine
+from hpc_batch.daemon.main import Config
 from shepherd import records
 
 ROOT = Caller(uid=0, gid=0, pid=1, name="root", is_admin=True)

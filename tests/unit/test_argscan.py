@@ -13,8 +13,8 @@ import sys
 import pytest
 from docopt import DocoptExit, docopt
 
-from hpc_batch import argscan
-from hpc_batch.cli_usage import NEW_USAGE
+from hpc_batch.client import argscan
+from hpc_batch.client.cli_usage import NEW_USAGE
 
 CASES = [
     "new -- true", "new true", "new - a", "new --cpu 2 -- sleep 1", "new --cpu=2 --json echo hi",
@@ -62,7 +62,7 @@ def test_options_table_reads_defaults_from_the_usage():
 
 def test_dispatch_new_imports_nothing_heavy(tmp_path):
     # Against a socket that does not exist: the parse and the connect attempt both run.
-    code = ("import sys; from hpc_batch.cli import main; rc = main(['new', '--no-output', '--', 'true']); "
+    code = ("import sys; from hpc_batch.client.cli import main; rc = main(['new', '--no-output', '--', 'true']); "
             "print(' '.join(sorted(m for m in ('docopt', 're', 'typing', 'json', 'socket', 'enum') "
             "if m in sys.modules)))")
     env = dict(os.environ, HPC_BATCH_SOCKET=str(tmp_path / "none.sock"))

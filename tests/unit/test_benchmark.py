@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc_batch import benchmark, cli, housekeeping, listing, probe, report
-from hpc_batch.discovery import read_cpu_topology, read_numa
-from hpc_batch.listing import cpu_column, format_show
-from hpc_batch.protocol import NewJob, ProtocolError
-from hpc_batch.resources import (
+from hpc_batch.client import cli, listing
+from hpc_batch.client.listing import cpu_column, format_show
+from hpc_batch.core import benchmark, report
+from hpc_batch.core.resources import (
     Allocation,
     Budget,
     Free,
@@ -31,6 +30,9 @@ from hpc_batch.resources import (
     check_request,
     default_share,
 )
+from hpc_batch.daemon import housekeeping, probe
+from hpc_batch.daemon.discovery import read_cpu_topology, read_numa
+from hpc_batch.wire.protocol import NewJob, ProtocolError
 
 SYSFS = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
 SMT = ("intel-2s-xeon-gold-6248", "amd-epyc-7502p-nps4", "qemu-2s-smt-adjacent", "intel-i9-12900k-hybrid")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpc_batch import cli
+from hpc_batch.client import cli
 
 
 @pytest.mark.parametrize("words,env,argv", [

@@ -1,7 +1,7 @@
 """Shell completion of dispatch: the bash function run in a real bash, the zsh
 file checked statically and run in a real zsh (Debian's package, from
 scripts/install-host-deps --host: without it the zsh tests fail), both
-checked against every verb and option of hpc_batch/cli_usage.py, and both in
+checked against every verb and option of hpc_batch/client/cli_usage.py, and both in
 the wheel."""
 
 import fcntl
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_batch import cli_usage
 from hpc_batch import install as inst
+from hpc_batch.client import cli_usage
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "hpc_batch" / "data" / "completion"

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc_batch import gputopo, listing, report
-from hpc_batch.discovery import read_cpu_topology, read_numa
-from hpc_batch.listing import cpu_column, format_show
-from hpc_batch.resources import (
+from hpc_batch.client import listing
+from hpc_batch.client.listing import cpu_column, format_show
+from hpc_batch.core import gputopo, report
+from hpc_batch.core.resources import (
     Allocation,
     Budget,
     Free,
@@ -30,6 +30,7 @@ from hpc_batch.resources import (
     default_share,
     describe_unit,
 )
+from hpc_batch.daemon.discovery import read_cpu_topology, read_numa
 
 SYSFS = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
 SMT = ("intel-2s-xeon-gold-6248", "amd-epyc-7502p-nps4", "laptop-1node", "qemu-2s-smt-adjacent",
@@ -267,7 +268,8 @@ def test_the_startup_line_names_the_unit_and_the_reserved_cpus():
 
 
 def test_the_daemon_flag_defaults_to_cores():
-    from hpc_batch import daemon, defaults
+    from hpc_batch import defaults
+    from hpc_batch.daemon import main as daemon
     assert daemon.parse_args([]).cpu_unit == defaults.CPU_UNIT == "core"
     assert daemon.parse_args(["--cpu-unit", "thread"]).cpu_unit == "thread"
     with pytest.raises(daemon.ConfigError) as e:

@@ -1,4 +1,4 @@
-"""CPU topology: the pure parser (hpc_batch.cputopo) and the sysfs reader (discovery.read_cpu_topology).
+"""CPU topology: the pure parser (hpc_batch.core.cputopo) and the sysfs reader (discovery.read_cpu_topology).
 
 The trees are tests/fixtures/sysfs/*/devices/system/cpu: synthesised to the
 kernel's layout for the named machines, except dev-container-real, which was
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_batch import cputopo
-from hpc_batch.discovery import discover, read_cpu_topology, read_numa
+from hpc_batch.core import cputopo
+from hpc_batch.daemon.discovery import discover, read_cpu_topology, read_numa
 
 SYSFS = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
 

@@ -1,4 +1,4 @@
-"""Unit tests for hpc_batch.devmask: the eBPF device mask, run in a tiny interpreter.
+"""Unit tests for hpc_batch.daemon.devmask: the eBPF device mask, run in a tiny interpreter.
 
 Nothing here needs root or a kernel with BPF: program() is pure, and the
 bpf(2) calls are replaced where the plumbing around them is tested. The real
@@ -12,8 +12,8 @@ import struct
 
 import pytest
 
-from hpc_batch import devmask
-from hpc_batch.devmask import MaskError, program
+from hpc_batch.daemon import devmask
+from hpc_batch.daemon.devmask import MaskError, program
 
 BLOCK, CHAR = 1, 2                    # BPF_DEVCG_DEV_BLOCK, BPF_DEVCG_DEV_CHAR
 MKNOD, READ, WRITE = 1, 2, 4          # BPF_DEVCG_ACC_*

@@ -1,4 +1,4 @@
-"""Unit tests for hpc_batch.discovery against recorded/synthesised fixtures."""
+"""Unit tests for hpc_batch.daemon.discovery against recorded/synthesised fixtures."""
 
 import os
 import shutil
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc_batch import discovery
-from hpc_batch.discovery import (
+from hpc_batch.core.resources import GiB, Limits, Request, RequestError, check_request
+from hpc_batch.daemon import discovery
+from hpc_batch.daemon.discovery import (
     discover,
     find_gpus,
     format_cpulist,
@@ -17,7 +18,6 @@ from hpc_batch.discovery import (
     parse_nvidia_smi_list,
     read_numa,
 )
-from hpc_batch.resources import GiB, Limits, Request, RequestError, check_request
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SYSFS = FIXTURES / "sysfs"

@@ -14,12 +14,14 @@ import pwd
 import pytest
 from enginefakes import ROOT, T0, FakeLauncher, Hooks, MemoryStore, TurnEngine
 
-from hpc_batch import defaults, devdir, jobs, resources
-from hpc_batch import engine as engine_mod
-from hpc_batch.access import Caller
-from hpc_batch.daemon import Config
-from hpc_batch.engine import Engine, Refused
-from hpc_batch.protocol import NewJob
+from hpc_batch import defaults
+from hpc_batch.core import jobs, resources
+from hpc_batch.daemon import devdir
+from hpc_batch.daemon import engine as engine_mod
+from hpc_batch.daemon.access import Caller
+from hpc_batch.daemon.engine import Engine, Refused
+from hpc_batch.daemon.main import Config
+from hpc_batch.wire.protocol import NewJob
 from shepherd import records
 
 
@@ -271,7 +273,7 @@ def test_strict_backfill_reservation_is_worked_out_afresh(world):
 
 
 def NewJobSetting(job_id, action, seconds=None):
-    from hpc_batch.protocol import JobSetting
+    from hpc_batch.wire.protocol import JobSetting
     return JobSetting(id=job_id, setting="max_time", action=action, seconds=seconds)
 
 
@@ -506,7 +508,7 @@ def test_a_running_job_from_a_daemon_that_did_not_know_cores_is_readopted_and_it
     """Issue 21: a reload onto whole cores, with a job an older daemon gave one thread of a core."""
     from pathlib import Path
 
-    from hpc_batch.discovery import read_cpu_topology, read_numa
+    from hpc_batch.daemon.discovery import read_cpu_topology, read_numa
     eng, store, fake, hooks = world
     tree = str(Path(__file__).resolve().parent.parent / "fixtures" / "sysfs" / "qemu-2s-smt-adjacent")
     nodes = read_numa(tree)

@@ -12,7 +12,8 @@ import os
 
 from test_engine import ROOT, T0, end, start_pending, submit, world  # noqa: F401 (world: a fixture)
 
-from hpc_batch import defaults, jobs
+from hpc_batch import defaults
+from hpc_batch.core import jobs
 from shepherd import records
 
 

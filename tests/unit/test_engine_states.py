@@ -51,11 +51,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from hpc_batch import devdir, scheduler
-from hpc_batch import engine as engine_mod
-from hpc_batch.access import Caller
-from hpc_batch.engine import Engine, Refused
-from hpc_batch.jobs import (
+from hpc_batch.core import scheduler
+from hpc_batch.core.jobs import (
     CANCELLED,
     DEPENDENCY_FAILED,
     ERROR,
@@ -70,7 +67,11 @@ from hpc_batch.jobs import (
     TIMEOUT,
     WAITING,
 )
-from hpc_batch.protocol import NewJob
+from hpc_batch.daemon import devdir
+from hpc_batch.daemon import engine as engine_mod
+from hpc_batch.daemon.access import Caller
+from hpc_batch.daemon.engine import Engine, Refused
+from hpc_batch.wire.protocol import NewJob
 from shepherd import records
 
 ALICE = Caller(uid=2001, gid=2001, pid=11, name="alice", is_admin=False)

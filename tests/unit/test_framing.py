@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from hpc_batch import framing
+from hpc_batch.wire import framing
 
 HEADER = struct.Struct(">I")
 

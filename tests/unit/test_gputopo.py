@@ -1,4 +1,4 @@
-"""Unit tests for hpc_batch.gputopo against recorded nvidia-smi outputs.
+"""Unit tests for hpc_batch.core.gputopo against recorded nvidia-smi outputs.
 
 Every fixture under tests/fixtures/gpu/ is a recording from a real machine;
 tests/fixtures/README.md names the source of each one.
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_batch import gputopo
-from hpc_batch.gputopo import (
+from hpc_batch.core import gputopo
+from hpc_batch.core.gputopo import (
     Link,
     TopoError,
     Topology,

@@ -7,9 +7,9 @@ import stat
 
 import pytest
 
-from hpc_batch import history
-from hpc_batch.cut import COMMAND_CUT
-from hpc_batch.jobs import Job, Result, move
+from hpc_batch.core.cut import COMMAND_CUT
+from hpc_batch.core.jobs import Job, Result, move
+from hpc_batch.daemon import history
 
 T0 = 1_800_000_000.0
 

@@ -1,5 +1,5 @@
 """hpc-batch-install's pure parts, its host steps against scratch paths, the
-non-root refusals, and hpc_batch.sdnotify's datagrams."""
+non-root refusals, and hpc_batch.daemon.sdnotify's datagrams."""
 
 import errno
 import functools
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hpc_batch import install as inst
-from hpc_batch import sdnotify
+from hpc_batch.daemon import sdnotify
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT_TEMPLATE = REPO / "dist" / "systemd" / "hpc-batch.service"
@@ -1015,9 +1015,9 @@ def world_readable_tmp():
 
 def test_runs_help_when_the_rest_of_the_package_is_broken(world_readable_tmp):
     copy = _copy_package(world_readable_tmp)
-    (copy / "hpc_batch" / "daemon.py").write_text("def main(:\n    pass\n")
+    (copy / "hpc_batch" / "daemon" / "main.py").write_text("def main(:\n    pass\n")
     env = {**os.environ, "PYTHONPATH": str(copy)}
-    broken = subprocess.run([sys.executable, "-c", "import hpc_batch.daemon"],
+    broken = subprocess.run([sys.executable, "-c", "import hpc_batch.daemon.main"],
                             env=env, capture_output=True, text=True, cwd=copy)
     assert "SyntaxError" in broken.stderr
     ok = subprocess.run([sys.executable, "-m", "hpc_batch.install", "--help"],

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from hpc_batch import journal
+from hpc_batch.daemon import journal
 
 
 def _lines(*entries):

@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from hpc_batch import dependencies, jobs
-from hpc_batch.jobs import (
+from hpc_batch.core import dependencies, jobs
+from hpc_batch.core.jobs import (
     CANCELLED,
     DEPENDENCY_FAILED,
     ERROR,

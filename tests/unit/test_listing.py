@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from hpc_batch.listing import format_mem, format_row, format_start, one_line
+from hpc_batch.client.listing import format_mem, format_row, format_start, one_line
 
 NOW = time.mktime((2026, 11, 30, 15, 0, 0, 0, 0, -1))
 
@@ -58,7 +58,7 @@ def test_cpu_column(fields, column):
 
 
 def test_show_names_the_cores_and_their_threads():
-    from hpc_batch.listing import format_show
+    from hpc_batch.client.listing import format_show
     lines = format_show(job(cpus=[1, 2, 41, 42], cores=[[1, 41], [2, 42]]), NOW)
     assert "cpus: 1,2,41,42" in lines and "cores: 2 (1+41,2+42; 2 threads each)" in lines
     hybrid = format_show(job(cpus=[0, 1, 16], cores=[[0, 1], [16]]), NOW)
@@ -90,7 +90,7 @@ def test_waiting_and_named_rows():
 
 
 def test_show_lines():
-    from hpc_batch.listing import format_show
+    from hpc_batch.client.listing import format_show
     shown = job(state="queued", started=None, position=2, why="behind job 6", cwd="/home/alice", cpus=None,
                 after=[3], after_ok=True)
     lines = format_show(shown, NOW)

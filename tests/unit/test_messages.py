@@ -6,8 +6,10 @@ protocol's request types and the daemon's handlers.
 
 import pytest
 
-from hpc_batch import bounds, cli, protocol
-from hpc_batch.handlers import HANDLERS
+from hpc_batch import bounds
+from hpc_batch.client import cli
+from hpc_batch.daemon.handlers import HANDLERS
+from hpc_batch.wire import protocol
 
 NEW = {"argv": ["true"], "cwd": "/tmp"}
 

@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from hpc_batch import metrics_file
-from hpc_batch.metrics_file import MetricsError, check, others_may_write, write_atomic
+from hpc_batch.daemon import metrics_file
+from hpc_batch.daemon.metrics_file import MetricsError, check, others_may_write, write_atomic
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown and other owners need root")
 

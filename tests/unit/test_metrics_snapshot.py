@@ -13,10 +13,12 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hpc_batch import daemon, gputopo, metrics, metrics_file
-from hpc_batch.jobs import RESULTS, Job, Result, move
-from hpc_batch.ratelog import RateLimited
-from hpc_batch.resources import Allocation, Limits, Machine, Node
+from hpc_batch.core import gputopo, metrics
+from hpc_batch.core.jobs import RESULTS, Job, Result, move
+from hpc_batch.core.resources import Allocation, Limits, Machine, Node
+from hpc_batch.daemon import main as daemon
+from hpc_batch.daemon import metrics_file
+from hpc_batch.daemon.ratelog import RateLimited
 
 GiB = 1 << 30
 T0 = 1_800_000_000.0

@@ -29,8 +29,8 @@ def test_wheel_name_carries_the_single_version(wheel):
 
 def test_wheel_contents(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("hpc_batch/data/hpc-batch.service", "hpc_batch/daemon.py", "hpc_batch/cli.py",
-                   "shepherd/main.py", "shepherd/hpc-batch-shepherd.py", "hpc_batch/install.py"):
+    for needed in ("hpc_batch/data/hpc-batch.service", "hpc_batch/daemon/main.py", "hpc_batch/client/cli.py",
+                   "shepherd/main.py", "shepherd/hpc-batch-shepherd.py", "hpc_batch/install/__init__.py"):
         assert needed in names, needed
     dist = f"hpc_batch-{__version__}.dist-info"
     assert any(n.startswith(dist) and n.endswith("LICENSE") for n in names)
@@ -40,7 +40,7 @@ def test_wheel_contents(wheel):
     # dispatch is a plain script (no console-script wrapper and its import of re), its first line
     # left for the installer to point at the venv's python.
     script = zipfile.ZipFile(wheel).read(f"hpc_batch-{__version__}.data/scripts/dispatch").decode()
-    assert script.startswith("#!python\n") and "from hpc_batch.cli import main" in script
+    assert script.startswith("#!python\n") and "from hpc_batch.client.cli import main" in script
     assert "dispatch = " not in eps
     unit = zipfile.ZipFile(wheel).read("hpc_batch/data/hpc-batch.service").decode()
     for line in ("Delegate=cpuset memory pids", "KillMode=process", "RestartPreventExitStatus=78"):
@@ -52,9 +52,9 @@ def test_the_psij_descriptor_is_where_psij_looks(wheel):
     # loads the class it names by path, from the same site-packages.
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "psij-descriptors/hpc_batch.py" in names and "psij-descriptors/__init__.py" not in names
-    assert "hpc_batch/psij_descriptor.py" not in names and "hpc_batch/psij_executor.py" in names
+    assert "dist/psij-descriptors/hpc_batch.py" not in names and "hpc_batch/psij/executor.py" in names
     text = zipfile.ZipFile(wheel).read("psij-descriptors/hpc_batch.py").decode()
-    assert "__PSI_J_EXECUTORS__" in text and 'cls="hpc_batch.psij_executor.HpcBatchJobExecutor"' in text
+    assert "__PSI_J_EXECUTORS__" in text and 'cls="hpc_batch.psij.executor.HpcBatchJobExecutor"' in text
     dist = f"hpc_batch-{__version__}.dist-info"
     meta = zipfile.ZipFile(wheel).read(f"{dist}/METADATA").decode()
     assert "Provides-Extra: psij" in meta

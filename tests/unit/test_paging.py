@@ -7,11 +7,12 @@ import shlex
 import pytest
 from test_engine import ROOT, submit, world  # noqa: F401 (world is a fixture)
 
-from hpc_batch import handlers, protocol
-from hpc_batch.access import Caller
-from hpc_batch.cut import COMMAND_CUT, MARK, cut_command
-from hpc_batch.jobtable import COMPACT_FLOOR, JobTable
-from hpc_batch.protocol import ListJobs, ProtocolError
+from hpc_batch.core.cut import COMMAND_CUT, MARK, cut_command
+from hpc_batch.core.jobtable import COMPACT_FLOOR, JobTable
+from hpc_batch.daemon import handlers
+from hpc_batch.daemon.access import Caller
+from hpc_batch.wire import protocol
+from hpc_batch.wire.protocol import ListJobs, ProtocolError
 
 NOBODY = pwd.getpwnam("nobody")
 OTHER = Caller(uid=NOBODY.pw_uid, gid=NOBODY.pw_gid, pid=2, name="nobody", is_admin=False)

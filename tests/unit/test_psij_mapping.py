@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from psij import JobAttributes, JobSpec, ResourceSpecV1
 
-from hpc_batch import cli, psij_mapping
-from hpc_batch.cli_usage import NEW_USAGE
-from hpc_batch.psij_mapping import SHELL, WRAPPER_NAME, Unsupported, job_name, statuses, submission
+from hpc_batch.client import cli
+from hpc_batch.client.cli_usage import NEW_USAGE
+from hpc_batch.psij import mapping as psij_mapping
+from hpc_batch.psij.mapping import SHELL, WRAPPER_NAME, Unsupported, job_name, statuses, submission
 
 
 def spec(**kw):
@@ -229,7 +230,7 @@ def test_refusals(code, kind):
 
 def test_the_core_never_imports_psij():
     # The executor alone needs psij; the daemon, the client and the mapping run without it.
-    code = ("import sys, hpc_batch.cli, hpc_batch.daemon, hpc_batch.server, hpc_batch.psij_mapping; "
+    code = ("import sys, hpc_batch.client.cli, hpc_batch.daemon.main, hpc_batch.daemon.server, hpc_batch.psij.mapping; "
             "sys.exit(' '.join(m for m in sys.modules if m.split('.')[0] == 'psij') or None)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

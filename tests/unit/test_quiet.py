@@ -1,4 +1,4 @@
-"""Quiet cores (hpc_batch.quiet, irqsteer, cpufreq, cpupartition) over fixture trees copied to tmp dirs."""
+"""Quiet cores (hpc_batch.daemon.quiet, irqsteer, cpufreq, cpupartition) over fixture trees copied to tmp dirs."""
 
 import errno
 import os
@@ -10,7 +10,8 @@ import threading
 
 import pytest
 
-from hpc_batch import cpufreq, cpupartition, irqsteer, kfiles, listing, quiet
+from hpc_batch.client import listing
+from hpc_batch.daemon import cpufreq, cpupartition, irqsteer, kfiles, quiet
 
 pytestmark = pytest.mark.timeout(60)
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "quiet")
@@ -397,7 +398,8 @@ def test_irqbalance_own_choice(tmp_path):
 
 # -- daemon flags -------------------------------------------------------------
 def test_daemon_flags():
-    from hpc_batch import daemon, defaults
+    from hpc_batch import defaults
+    from hpc_batch.daemon import main as daemon
     cfg = daemon.parse_args([])
     assert (cfg.cpufreq, cfg.allow_turbo_off, cfg.irqbalance_ban) == (defaults.CPUFREQ, False, False)
     assert defaults.CPUFREQ == "record"

@@ -7,8 +7,9 @@ import shutil
 import pytest
 from test_engine import ROOT, T0, Hooks, TurnEngine, end, start_pending, world  # noqa: F401 (world: fixture)
 
-from hpc_batch import cpufreq, devdir, irqsteer, jobs, kfiles, quiet
-from hpc_batch.protocol import NewJob
+from hpc_batch.core import jobs
+from hpc_batch.daemon import cpufreq, devdir, irqsteer, kfiles, quiet
+from hpc_batch.wire.protocol import NewJob
 
 pytestmark = pytest.mark.timeout(60)
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "quiet")

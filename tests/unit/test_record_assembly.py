@@ -1,13 +1,14 @@
-"""The record's assembly (shepherd/record.py) and the daemon's part of it (hpc_batch/jobrecord.py)."""
+"""The record's assembly (shepherd/record.py) and the daemon's part of it (hpc_batch/daemon/jobrecord.py)."""
 
 import hashlib
 import json
 
 import pytest
 
-from hpc_batch import jobrecord, resources
-from hpc_batch.cputopo import Cache, Cpu, CpuTopology
-from hpc_batch.jobs import Job
+from hpc_batch.core import resources
+from hpc_batch.core.cputopo import Cache, Cpu, CpuTopology
+from hpc_batch.core.jobs import Job
+from hpc_batch.daemon import jobrecord
 from shepherd import record, verdict
 
 

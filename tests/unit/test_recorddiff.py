@@ -10,8 +10,8 @@ a GPU list, the sentinels' start/end/delta and the verdict).
 import copy
 import json
 
-from hpc_batch import recorddiff
-from hpc_batch.recorddiff import Difference, classify, differences, format_diff, render
+from hpc_batch.client import recorddiff
+from hpc_batch.client.recorddiff import Difference, classify, differences, format_diff, render
 
 
 def f(value, source="/proc/x"):

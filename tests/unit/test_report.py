@@ -8,9 +8,10 @@ read by the real discovery code, with four GPUs whose topology is a recorded
 
 from pathlib import Path
 
-from hpc_batch import gputopo, listing, report
-from hpc_batch.discovery import read_numa
-from hpc_batch.resources import Budget, Free, Limits, Machine, Request, allocate, capacity, check_request
+from hpc_batch.client import listing
+from hpc_batch.core import gputopo, report
+from hpc_batch.core.resources import Budget, Free, Limits, Machine, Request, allocate, capacity, check_request
+from hpc_batch.daemon.discovery import read_numa
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 GiB = 1 << 30

@@ -1,10 +1,10 @@
-"""Unit tests for hpc_batch.resources: budgets, reserves, placement."""
+"""Unit tests for hpc_batch.core.resources: budgets, reserves, placement."""
 
 import json
 
 import pytest
 
-from hpc_batch.resources import (
+from hpc_batch.core.resources import (
     Allocation,
     Budget,
     Free,
@@ -389,7 +389,7 @@ def test_free_take_and_release_are_inverse():
 def _gpu_machine():
     from pathlib import Path
 
-    from hpc_batch import gputopo
+    from hpc_batch.core import gputopo
     text = (Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "traverse-v100-4-topo.txt").read_text()
     topo = gputopo.parse_topo(text)
     nodes = (Node(0, tuple(range(0, 4)), 64 << 30), Node(8, tuple(range(4, 8)), 64 << 30))

@@ -1,4 +1,4 @@
-"""Unit tests for hpc_batch.scheduler: the three policies, simulated in time."""
+"""Unit tests for hpc_batch.core.scheduler: the three policies, simulated in time."""
 
 import json
 import time
@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from hpc_batch.resources import Allocation, Budget, GiB, Limits, Machine, Node, Request, check_request
-from hpc_batch.scheduler import POLICIES, QueuedJob, RunningJob, schedule
+from hpc_batch.core.resources import Allocation, Budget, GiB, Limits, Machine, Node, Request, check_request
+from hpc_batch.core.scheduler import POLICIES, QueuedJob, RunningJob, schedule
 
 LIMITS = Limits(reserve_cpu=0, reserve_mem=0, min_job_mem=GiB)
 # 16 cores, 64 GiB, 4 GPUs: the spec's running example machine.

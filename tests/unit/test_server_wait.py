@@ -9,10 +9,11 @@ replies drain.
 import socket
 import types
 
-from hpc_batch import access, framing, protocol
-from hpc_batch.daemon import Config
-from hpc_batch.jobs import FINISHED, RUNNING
-from hpc_batch.server import Conn, Server
+from hpc_batch.core.jobs import FINISHED, RUNNING
+from hpc_batch.daemon import access
+from hpc_batch.daemon.main import Config
+from hpc_batch.daemon.server import Conn, Server
+from hpc_batch.wire import framing, protocol
 
 
 class FakeEngine:

@@ -2,7 +2,7 @@
 
 from test_engine import ALICE, ROOT, start_pending, submit, world  # noqa: F401  (world is a fixture)
 
-from hpc_batch.access import Caller
+from hpc_batch.daemon.access import Caller
 
 BOB = Caller(uid=4343, gid=4343, pid=4, name="bob", is_admin=False)
 

@@ -6,8 +6,9 @@ import shutil
 
 import pytest
 
-from hpc_batch import jobs, journal
-from hpc_batch.store import Store
+from hpc_batch.core import jobs
+from hpc_batch.daemon import journal
+from hpc_batch.daemon.store import Store
 
 
 def _job(job_id, state=jobs.QUEUED, argv=None, first=None):
@@ -262,7 +263,7 @@ def test_commands_share_their_environment_and_a_lone_jobs_shared_record_goes_at_
 
 def test_a_compacted_journal_leaves_the_caches_current(tmp_path):
     """A snapshot keeps each record's seq, so the next start rewrites no job.json."""
-    from hpc_batch.jobs import Job
+    from hpc_batch.core.jobs import Job
     store = Store(str(tmp_path))
     store.open()
     store.load_jobs()

@@ -3,7 +3,7 @@
 import logging
 import os
 
-from hpc_batch.undelivered import SWEEP_EVERY, Bounds, Entry, Undelivered, owner_of, to_drop
+from hpc_batch.daemon.undelivered import SWEEP_EVERY, Bounds, Entry, Undelivered, owner_of, to_drop
 
 T0 = 1_800_000_000.0
 DAY = 86400.0

@@ -2,8 +2,8 @@
 
 import pytest
 
-from hpc_batch.durations import DurationError, format_clock, format_duration, parse_duration
-from hpc_batch.sizes import SizeError, parse_size
+from hpc_batch.core.durations import DurationError, format_clock, format_duration, parse_duration
+from hpc_batch.core.sizes import SizeError, parse_size
 
 
 @pytest.mark.parametrize("text,seconds", [

@@ -21,7 +21,7 @@ _dispatch_add() {
     return 0
 }
 
-# Set opts to the options of verb $1, as hpc_batch/cli_usage.py lists them;
+# Set opts to the options of verb $1, as hpc_batch/client/cli_usage.py lists them;
 # set valued to those of them that take a value.
 _dispatch_verb_options() {
     valued=""

@@ -1,0 +1,616 @@
+"""dispatch: the hpc-batch client.
+
+Every verb sends one request over the daemon's unix socket and prints the
+reply; the daemon learns who is asking from the socket itself. Parsing is
+docopt (a usage error exits 2 with the usage), and this module imports as
+little as it can: it runs on every submit.
+"""
+
+import os
+import sys
+
+from .. import __version__
+from ..core.jobnames import env_word
+from .argscan import scan
+from .cli_usage import SUBCOMMANDS, USAGE
+
+EX_USAGE = 2
+EX_UNAVAILABLE = 69
+BULK_BYTES = 4 << 20    # a --commands file: what one request can carry
+
+
+class UsageError(Exception):
+    """A bad flag value: printed with a hint, exit 2."""
+
+
+class Out:
+    """Where a verb's result and refusals go: lines for people, or one JSON document (--json)."""
+
+    def __init__(self, json_doc: bool):
+        self.json = json_doc
+
+    def doc(self, obj) -> None:
+        import json
+        print(json.dumps(obj, indent=1, sort_keys=True))
+
+    def fail(self, msg: str, status: int, code: str | None = None) -> int:
+        """A refusal or failure: one line on stderr, or a JSON error document; returns the exit status."""
+        if self.json:
+            self.doc({"ok": False, "error": msg, "code": code, "exit": status})
+        else:
+            print(f"dispatch: {msg}", file=sys.stderr)
+        return status
+
+    def refused(self, reply: dict, what: str) -> int:
+        """The daemon's error reply, with the exit status its code stands for."""
+        from ..wire.messages import REFUSALS
+        code = str(reply.get("code"))
+        return self.fail(reply.get("error") or what, REFUSALS.get(code, 1), code)
+
+
+def _die(msg: str, status: int = 1) -> int:
+    return Out(False).fail(msg, status)
+
+
+def parse_mem(text: str) -> int:
+    """``--max-mem``: GiB by default, or a K/M/G/T suffix; returns bytes."""
+    from ..core.sizes import SizeError, parse_size
+    try:
+        return parse_size(text, "G")
+    except SizeError as exc:
+        raise UsageError(f"--max-mem {exc}") from None
+
+
+def _positive(flag: str, text: str, minimum: int) -> int:
+    digits = text.strip().removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()) or int(text) < minimum:
+        raise UsageError(f"{flag} {text!r}: expected a whole number of at least {minimum}")
+    return int(text)
+
+
+
+def split_env(words):
+    """Leading NAME=VALUE words (env(1) style) and the command after them."""
+    env = {}
+    i = 0
+    while i < len(words) and env_word(words[i]):
+        name, _, value = words[i].partition("=")
+        env[name] = value
+        i += 1
+    return env, list(words[i:])
+
+
+def job_ref(text: str):
+    """A <job> as typed: an id (digits), a job's --name, or USER:NAME (another user's, for admins)."""
+    if text.isascii() and text.isdigit():
+        if int(text) == 0:
+            raise UsageError(f"job id {text!r}: expected a positive number, as shown by dispatch list")
+        return int(text)
+    from ..core.jobnames import split_ref
+    if split_ref(text) is None:
+        raise UsageError(f"{text!r} is neither a job id nor a job name (letters, digits, '.', '_', '-'; "
+                         f"USER:NAME for another user's)")
+    return text
+
+
+def job_refs(words, most: int = 100_000) -> list:
+    """<job> words as typed: ids, names, and FIRST-LAST ranges expanded to their ids."""
+    from ..core.arrays import is_range, parse_range
+    refs: list = []
+    for word in words:
+        if is_range(word):
+            try:
+                refs += parse_range(word, most - len(refs))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        else:
+            refs.append(job_ref(word))
+    return refs
+
+
+def _bulk(a) -> dict:
+    """The request fields of --array / --commands (empty without them)."""
+    if a.get("--commands") is None and a.get("--array") is None:
+        return {}
+    from ..core import arrays
+    if a.get("--commands") is not None and a.get("--array") is not None:
+        raise UsageError("give --array or --commands, not both")
+    if a.get("--commands") is not None:
+        source = a["--commands"]
+        try:
+            if source == "-":
+                text = sys.stdin.buffer.read(BULK_BYTES + 1)
+            else:
+                with open(source, "rb") as f:
+                    text = f.read(BULK_BYTES + 1)
+        except OSError as exc:
+            raise UsageError(f"--commands {source}: cannot read it ({exc.strerror})") from None
+        if len(text) > BULK_BYTES:
+            raise UsageError(f"--commands {source}: more than {BULK_BYTES >> 20} MiB; split it into several submits")
+        try:
+            return {"commands": arrays.parse_commands(text.decode("utf-8", "surrogateescape"), source)}
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if a.get("--array") is not None:
+        try:
+            indices, cap = arrays.parse_array(a["--array"])
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return {"array": indices, "array_limit": cap}
+    return {}
+
+
+def _bench_args(a) -> dict:
+    """The request fields of --benchmark, --whole-l3, --aslr and --thp (only those given)."""
+    out: dict = {}
+    mode = a.get("--benchmark")
+    if mode is not None:
+        if mode not in ("warn", "strict"):
+            raise UsageError(f"--benchmark={mode}: choose --benchmark (warn) or --benchmark=strict")
+        out["benchmark"] = mode
+    if a.get("--whole-l3"):
+        if mode is None:
+            raise UsageError("--whole-l3 goes with --benchmark")
+        out["whole_l3"] = True
+    for flag, key in (("--aslr", "aslr"), ("--thp", "thp")):
+        value = a.get(flag) or "on"
+        if value not in ("on", "off"):
+            raise UsageError(f"{flag} {value!r}: expected on or off")
+        if value != "on":
+            out[key] = value
+    return out
+
+
+def bare_benchmark(argv: list) -> list:
+    """``--benchmark`` written alone (before the command) as ``--benchmark=warn``, and
+    ``--benchmark strict`` as ``--benchmark=strict``: docopt knows no option whose value may be
+    left out."""
+    from .argscan import options
+    takes = {n for o in options(SUBCOMMANDS["new"]) if o.takes_value for n in o.names}
+    out = list(argv)
+    i = 1
+    while i < len(out):
+        word = out[i]
+        if word == "--" or not word.startswith("-"):
+            break
+        if word == "--benchmark":
+            if i + 1 < len(out) and out[i + 1] in ("warn", "strict"):   # --benchmark strict
+                out[i:i + 2] = [f"--benchmark={out[i + 1]}"]
+            else:
+                out[i] = "--benchmark=warn"
+        elif word in takes:
+            i += 1   # its value follows
+        i += 1
+    return out
+
+
+def cmd_new(conn, a) -> int:
+    out = Out(a["--json"])
+    bulk = _bulk(a)
+    job_env, argv = split_env(a["<command>"])
+    if not argv and "commands" not in bulk:
+        raise UsageError("no command given: put it after '--', e.g. dispatch new -- echo hello")
+    if a["--output"] not in (None, "./output.<id>.log") and a["--no-output"]:
+        raise UsageError("give --output or --no-output, not both")
+    try:
+        cwd = os.getcwd()
+    except OSError as exc:
+        raise UsageError(f"cannot submit from this directory ({exc.strerror}): cd somewhere that exists") from None
+    args = {"argv": argv, "cwd": cwd, "job_env": job_env,
+            "cpus": None if a["--cpu"] is None else _positive("--cpu", a["--cpu"], 1),
+            "gpus": _positive("--gpu-cores", a["--gpu-cores"], 0),
+            "mem": None if a["--max-mem"] is None else parse_mem(a["--max-mem"]),
+            "exclusive": a["--exclusive"], "numa_local": a["--numa-local"] or a["--numa-local-mem"],
+            "numa_local_gpu": a["--numa-local-gpu"] or (a["--numa-local"] and a["--gpu-cores"] not in ("0", None)),
+            "no_output": a["--no-output"],
+            "base_env": {k: os.environ[k] for k in ("PATH", "LANG") if k in os.environ}}
+    args.update(bulk)
+    if "commands" in bulk:
+        del args["argv"]
+    if a["--gpu-link"] is not None:
+        args["gpu_link"] = a["--gpu-link"]
+    args.update(_bench_args(a))
+    if a["--name"] is not None:
+        from ..core.arrays import is_range
+        if a["--name"].isdigit() or is_range(a["--name"]):
+            raise UsageError(f"--name {a['--name']!r}: a name cannot be only digits, nor FIRST-LAST digits "
+                             f"(those are job ids and ranges)")
+        if ":" in a["--name"]:
+            raise UsageError(f"--name {a['--name']!r}: a name is letters, digits, '.', '_' and '-' only")
+        args["name"] = job_ref(a["--name"])
+    if a["--after"] is not None and a["--after-ok"] is not None:
+        raise UsageError("give --after or --after-ok, not both")
+    deps = a["--after"] if a["--after"] is not None else a["--after-ok"]
+    if deps is not None:
+        args["after"] = [job_ref(word.strip()) for word in deps.split(",") if word.strip()]
+        args["after_ok"] = a["--after-ok"] is not None
+        if not args["after"]:
+            raise UsageError("--after and --after-ok take job ids or names, comma-separated")
+    if a["--max-time"] is not None:
+        from ..core.durations import DurationError, parse_duration
+        try:
+            args["max_time"] = parse_duration(a["--max-time"])
+        except DurationError as exc:
+            raise UsageError(f"--max-time: {exc}") from None
+    if a["--output"] and a["--output"] != "./output.<id>.log":
+        args["output"] = os.path.abspath(os.path.expanduser(a["--output"]))
+    if not a["--no-output"]:
+        from .userio import OutputError, check_destination
+        try:
+            _, args["output_is_dir"] = check_destination(cwd, args.get("output"))
+        except OutputError as exc:
+            return out.fail(str(exc), 1, "refused")
+    if a["--record"] is not None:
+        from .userio import OutputError, check_destination
+        path = os.path.abspath(os.path.expanduser(a["--record"]))
+        try:
+            args["record_to"], args["record_is_dir"] = check_destination(cwd, path, "--record")
+        except OutputError as exc:
+            return out.fail(str(exc), 1, "refused")
+        if not args["record_is_dir"] and ("commands" in bulk or "array" in bulk):
+            raise UsageError(f"--record {a['--record']}: a bulk submit writes one record a job; "
+                             f"give a directory (record.<id>.json in it)")
+    if a["--record-env"]:
+        args["record_env"] = True
+    mask = os.umask(0o077)
+    os.umask(mask)
+    args["umask"] = mask
+    if a["--env"]:
+        args["env"] = dict(os.environ)
+    from ..wire.framing import FrameError
+    try:
+        reply = conn().call("new", **args)
+    except FrameError:
+        raise UsageError("the request is larger than the 4 MiB one submit may carry: split the --commands "
+                         "file, or drop --env") from None
+    if not reply.get("ok"):
+        return out.refused(reply, "the daemon refused the job")
+    r = reply["result"]
+    ids = list(range(r["id"], r.get("last", r["id"]) + 1))
+    if not out.json:
+        from ..core.sizes import format_mem
+        how = "assigned by default" if r.get("mem_assigned") else "requested"
+        where = f"output to {r['output']}" if r.get("output") else "output discarded"
+        if "count" in r:
+            if r.get("output") and r["count"] > 1:
+                where = f"output to {os.path.join(os.path.dirname(r['output']), 'output.<id>.log')}" \
+                    if r["output"].endswith(f"output.{r['id']}.log") else where
+            cap = f", at most {r['limit']} at once" if r.get("limit") else ""
+            waiting = "waiting" if r.get("after") else "queued"
+            print(f"jobs {r['id']}-{r['last']}: {r['count']} submitted, {r['starting']} starting now, "
+                  f"{r['count'] - r['starting']} {waiting}{cap}; memory budget {format_mem(r['mem'])} each ({how}); "
+                  f"{where}", flush=True)
+        else:
+            print(f"job {r['id']} {r['state']}; memory budget {format_mem(r['mem'])} ({how}); {where}", flush=True)
+    if out.json and "count" in r:
+        r = dict(r, ids=ids)
+    if not a["--wait"]:
+        if out.json:
+            out.doc(r)
+        return 0
+    return _wait(conn, ids, out, submitted=r)
+
+
+def cmd_list(conn, a) -> int:
+    from .listing import format_rows
+    out = Out(a["--json"])
+    wanted = set(job_refs(a["<job>"])) if a["<job>"] else None
+    # The daemon answers in pages (a bounded reply each): ask on one connection until the last.
+    c = conn()
+    jobs: list = []
+    cursor: int | None = 0
+    while cursor is not None:
+        reply = c.call("list", all=a["--all"], finished=a["--finished"], after=cursor)
+        if not reply.get("ok"):
+            return out.refused(reply, "list failed")
+        page = reply["result"]["jobs"]
+        if wanted is not None:
+            page = [j for j in page if j.get("id") in wanted or (j.get("name") and j["name"] in wanted)]
+        jobs += page
+        more = reply["result"].get("more")
+        cursor = more if isinstance(more, int) and more > cursor else None   # a daemon before paging: one reply
+    c.close()
+    if out.json:
+        out.doc({"jobs": jobs})
+        return 0
+    import time
+    for line in format_rows(jobs, time.time(), a["--finished"]):
+        print(line)
+    return 0
+
+
+def cmd_kill(conn, a) -> int:
+    from ..core.arrays import is_range
+    refs = job_refs(a["<job>"])
+    ranged = len(refs) > 1 or any(is_range(w) for w in a["<job>"])
+    if not ranged:
+        reply = conn().call("kill", id=refs[0])
+        if not reply.get("ok"):
+            return Out(False).refused(reply, "kill failed")
+        r = reply["result"]
+        print(f"job {r['id']} is being killed" if r.get("was") == "running"
+              else f"job {r['id']} cancelled (removed from the queue before it started)")
+        return 0
+    # Several: one connection, a request each; an already-ended job in a range is no failure.
+    from ..core.arrays import format_ids
+    c = conn()
+    done: dict[str, list] = {"killed": [], "cancelled": [], "ended": []}
+    status = 0
+    for ref in refs:
+        reply = c.call("kill", id=ref)
+        if reply.get("ok"):
+            r = reply["result"]
+            done["killed" if r.get("was") == "running" else "cancelled"].append(r["id"])
+        elif reply.get("code") == "finished":
+            done["ended"].append(ref)
+        else:
+            status = status or Out(False).refused(reply, f"kill {ref} failed")
+    c.close()
+    parts = [f"{len(v)} {k if k != 'ended' else 'had already ended'} ({format_ids(v)})" for k, v in done.items() if v]
+    print(f"jobs {format_ids(refs)}: {'; '.join(parts) or 'nothing to do'}")
+    return status
+
+
+def cmd_show(conn, a) -> int:
+    out = Out(a["--json"])
+    if a["--record"]:
+        reply = conn().call("record", id=job_ref(a["<job>"]))
+        if not reply.get("ok"):
+            return out.refused(reply, "show --record failed")
+        if out.json:
+            out.doc(reply["result"]["record"])
+        else:
+            from .recorddiff import render
+            print(render(reply["result"]["record"]))
+        return 0
+    reply = conn().call("show", id=job_ref(a["<job>"]))
+    if not reply.get("ok"):
+        return out.refused(reply, "show failed")
+    if out.json:
+        out.doc(reply["result"]["job"])
+    else:
+        from .listing import format_show
+        for line in format_show(reply["result"]["job"], reply["result"]["now"]):
+            print(line)
+    return 0
+
+
+def cmd_record(conn, a) -> int:
+    """``dispatch record diff A B``: exit 0 when the two setups match, 1 when they differ."""
+    out = Out(a["--json"])
+    loaded = []
+    for word in (a["<a>"], a["<b>"]):
+        got = _load_record(conn, word)
+        if isinstance(got, dict) and "record" in got:
+            loaded.append(got["record"])
+        else:
+            return out.refused(got, f"cannot read the record {word!r}")
+    from .recorddiff import comparable, diff_json, differences, format_diff
+    diffs = differences(loaded[0], loaded[1])
+    if out.json:
+        out.doc(diff_json(diffs, a["<a>"], a["<b>"]))
+    else:
+        print(format_diff(diffs, a["<a>"], a["<b>"]))
+    return 0 if comparable(diffs) else 1
+
+
+def _load_record(conn, word: str) -> dict:
+    """A record from a file (read as the user) when *word* names one, else from the daemon: a reply."""
+    if "/" in word or word.endswith(".json") or os.path.exists(word):
+        from .userio import read_user_json
+        try:
+            data = read_user_json(word, 1 << 20)
+        except (OSError, ValueError) as exc:
+            return {"ok": False, "error": f"cannot read the record file {word}: {exc}", "code": "refused"}
+        if not isinstance(data, dict) or "schema" not in data:
+            return {"ok": False, "error": f"{word} is not a record (no \"schema\" key)", "code": "refused"}
+        return {"record": data}
+    reply = conn().call("record", id=job_ref(word))
+    return reply["result"] if reply.get("ok") else reply
+
+
+def cmd_status(conn, a) -> int:
+    out = Out(a["--json"])
+    reply = conn().call("status")
+    if not reply.get("ok"):
+        return out.refused(reply, "status failed")
+    if out.json:
+        out.doc(reply["result"])
+    else:
+        from .listing import format_status
+        for line in format_status(reply["result"]):
+            print(line)
+    return 0
+
+
+def cmd_wait(conn, a) -> int:
+    return _wait(conn, job_refs(a["<job>"]), Out(a["--json"]))
+
+
+def _wait(conn, refs: list, out: Out, submitted: dict | None = None) -> int:
+    """Block until the jobs end (woken by the daemon, not a poll); reconnect across a reload or restart."""
+    import time
+
+    from .connection import Unreachable
+    deadline = None
+    while True:
+        try:
+            c = _connect(conn, deadline)
+        except Unreachable as exc:
+            return out.fail(str(exc) if deadline is None else
+                            "hpc-batchd restarted and is not back; the jobs may still be running: "
+                            "run dispatch wait again later", EX_UNAVAILABLE)
+        try:
+            c.send("wait", ids=refs)
+            msg = c.receive()
+        except OSError:
+            msg = None
+        c.close()
+        if msg is None:   # the daemon went away (reload or restart): ask again
+            if not out.json:
+                print("dispatch: hpc-batchd restarted; waiting again", file=sys.stderr)
+            deadline = time.monotonic() + 30
+            continue
+        if not msg.get("ok"):
+            return out.refused(msg, "wait failed")
+        jobs = msg["result"]["jobs"]
+        status = next((j["wait_status"] for j in jobs if j["wait_status"] != 0), 0)
+        if out.json:
+            out.doc({"jobs": jobs, "exit": status} if submitted is None
+                    else dict(submitted, wait={"jobs": jobs, "exit": status}))
+        else:
+            for j in jobs:
+                print(_end_line(j))
+        return status
+
+
+def cmd_job(conn, a) -> int:
+    from ..core.durations import DurationError, format_duration, parse_duration
+    ref = job_ref(a["<job>"])
+    action = "set" if a["set"] else "add" if a["add"] else "get"
+    args = {"id": ref, "setting": "max_time", "action": action}
+    if action != "get":
+        try:
+            args["seconds"] = parse_duration(a["<duration>"])
+        except DurationError as exc:
+            raise UsageError(f"max-time {action}: {exc}") from None
+    reply = conn().call("job", **args)
+    if not reply.get("ok"):
+        return Out(False).refused(reply, "the daemon refused")
+    r = reply["result"]
+    line = f"job {r['id']} max-time {format_duration(r['max_time'])}"
+    if r.get("deadline") and r.get("state") == "running":
+        import time
+        line += f" (ends by {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['deadline']))})"
+    print(line)
+    return 0
+
+
+def _connect(conn, deadline: float | None):
+    """A connection; once the daemon has gone away mid-call (*deadline* set), keep trying until then.
+
+    Raises Unreachable when the daemon cannot be reached (at once the first time).
+    """
+    import time
+
+    from .connection import Unreachable
+    while True:
+        try:
+            return conn()
+        except Unreachable:
+            if deadline is None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _end_line(ev: dict) -> str:
+    line = f"job {ev.get('id')} {ev.get('state')}: exit {ev.get('exit')}"
+    if ev.get("note"):
+        line += f" ({ev['note']})"
+    return line
+
+
+def cmd_attach(conn, a) -> int:
+    import time
+
+    from .connection import Unreachable
+    job_id = job_ref(a["<job>"])
+    offset, out = 0, sys.stdout.buffer
+    deadline = None
+    while True:
+        try:
+            c = _connect(conn, deadline)
+        except Unreachable as exc:
+            return _die(f"{exc}" if deadline is None else
+                        f"hpc-batchd restarted and is not back; job {job_id} may still be running: "
+                        f"run dispatch attach {job_id} again later", EX_UNAVAILABLE)
+        c.send("attach", id=job_id, offset=offset)
+        while True:
+            msg = c.receive()
+            if msg is None:
+                break
+            if not msg.get("ok"):
+                return Out(False).refused(msg, "attach failed")
+            ev = msg.get("event")
+            if ev == "output":
+                data = msg["data"].encode("utf-8", "surrogateescape")
+                out.write(data)
+                out.flush()
+                offset = msg.get("offset", offset + len(data))
+            elif ev == "attached" and msg.get("state") in ("queued", "waiting") and offset == 0:
+                print(f"job {job_id} is {msg['state']}; waiting for it to start", file=sys.stderr)
+            elif ev == "end":
+                out.flush()
+                if offset == 0 and deadline is None and msg.get("state") == "finished":
+                    where = msg.get("output")
+                    tail = (f"its output is in {where}" if where and not msg.get("output_error")
+                            else f"its output was not delivered: {msg['output_error']}" if msg.get("output_error")
+                            else "its output was discarded (--no-output)")
+                    print(f"{_end_line(msg)}; {tail}", file=sys.stderr)
+                else:
+                    print(_end_line(msg), file=sys.stderr)
+                return 0
+        c.close()
+        # The daemon went away mid-stream (reload or restart): reconnect and resume.
+        print(f"dispatch: hpc-batchd restarted; reconnecting to job {job_id}", file=sys.stderr)
+        deadline = time.monotonic() + 30
+
+
+COMMANDS = {"new": cmd_new, "list": cmd_list, "attach": cmd_attach, "kill": cmd_kill, "wait": cmd_wait,
+            "show": cmd_show, "record": cmd_record, "status": cmd_status, "job": cmd_job}
+
+
+def main(argv=None) -> int:
+    """Entry point of ``dispatch``."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    verb = args[0] if args and args[0] in COMMANDS else None
+    if verb == "new" and "--benchmark" in args:
+        args = bare_benchmark(args)
+    sub = scan(args, "new", SUBCOMMANDS["new"]) if verb == "new" else None
+    return run(verb, sub or _docopt(args, verb))
+
+
+def _docopt(args: list, verb: str | None):
+    """docopt's parse of *args*, or the exit status of the usage error it printed."""
+    from docopt import DocoptExit, docopt
+    try:
+        if verb is None:
+            # Only --help / --version get here legitimately; docopt exits for them.
+            docopt(USAGE, argv=args, version=f"dispatch {__version__}")
+            raise DocoptExit()
+        sub = docopt(SUBCOMMANDS[verb], argv=args)
+    except DocoptExit as exc:
+        from ..usage import explain
+        if verb is None:
+            what = f"unknown command {args[0]!r}" if args and not args[0].startswith("-") else "no command given"
+            explain("dispatch", exc, USAGE, what, first=args[0] if args else None)
+        else:
+            explain(f"dispatch {verb}", exc, SUBCOMMANDS[verb],
+                    "missing the command: put it after '--'" if verb == "new" else "missing or invalid arguments",
+                    first=verb)
+        return EX_USAGE
+    return sub
+
+
+def run(verb, sub) -> int:
+    """Carry out a parsed command line (*sub* is an exit status when parsing failed)."""
+    if isinstance(sub, int):
+        return sub
+    from .connection import Connection, Unreachable
+    out = Out(bool(sub.get("--json")))
+    try:
+        return COMMANDS[verb](Connection, sub)
+    except UsageError as exc:
+        return out.fail(str(exc), EX_USAGE, "usage")
+    except Unreachable as exc:
+        return out.fail(str(exc), EX_UNAVAILABLE, "unreachable")
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (dispatch list | head): stop quietly, like other tools.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""Formatting for ``dispatch list`` (pure: the caller passes the clock).
+
+Columns: ``<username> <id> <command> <start> <uptime> <max-time> <mem>
+<exclusive> <cpus> <gpus>``, then ``<state> <exit>`` with ``--finished``. Start is
+the local time the job began: ``HH:MM:SS`` today, ``YYYY-MM-DD HH:MM``
+earlier. Queued jobs show ``-`` and ``queued``. ``+`` after the memory marks
+a budget spread over more than one NUMA node. ``<gpus>`` is ``-``, the count,
+or count and worst link (``2:NV12``) with ``!`` when the set crosses a host
+bridge or the socket interconnect (``4:SYS!``). ``<cpus>`` is the CPUs
+(threads) the job holds and, after a slash, the physical cores they are
+on (``4/2c``: both threads of two cores); ``-`` before it starts. A
+benchmark job holds CPUs outside its cpuset: ``2+2i/2c`` is two CPUs in its
+cpuset and two held idle (their siblings), on two cores.
+"""
+
+from __future__ import annotations
+
+import time
+
+from shepherd.records import VERDICTS
+
+from ..core.cut import one_line
+from ..core.durations import format_clock, format_duration
+from ..core.sizes import format_mem
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # dispatch new formats its line with this module: keep typing off that path
+    from typing import Any
+
+
+
+def format_start(started: float, now: float) -> str:
+    """``HH:MM:SS`` for a job that started today (local time), else ``YYYY-MM-DD HH:MM``."""
+    s, n = time.localtime(started), time.localtime(now)
+    if (s.tm_year, s.tm_yday) == (n.tm_year, n.tm_yday):
+        return time.strftime("%H:%M:%S", s)
+    return time.strftime("%Y-%m-%d %H:%M", s)
+
+
+
+def _note(job: dict[str, Any]) -> str:
+    notes = []
+    res = job.get("result") or {}
+    if res.get("kind") == "oom":
+        notes.append("budget " + ("assigned by default" if job.get("mem_assigned")
+                                  else "requested with --max-mem")
+                     + f" was {format_mem(job.get('mem'))}")
+    elif res.get("note"):
+        notes.append(res["note"])
+    if job.get("output_error"):
+        notes.append(f"output not delivered: {job['output_error']}")
+    if job.get("output_note"):
+        notes.append(job["output_note"])
+    return f" ({one_line('; '.join(notes))})" if notes else ""
+
+
+def format_row(job: dict[str, Any], now: float, finished: bool) -> str:
+    """One line of ``dispatch list``."""
+    if job.get("started") is None:
+        start, uptime = "-", job["state"] if job["state"] in ("queued", "waiting") else "-"
+    else:
+        start = format_start(job["started"], now)
+        uptime = format_clock((job.get("ended") or now) - job["started"])
+    mem = format_mem(job.get("mem")) + ("+" if job.get("spread") else "")
+    command = f"[{job['name']}]{job['command']}" if job.get("name") else job["command"]
+    cols = [one_line(job["user"]), str(job["id"]), one_line(command), start, uptime,
+            format_duration(job["max_time"]), mem, "yes" if job.get("exclusive") else "no",
+            cpu_column(job), one_line(str(job.get("gpu_label") or "-"))]
+    line = " ".join(cols)
+    if finished:
+        # Accounting goes before <state> <exit>, so those stay the last words (notes aside).
+        line += _usage(job) + f" {job['state']} {job.get('exit') or '-'}" + _note(job)
+    return line
+
+
+def cpu_column(job: dict[str, Any]) -> str:
+    """``<cpus>``: held CPUs / physical cores (``4/2c``), or ``-`` for a job that holds none."""
+    held, cores = job.get("held_cpus") or job.get("cpus"), job.get("cores")
+    if not held:
+        return "-"
+    idle = len(held) - len(job.get("cpus") or held)
+    used = f"{len(held) - idle}+{idle}i" if idle > 0 else str(len(held))
+    return f"{used}/{len(cores) if cores else len(held)}c"
+
+
+def format_cores(cores: list[list[int]]) -> str:
+    """Cores as ``show`` writes them: threads of one core joined by ``+``, cores by commas (``0+40,1+41``)."""
+    return ",".join("+".join(map(str, core)) for core in cores)
+
+
+def _usage(job: dict[str, Any]) -> str:
+    """`` cpu 12.3s peak 210M clean`` for a finished job that ran: what accounting measured, and
+    its record's verdict (one word) when it has one."""
+    stats = job.get("stats") or {}
+    if job["state"] != "finished" or job.get("started") is None:
+        return ""
+    cpu = stats.get("cpu_time")
+    peak = stats.get("peak_mem")
+    if cpu is None and peak is None:
+        return ""
+    verdict = stats.get("verdict")
+    return (f" cpu {cpu:.1f}s" if isinstance(cpu, (int, float)) else " cpu -") + \
+        (f" peak {format_mem(peak)}" if isinstance(peak, int) else " peak -") + \
+        (f" {verdict}" if verdict in VERDICTS else "")
+
+
+SHOW_FIELDS = (
+    ("id", "id"), ("name", "name"), ("user", "user"), ("command", "command"), ("cwd", "directory"),
+    ("state", "state"), ("position", "place in queue"), ("why", "waiting because"),
+    ("after", "after"), ("benchmark", "benchmark"), ("cpus", "cpus"), ("cores", "cores"),
+    ("idle_cpus", "held idle"), ("l3_idle", "held for its L3"), ("numa_nodes", "numa nodes"), ("gpus", "gpus"),
+    ("gpu_label", "gpu set"), ("mem", "memory budget"), ("max_time", "max time"), ("deadline", "deadline"),
+    ("cgroup", "cgroup"), ("output", "output"), ("submitted", "submitted"), ("started", "started"),
+    ("ended", "ended"), ("wall", "wall time"), ("exit", "result"), ("cpu_time", "cpu time"),
+    ("peak_mem", "peak memory"), ("aslr", "aslr"), ("thp", "transparent huge pages"),
+    ("shortfalls", "fell short"),
+)
+
+
+def format_show(job: dict[str, Any], now: float) -> list[str]:
+    """``dispatch show`` for people: one ``field: value`` line each, those that apply."""
+    lines = []
+    for key, label in SHOW_FIELDS:
+        value = job.get(key)
+        if value is None or value == [] or value == "":
+            continue
+        if key in ("submitted", "started", "ended", "deadline"):
+            text = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+        elif key in ("max_time", "wall"):
+            text = format_duration(value) if value >= 1 else f"{value:.2f}s"
+        elif key == "cpu_time":
+            text = f"{value:.2f}s"
+        elif key in ("mem", "peak_mem"):
+            text = format_mem(value)
+            if key == "mem":
+                text += (" (assigned by default)" if job.get("mem_assigned") else " (requested)") + \
+                    (", spread over NUMA nodes" if job.get("spread") else "")
+        elif key == "after":
+            text = ", ".join(map(str, value)) + (" (only if they exit 0)" if job.get("after_ok") else "")
+        elif key in ("cpus", "gpus", "numa_nodes", "idle_cpus", "l3_idle"):
+            text = ",".join(map(str, value))
+            if key == "idle_cpus":
+                text += " (in no job's cpuset, charged to this one)"
+        elif key == "shortfalls":
+            text = "; ".join(value) if value else "nothing recorded"
+        elif key == "cores":
+            threads = {len(core) for core in value}
+            text = (f"{len(value)} ({format_cores(value)}; "
+                    f"{'/'.join(map(str, sorted(threads)))} thread{'s' if threads != {1} else ''} each)")
+        elif key == "exit":
+            text = f"{job['exit']}" + _note(job) if job["state"] == "finished" else ""
+        else:
+            text = str(value)
+        if text:
+            lines.append(f"{label}: {one_line(text)}")
+    lines += [f"{label}: {one_line(text)}" for label, text in describe(job.get("quiet"))]
+    return lines
+
+
+def format_rows(jobs: list[dict[str, Any]], now: float, finished: bool) -> list[str]:
+    """Every line of ``dispatch list``, in job id order."""
+    return [format_row(j, now, finished) for j in sorted(jobs, key=lambda j: j["id"])]
+
+
+def describe(rec: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A benchmark job's record as ``dispatch show`` lines: (label, text) pairs (pure)."""
+    if not rec:
+        return []
+    if "error" in rec:
+        return [("quiet cores", f"not set up: {rec['error']}")]
+    out = []
+    irqs = rec.get("irqs") or {}
+    unmovable = irqs.get("unmovable") or {}
+    text = f"{len(irqs.get('moved') or ())} moved to CPUs {irqs.get('to') or '-'}"
+    if unmovable:
+        text += "; unmovable: " + ", ".join(f"{irq} ({err})" for irq, err in sorted(unmovable.items()))
+    out.append(("interrupts", text))
+    if rec.get("irqbalance"):
+        ban = rec.get("irqbalance_ban")
+        out.append(("irqbalance", rec["irqbalance"] + (f"; {ban}" if ban else "")))
+    part = rec.get("partition") or {}
+    if part:
+        text = part.get("partition") or "-"
+        if part.get("state") and part.get("state") != text:
+            text += f" (read back: {part['state']})"
+        if part.get("reason") and part.get("partition") != "isolated":
+            text += f": {part['reason']}"
+        out.append(("cpu partition", text))
+    freq = rec.get("cpufreq") or {}
+    if freq:
+        st = freq.get("state") or {}
+        govs = sorted({p.get("scaling_governor") for p in st.get("policies") or ()} - {None})
+        text = f"{freq.get('policy')}: driver {st.get('driver') or 'none'}"
+        if govs:
+            text += f", governor {'/'.join(govs)}"
+        if freq.get("changed"):
+            text += f", {len(freq['changed'])} settings changed"
+        out.append(("frequency", f"{text}; {freq.get('turbo')}"))
+    undone = rec.get("undone")
+    if undone:
+        text = f"{undone['restored']} restored"
+        if undone.get("handed"):
+            text += f", {undone['handed']} handed to running benchmark jobs"
+        if undone.get("left"):
+            text += "; left alone: " + "; ".join(undone["left"])
+        out.append(("undone at its end", text))
+    return out
+
+
+def format_status(st: dict[str, Any]) -> list[str]:
+    """``dispatch status`` for people."""
+    lines = [f"policy {st['policy']}; memory budgeted {st['memory']}",
+             f"jobs: {st['jobs']['running']} running, {st['jobs']['queued']} queued, "
+             f"{st['jobs']['waiting']} waiting on other jobs"]
+    lines.append("node  cpus total/reserved/in use/free   cores total/reserved/in use/free   "
+                 "memory total/reserved/in use/free   gpus total/in use/free")
+    for n in st["nodes"]:
+        c, m, g = n["cpus"], n["mem"], n["gpus"]
+        k = n.get("cores") or c
+        mem = "/".join(_mem(m[key]) for key in ("total", "reserved", "in_use", "free"))
+        lines.append(f"{n['id']:>4}  {c['total']}/{c['reserved']}/{c['in_use']}/{c['free']}".ljust(36)
+                     + f"  {k['total']}/{k['reserved']}/{k['in_use']}/{k['free']}".ljust(37)
+                     + f"  {mem}".ljust(38) + f"  {g['total']}/{g['in_use']}/{g['free']}")
+    idle = {n["id"]: n.get("held_idle") for n in st["nodes"] if n.get("held_idle")}
+    if idle:
+        lines.append("held idle by benchmark jobs (siblings and L3 neighbours, in no job's cpuset): "
+                     + ", ".join(f"{v} CPU{'s' if v != 1 else ''} on node {k}" for k, v in idle.items()))
+    if st.get("housekeeping"):
+        from ..core.cputopo import format_cpulist
+        lines.append(f"housekeeping CPUs (never given to benchmark jobs): {format_cpulist(st['housekeeping'])}")
+    extra = st["gpus_without_node"]
+    if extra["total"]:
+        lines.append(f"GPUs with no NUMA node: {extra['total']} total, {extra['in_use']} in use")
+    if st.get("cpu_unit") == "thread":
+        lines.append("CPUs are handed out as single threads (--cpu-unit thread): jobs may share a core")
+    else:
+        lines.append("CPUs are handed out in whole cores: a job gets every thread of its cores")
+    head = st.get("head")
+    if not head:
+        lines.append("head: none (the queue is empty)")
+    elif head.get("user") is None:   # another user's, and the list is not public
+        lines.append(f"head: job {head['id']} (another user's)")
+    else:
+        lines.append(f"head: job {head['id']} ({head['user']}): {head['why']}")
+    return lines
+
+
+def _mem(n: int) -> str:
+    from ..core.sizes import format_mem
+    return format_mem(n) if n else "0"

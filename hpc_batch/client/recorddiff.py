@@ -1,0 +1,469 @@
+"""Reading a job's record: ``dispatch show --record`` and ``dispatch record diff`` (pure).
+
+A record (``jobs/<id>/record.json``, written by the shepherd; docs/record.md)
+is nested sections whose leaves are *fields*: ``{"value": V, "source": S}``,
+or ``{"value": null, "source": S, "error": why}``. Both functions here look
+at values only: sources say where a value came from, not what it is.
+
+``differences`` pairs two records leaf by leaf. ``format_diff`` answers the
+question a reader has first, "can these two numbers be compared?", by
+sorting each difference into one of four kinds (:func:`classify`):
+
+- ``setup``: the machine, kernel, CPU, frequency and memory settings, the
+  allocation's shape, the GPUs and the job's software. Only these decide
+  "comparable".
+- ``noted``: shown, not counted: which CPUs or GPUs of the same shape the
+  job got (placement), the hpc-batch version, the boot, the schema.
+- ``run``: what happened during each run (the sentinels' deltas, the
+  verdict, GPU temperatures and clock-event reasons) and the machine's
+  state at the start (free memory, the other jobs beside it); reported in a
+  block of its own.
+- ``ignored``: never shown: times, the job id, the digest, the raw sentinel
+  snapshots, pids, the job's cgroup path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import textwrap
+from typing import Any, NamedTuple
+
+from ..core.cut import one_line
+
+WIDTH = 100     # a terminal's width and a bit; longer values wrap or are cut, --json has them whole
+
+# The record's sections in the order people read them (after the verdict).
+SECTIONS = ("collector", "kernel", "cpu", "frequency", "memory", "allocation", "machine", "gpu",
+            "software", "sentinels")
+
+# What "comparable" lists as the same, in order: (section, words).
+SETUP_WORDS = (("collector", "machine"), ("kernel", "kernel"), ("cpu", "CPU"),
+               ("frequency", "frequency"), ("memory", "memory"),
+               ("allocation", "allocation shape"), ("machine", "IRQs"),
+               ("gpu", "GPUs"), ("software", "software"))
+
+
+class Difference(NamedTuple):
+    """One value that differs: its *section*, its dotted *key* inside it, and the value in each record.
+
+    A value that is null, or absent from a record, is ``None``.
+    """
+
+    section: str
+    key: str
+    a: Any
+    b: Any
+
+
+class _Absent:
+    """A key one record lacks (an older schema, a section that was not collected)."""
+
+
+_ABSENT = _Absent()
+
+
+def _is_field(node: Any) -> bool:
+    return isinstance(node, dict) and "value" in node and "source" in node
+
+
+def _unwrap(node: Any) -> Any:
+    """A field's value (None for a null one); anything else as it is."""
+    return node.get("value") if _is_field(node) else node
+
+
+def _is_scalar(value: Any) -> bool:
+    return not isinstance(value, (dict, list))
+
+
+_NUMBERED = re.compile(r"^(\D*?)(\d+)$")
+
+
+def _numbered(keys: list[str]) -> list[tuple[str, int, str]] | None:
+    """(prefix, number, key) for each key, in order, if every key is a name and a number."""
+    out = []
+    for k in keys:
+        m = _NUMBERED.match(k)
+        if m is None:
+            return None
+        out.append((m.group(1), int(m.group(2)), k))
+    return sorted(out)
+
+
+def _pair_keys(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
+    """(label, key in a, key in b) for the keys of two dicts.
+
+    Per-CPU, per-node and per-policy dicts (``cpu2``, ``node1``, ``policy4``,
+    ``"3"``) of two jobs placed on different CPUs have different keys for
+    the same role: when every key of both is a name and a number and the
+    names match one for one, they are paired in numeric order and the label
+    says both (``policy2(b:policy4)``).
+    """
+    if set(a) != set(b):
+        na, nb = _numbered(list(a)), _numbered(list(b))
+        if na is not None and nb is not None and len(na) == len(nb) \
+                and [p for p, _, _ in na] == [p for p, _, _ in nb]:
+            return [(ka if ka == kb else f"{ka}(b:{kb})", ka, kb) for (_, _, ka), (_, _, kb) in zip(na, nb)]
+    keys = list(a) + [k for k in b if k not in a]
+    return [(k, k if k in a else None, k if k in b else None) for k in keys]
+
+
+def _join(path: str, label: str) -> str:
+    return f"{path}.{label}" if path else label
+
+
+def _walk(a: Any, b: Any, path: str, out: list[tuple[str, Any, Any]]) -> None:
+    a, b = _unwrap(a), _unwrap(b)
+    if isinstance(a, dict) or isinstance(b, dict):
+        if isinstance(a, dict) and isinstance(b, dict):
+            pairs = _pair_keys(a, b)
+        elif isinstance(a, dict):      # the other is null, absent or not a dict: each leaf of this one differs
+            pairs = [(k, k, None) for k in a]
+        else:
+            pairs = [(k, None, k) for k in b]
+        da = a if isinstance(a, dict) else {}
+        db = b if isinstance(b, dict) else {}
+        if not pairs and not (isinstance(a, dict) and isinstance(b, dict)):
+            out.append((path, a, b))
+        for label, ka, kb in pairs:
+            _walk(da[ka] if ka is not None else _ABSENT, db[kb] if kb is not None else _ABSENT,
+                  _join(path, label), out)
+        return
+    structured = [v for v in (a, b) if isinstance(v, list) and not all(map(_is_scalar, v))]
+    if structured:                      # lists of sections (GPUs, caches): entry by entry
+        la = a if isinstance(a, list) else []
+        lb = b if isinstance(b, list) else []
+        for i in range(max(len(la), len(lb))):
+            _walk(la[i] if i < len(la) else _ABSENT, lb[i] if i < len(lb) else _ABSENT, f"{path}[{i}]", out)
+        return
+    va = None if isinstance(a, _Absent) else a
+    vb = None if isinstance(b, _Absent) else b
+    if va != vb or type(va) is bool and type(vb) is not bool or type(vb) is bool and type(va) is not bool:
+        out.append((path, va, vb))
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
+    """Every value that differs between records *a* and *b*, in the records' order.
+
+    Fields compare by value only (never source or error); lists of plain
+    values compare whole, lists of sections entry by entry. Every
+    difference is listed, of every kind: :func:`classify` says which count.
+    """
+    out: list[tuple[str, Any, Any]] = []
+    _walk(a, b, "", out)
+    diffs = []
+    for path, va, vb in out:
+        section, _, key = path.partition(".")
+        if "[" in section and not key:      # a top-level list entry: "gpu[0]" -> section gpu
+            section, _, rest = section.partition("[")
+            key = "[" + rest
+        elif "[" in section:
+            section, _, rest = section.partition("[")
+            key = "[" + rest + "." + key
+        diffs.append(Difference(section, key, va, vb))
+    return diffs
+
+
+# classify's rules. Keys are matched as written in a Difference (dotted, with
+# [i] for list entries); kernel names with dots ("pids.max",
+# "cpuset.cpus.effective") stay readable, so the patterns take care with them.
+_PID = re.compile(r"(^|\.)(pid|pids|[a-z_]+_pid)($|\[|\.(?!max))")
+_TIME = re.compile(r"(^|\.)(utc|monotonic|uptime|time|now|clock|started|ended)[a-z_]*($|\.)")
+_RUN_MEMORY = re.compile(r"(free|used|rsvd|surp|swaps)", re.I)
+_RUN_GPU = re.compile(r"(^|\.)(start|end)(\.|$)|temperature|clocks_event_reasons|throttle_reasons")
+_PLACEMENT_GPU = re.compile(r"(^|\.)(uuid|pci\.bus_id|pci_bus_id|bus_id|index|minor_number|topo[a-z_]*)$")
+_PLACEMENT_ALLOC = re.compile(r"(cpus|cpu_list|cpulist|policies|siblings|l3|mems|gpus|nodes?)[a-z_.]*$")
+
+
+def _count(value: Any) -> int | None:
+    """How many ids a list or a kernel cpulist ("0-3,8") holds; None if it is neither."""
+    if isinstance(value, list):
+        return len(value)
+    if isinstance(value, str):
+        n = 0
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or hi and not hi.isdigit():
+                return None
+            n += int(hi) - int(lo) + 1 if hi else 1
+        return n
+    return None
+
+
+def classify(section: str, key: str, a: Any = None, b: Any = None) -> str:
+    """``setup``, ``noted``, ``run`` or ``ignored``: what a difference at *section*.*key* means.
+
+    *a* and *b* matter for placement: two jobs on different CPUs (or GPUs,
+    or NUMA nodes) of the same count differ in where they ran, not in shape.
+    """
+    if section in ("job", "digest") or _PID.search(key):
+        return "ignored"
+    if section == "sentinels":      # the raw snapshots are in the deltas, which are what happened
+        return "run" if key.startswith("delta") else "ignored"
+    if section in ("verdict", "complete"):
+        return "run"
+    if section == "collector":
+        if key == "job":
+            return "ignored"
+        if key.startswith("hostname"):
+            return "setup"
+        return "ignored" if _TIME.search(key) else "noted"   # version, commit, boot_id, schema
+    if section == "schema":
+        return "noted"
+    if section == "allocation" and re.search(r"(^|\.)cgroup($|\.)", key):
+        return "ignored"            # the cgroup's path names the job id
+    if section == "memory" and _RUN_MEMORY.search(key.rpartition(".")[2] or key):
+        return "run"
+    if section == "software" and re.fullmatch(r"environment\.(sha256|bytes)", key):
+        return "noted"              # these count the job's own id; submitted_sha256 leaves it out
+    if section == "machine" and "job" in key:
+        return "run"                # the other jobs beside this one: the state, not the setup
+    if section == "gpu":
+        if _RUN_GPU.search(key):
+            return "run"
+        if _PLACEMENT_GPU.search(key):
+            return "noted"
+    if section in ("allocation", "frequency") and _PLACEMENT_ALLOC.search(key):
+        ca, cb = _count(a), _count(b)
+        if ca is not None and ca == cb:
+            return "noted"
+    return "setup"
+
+
+def comparable(diffs: list[Difference]) -> bool:
+    """Whether no difference of kind ``setup`` is among *diffs*."""
+    return not any(classify(*d) == "setup" for d in diffs)
+
+
+def summary(diffs: list[Difference]) -> str:
+    """The first line of :func:`format_diff`: whether the records compare, and if not, where they differ."""
+    counted: dict[str, int] = {}
+    for d in diffs:
+        if classify(*d) == "setup":
+            counted[d.section] = counted.get(d.section, 0) + 1
+    if not counted:
+        return "comparable: same " + ", ".join(w for _, w in SETUP_WORDS[:-1]) + " and " + SETUP_WORDS[-1][1]
+    order = {s: i for i, s in enumerate(SECTIONS)}
+    parts = []
+    for n, (section, count) in enumerate(sorted(counted.items(), key=lambda kv: (order.get(kv[0], 99), kv[0]))):
+        noun = (" difference" if count == 1 else " differences") if n == 0 else ""
+        parts.append(f"{count}{noun} in {section}")
+    return "not comparable: " + ", ".join(parts)
+
+
+def _text(value: Any, key: str = "") -> str:
+    """One value as people read it: JSON's words for null and booleans, lists joined, escaped.
+
+    A command line (a key ending in ``argv``) is written as a shell would take it back.
+    """
+    if key.endswith("argv") and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return one_line(shlex.join(value))
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return one_line(value) if value else '""'     # an empty file (no isolated CPUs) is not nothing
+    if isinstance(value, list) and all(map(_is_scalar, value)):
+        return ", ".join(_text(v) for v in value) if value else "(none)"
+    if isinstance(value, (dict, list)):
+        return one_line(json.dumps(value, sort_keys=True))
+    return str(value)
+
+
+def _cut(text: str, room: int, start: int = 0) -> str:
+    """*text* in at most *room* characters (from about *start*), saying how much was left out."""
+    room = max(room, 24)
+    if len(text) <= room:
+        return text
+    if start > 0:
+        start = max(0, start - 10)
+        text = "..." + text[start:]
+        if len(text) <= room:
+            return text
+    kept = room - len(f"... ({len(text)} more)")
+    return f"{text[:kept]}... ({len(text) - kept} more)"
+
+
+def _tokens(value: Any) -> list[str] | None:
+    """The items of a list of plain values, or the words of a long string (a command line)."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):   # numbers: a | b says more
+        return [_text(v) for v in value]
+    if isinstance(value, str) and " " in value.strip() and len(value) > 40:
+        return value.split()
+    return None
+
+
+def _diff_lines(key: str, a: Any, b: Any, indent: str, width: int) -> list[str]:
+    """The lines of one difference: ``key: a | b`` when it fits, else what was added and taken away."""
+    label = key or "(value)"
+    ta, tb = (None, None) if key.endswith("argv") else (_tokens(a), _tokens(b))   # an argv's order counts
+    if ta is not None and tb is not None and set(ta) != set(tb):
+        only_a = [t for t in ta if t not in set(tb)]
+        only_b = [t for t in tb if t not in set(ta)]
+        said = "; ".join(part for part in (
+            "only in a: " + ", ".join(only_a) if only_a else "",
+            "only in b: " + ", ".join(only_b) if only_b else "") if part)
+        line = f"{indent}{label}: {said}"
+        if len(line) <= width:
+            return [line]
+        # Long items (a verdict's reasons, long arguments): one a line.
+        return [f"{indent}{label}:"] + [line for side, items in (("a", only_a), ("b", only_b)) for item in items
+                                         for line in _wrapped(f"only in {side}: {item}", indent + "  ", width, 3)]
+    xa, xb = _text(a, key), _text(b, key)
+    line = f"{indent}{label}: {xa} | {xb}"
+    if len(line) <= width:
+        return [line]
+    first = next((i for i, (ca, cb) in enumerate(zip(xa, xb)) if ca != cb), min(len(xa), len(xb)))
+    room = width - len(indent) - 5
+    return [f"{indent}{label}:", f"{indent}  a: {_cut(xa, room, first)}", f"{indent}  b: {_cut(xb, room, first)}"]
+
+
+def _grouped(diffs: list[Difference], indent: str, width: int) -> list[str]:
+    order = {s: i for i, s in enumerate(SECTIONS)}
+    lines: list[str] = []
+    by_section: dict[str, list[Difference]] = {}
+    for d in diffs:
+        by_section.setdefault(d.section, []).append(d)
+    for section in sorted(by_section, key=lambda s: (order.get(s, -1 if s in ("verdict", "complete") else 99), s)):
+        items = by_section[section]
+        if len(items) == 1 and not items[0].key:
+            lines += _diff_lines(section, items[0].a, items[0].b, indent, width)
+            continue
+        lines.append(f"{indent}{section}")
+        for d in items:
+            lines += _diff_lines(d.key, d.a, d.b, indent + "  ", width)
+    return lines
+
+
+def format_diff(diffs: list[Difference], a_name: str, b_name: str, width: int = WIDTH) -> str:
+    """``dispatch record diff A B`` for people: whether A and B compare, then only what differs.
+
+    The first line answers "can these two be compared?" from the ``setup``
+    differences; they follow, grouped by section; then the ``noted`` ones
+    (where each ran, the tool's version) and what happened during the runs,
+    each in a block of its own. ``ignored`` differences are left out.
+    """
+    kinds: dict[str, list[Difference]] = {"setup": [], "noted": [], "run": [], "ignored": []}
+    for d in diffs:
+        kinds[classify(*d)].append(d)
+    lines = [summary(diffs), f"a: {one_line(a_name)}", f"b: {one_line(b_name)}"]
+    if kinds["setup"]:
+        lines += ["", "setup (these decide):"] + _grouped(kinds["setup"], "  ", width)
+    if kinds["noted"]:
+        lines += ["", "where each ran and what recorded it (not counted):"] + _grouped(kinds["noted"], "  ", width)
+    if kinds["run"]:
+        lines += ["", "the machine's state and the runs (reported, not counted):"] + \
+            _grouped(kinds["run"], "  ", width)
+    if not any(kinds[k] for k in ("setup", "noted", "run")):
+        lines += ["", "nothing else differs"]
+    return "\n".join(lines)
+
+
+def diff_json(diffs: list[Difference], a_name: str, b_name: str) -> dict[str, Any]:
+    """``dispatch record diff --json``: the summary and every shown difference with its kind."""
+    return {"a": a_name, "b": b_name, "comparable": comparable(diffs), "summary": summary(diffs),
+            "differences": [{"section": d.section, "key": d.key, "a": d.a, "b": d.b, "kind": kind}
+                            for d in diffs if (kind := classify(*d)) != "ignored"]}
+
+
+RENDER_LINES = 4    # a long value (a kernel command line) wraps onto this many lines at most, then is cut
+
+
+def _wrapped(text: str, indent: str, width: int, most: int = RENDER_LINES) -> list[str]:
+    """*text* (its first line at *indent*) wrapped to *width*, on at most *most* lines, the last cut."""
+    if len(text) <= width - len(indent):
+        return [indent + text]
+    later = indent + "    "
+    lines = textwrap.wrap(text, max(width, 24), initial_indent=indent, subsequent_indent=later,
+                          break_on_hyphens=False, drop_whitespace=True)
+    if len(lines) <= most:
+        return lines
+    shown = lines[:most - 1]
+    rest = " ".join(line.strip() for line in lines[most - 1:])
+    return shown + [_cut(later + rest, width)]
+
+
+def _render_node(node: Any, key: str, indent: str, width: int, lines: list[str]) -> None:
+    if _is_field(node):
+        value = node.get("value")
+        if value is None and node.get("error"):
+            lines += _wrapped(f"{key}: null ({one_line(str(node['error']))})", indent, width)
+            return
+        if isinstance(value, (dict, list)) and not (isinstance(value, list) and all(map(_is_scalar, value))):
+            _render_node(value, key, indent, width, lines)
+            return
+        lines += _wrapped(f"{key}: {_text(value, key)}", indent, width)
+    elif isinstance(node, dict):
+        if not node:
+            lines.append(f"{indent}{key}: (none)")
+        for k, v in node.items():
+            _render_node(v, _join(key, str(k)), indent, width, lines)
+    elif isinstance(node, list) and not all(map(_is_scalar, node)):
+        for i, v in enumerate(node):
+            _render_node(v, f"{key}[{i}]", indent, width, lines)
+    else:
+        lines += _wrapped(f"{key}: {_text(node, key)}", indent, width)
+
+
+def _verdict_lines(verdict: Any, width: int) -> list[str]:
+    verdict = _unwrap(verdict)
+    if not isinstance(verdict, dict):
+        return [f"verdict: {_text(verdict) if verdict is not None else 'none (the record is incomplete)'}"]
+    lines = [f"verdict: {_text(_unwrap(verdict.get('verdict')))}"]
+    for reason in _unwrap(verdict.get("reasons")) or []:     # the verdict's grounds: wrapped, never cut short
+        lines += _wrapped(f"- {_text(reason)}", "  ", width, most=8)
+    thresholds = _unwrap(verdict.get("thresholds"))
+    if isinstance(thresholds, dict) and thresholds:
+        said = ", ".join(f"{k}={_text(_unwrap(v))}" for k, v in sorted(thresholds.items()))
+        lines += textwrap.wrap(f"thresholds: {said}", max(width, 24), initial_indent="  ", subsequent_indent="    ",
+                               break_on_hyphens=False)
+    for note in _unwrap(verdict.get("notes")) or []:     # sentinels that could not be judged
+        lines += _wrapped(f"note: {_text(note)}", "  ", width)
+    for k, v in verdict.items():
+        if k not in ("verdict", "reasons", "thresholds", "notes"):
+            _render_node(v, k, "  ", width, lines)
+    return lines
+
+
+def render(record: dict[str, Any], width: int = WIDTH) -> str:
+    """``dispatch show --record JOB`` for people: the verdict first, then each section, one line a value.
+
+    A line is ``key: value``, a null one says why (``null (No such file or
+    directory)``). Lines fit *width*: a long value wraps onto a few more
+    lines, indented, and is then cut (``--json`` has everything). The
+    sentinels' start and end snapshots are left to ``--json``: their
+    differences (``delta``) are what a reader looks at.
+    """
+    lines = _verdict_lines(record.get("verdict"), width)
+    head = [f"schema {_text(_unwrap(record.get('schema')))}", f"job {_text(_unwrap(record.get('job')))}"]
+    complete = _unwrap(record.get("complete"))
+    head.append("complete" if complete is True else "INCOMPLETE (the job's end was not recorded)")
+    lines.append(_cut("record: " + ", ".join(head), width))
+    if record.get("digest") is not None:
+        lines.append(_cut(f"digest: {_text(_unwrap(record['digest']))}", width))
+    known = set(SECTIONS) | {"verdict", "schema", "job", "complete", "digest"}
+    for section in list(SECTIONS) + [k for k in record if k not in known]:
+        if section not in record:
+            continue
+        node = record[section]
+        lines.append(section)
+        if section == "sentinels" and isinstance(node, dict):
+            _render_node(node.get("delta"), "delta", "  ", width, lines)
+            if "start" in node or "end" in node:
+                lines.append("  (the raw start and end snapshots: --json)")
+            continue
+        if _is_field(node) or not isinstance(node, (dict, list)):
+            _render_node(node, section, "  ", width, lines)
+        else:
+            before = len(lines)
+            items = node.items() if isinstance(node, dict) else ((f"[{i}]", v) for i, v in enumerate(node))
+            for k, v in items:
+                _render_node(v, str(k), "  ", width, lines)
+            if len(lines) == before:
+                lines.append("  (none)")
+    return "\n".join(lines)

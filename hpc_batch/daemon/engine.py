@@ -1,0 +1,1392 @@
+"""The daemon's core: the queue, the running jobs and their life cycle.
+
+The engine owns the job records and decides; it does no socket I/O. The
+server feeds it requests and kernel events (a shepherd's pidfd became
+readable, a timer fired) and the engine persists every change before it is
+acknowledged: a submit that cannot be written is refused, never accepted and
+then forgotten. Scheduling itself is the pure ``scheduler`` module; starting
+shepherds and asking them to stop jobs is ``launcher``; cgroups are
+``cgroups``.
+
+Nothing a user sends can make the engine act on a path they control, wait
+on a process they can stop, or signal a process by number: output paths are
+only handed to the shepherd (which writes them as the user), and stopping a
+job is a line on its shepherd's control FIFO. An error while acting on one
+job ends that job (as ``error``, with the reason), never the daemon.
+"""
+
+import bisect
+import heapq
+import logging
+import os
+import pwd
+import shutil
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from shepherd import records
+
+from .. import bounds, defaults
+from ..core import benchmark, dependencies, gputopo, report, resources, scheduler
+from ..core.durations import format_duration
+from ..core.jobnames import log_name, split_ref
+from ..core.jobs import (
+    CANCELLED,
+    DEPENDENCY_FAILED,
+    ERROR,
+    EXITED,
+    FINISHED,
+    KILLED,
+    LOST,
+    OOM,
+    QUEUED,
+    RUNNING,
+    SIGNALLED,
+    TIMEOUT,
+    WAITING,
+    Job,
+    Result,
+    exit_column,
+    move,
+)
+from ..core.jobtable import JobTable
+from ..core.sizes import format_mem
+from ..wire.protocol import JobSetting, NewJob
+from . import cgroups, devdir, jobrecord, launcher, probe, quiet
+from .access import Caller
+from .history import History
+from .store import is_disk_full
+from .undelivered import Bounds as UndeliveredBounds
+from .undelivered import Undelivered
+
+log = logging.getLogger("hpc-batchd")
+
+
+class Refused(Exception):
+    """A request the daemon will not carry out; the message goes to the user."""
+
+    def __init__(self, message: str, code: str = "refused"):
+        super().__init__(message)
+        self.code = code
+
+
+class Engine:
+    """Queue, running set and finished history, backed by a Store."""
+
+    def __init__(self, cfg, store, machine, limits, dev: devdir.DevDir, hooks):
+        self.cfg = cfg
+        self.store = store
+        self.machine = machine
+        self.limits = limits
+        self.dev = dev
+        self.hooks = hooks                  # server callbacks: watch/unwatch pidfds, job events
+        self.jobs: dict[int, Job] = JobTable()   # kept in id order, all and per user, for list pages
+        self.queued: dict[int, scheduler.QueuedJob] = {}   # insertion order = submission order
+        self.running: dict[int, dict[str, Any]] = {}  # id -> {"pid", "pidfd", "alloc", "cgroup"}
+        self.queue_sorted = True            # False once a released job was appended out of id order
+        # Every job a user holds (queued, %N-held or waiting) counts toward --max-queued-per-user.
+        self.held_by_uid: dict[int, int] = {}
+        self.stale_cgroups: set[str] = set()  # job cgroups still busy when their job ended
+        self.waiting: set[int] = set()      # jobs held by --after / --after-ok
+        # Indexes, so that no event costs a scan of every job (a daemon may hold 100,000):
+        self.dependents: dict[int, set[int]] = {}   # job -> the waiting jobs that name it in --after
+        self.names: dict[tuple[int, str], list[int]] = {}   # (uid, name) -> its jobs' ids, ascending
+        self.user_ids: dict[str, int] = {}  # user name -> uid, for USER:NAME references
+        self.finished_by_uid: dict[int, list[int]] = {}   # uid -> heap of its finished jobs' ids
+        # uid -> finished jobs eviction passed over because a waiting job names them: out of the
+        # heap, so each is looked at once, not at every eviction; back in when none names them.
+        self.kept_back: dict[int, set[int]] = {}
+        # Waiting jobs to look at again, and ended jobs whose dependents are still to be looked at:
+        # settled a bounded number per turn, so releasing 10,000 dependents never stalls the loop.
+        self.to_settle: deque[int] = deque()
+        self.ended_deps: deque[int] = deque()
+        # job -> how many waiting jobs name it: a finished job is not forgotten (--keep-finished)
+        # while one does, so an --after-ok that exited 0 still counts when the last of them ends.
+        self.followers: dict[int, int] = {}
+        # Group commit: what this turn of the loop changed is made durable at its end, in one
+        # fsync (Store.commit), before replies go out and before started jobs are spawned.
+        self.batch_new: set[int] = set()    # jobs submitted this turn (refused if the commit fails)
+        self.to_spawn: list = []            # (job, cgroup) started this turn, spawned after the commit
+        self.capped_queued = 0              # queued elements of arrays with a %N cap
+        self.strict_queued = 0              # queued --benchmark=strict jobs: while any, the machine is watched
+        self.bench_watch = benchmark.Watch(defaults.BENCH_PROBE_INTERVAL)
+        self.history = History(store.root, cfg.history_per_user)
+        self.undelivered = Undelivered(store.root, UndeliveredBounds(
+            cfg.undelivered_max, cfg.undelivered_per_user, cfg.undelivered_max_age))
+        self.next_id = 1
+        self.policy_state: dict[str, Any] = {}
+        self.meta_dirty = False
+        self.saved_floor = 1                # the next_id daemon.json holds: ids below it are never reused
+        self.unsaved: set[int] = set()      # job records whose last write failed (full disk)
+        self.pending: scheduler.Decision | None = None  # a Decision to carry out after a reply
+        self.resched = False                # something freed resources: schedule on the next tick
+        self.retry_at: float | None = None  # when to retry starts that failed to write
+        self.root_mode = os.geteuid() == 0
+        # Benchmark jobs' quiet cores (IRQs, frequency, partition): the admin's flags, and where
+        # interrupts go when no housekeeping CPUs are named: the CPUs reserved for the OS.
+        self.quiet = quiet.Settings(cpufreq=cfg.cpufreq, allow_turbo_off=cfg.allow_turbo_off,
+                                    irqbalance_ban=cfg.irqbalance_ban)
+        self.irq_banned: dict[int, set[int]] = {}   # job -> CPUs irqbalance was told to keep IRQs off
+        self.benchmarks: dict[int, tuple[int, ...]] = {}   # running job with changes to undo -> CPUs it holds
+        # The GPU query of a job's record runs the nvidia-smi the daemon found (its PATH, not a user's).
+        self.nvidia_smi = shutil.which("nvidia-smi") if machine.gpus else None
+        reserved = resources.capacity(machine, limits).reserved_cpus
+        self.housekeeping_default = tuple(reserved) or tuple(
+            sorted({c for n in machine.nodes for c in n.cpus}))
+
+    # -- start-up -------------------------------------------------------------
+    def recover(self) -> list:
+        """Load the state dir, re-adopt running jobs, collect ones that ended meanwhile."""
+        meta = self.store.load_meta()
+        jobs = self.store.load_jobs()
+        self.policy_state = meta.get("policy_state", {}) or {}
+        self.saved_floor = int(meta.get("next_id", 1))
+        top = max([j.id for j in jobs] + [self.store.highest_quarantined_id()])
+        self.next_id = max(self.saved_floor, top + 1)
+        notes = list(self.store.notes)
+        for job in jobs:
+            self._add(job)
+            if job.state == QUEUED:
+                self._enqueue(job)
+            elif job.state == WAITING:
+                self._wait_on(job)
+            elif job.state == FINISHED:
+                heapq.heappush(self.finished_by_uid.setdefault(job.uid, []), job.id)
+            if job.state in (QUEUED, WAITING):
+                self.dev.add(job.id, job.uid, self.store.job_dir(job.id))
+        for job in jobs:   # first every benchmark job with changes to undo, so an end hands them over
+            if job.state == RUNNING and job.alloc is not None and quiet.pending(self.store.job_dir(job.id)):
+                try:
+                    self.benchmarks[job.id] = resources.Allocation.from_dict(job.alloc).held
+                except (KeyError, TypeError, ValueError):
+                    pass   # a record the daemon cannot re-adopt fails below, and its end undoes its changes
+        for job in jobs:
+            if job.state == RUNNING:
+                try:
+                    notes.append(self._readopt(job))
+                except Exception as exc:  # one record the daemon cannot act on must not stop it
+                    log.exception("job %d: cannot re-adopt it", job.id)
+                    self.running.pop(job.id, None)
+                    self._fail(job, f"the daemon could not re-adopt it: {exc}", time.time())
+        # The jobs they wait for may have ended meanwhile: look at every waiting job again, a
+        # bounded number per turn (start-up never works through them all before serving).
+        self.to_settle.extend(sorted(self.waiting))
+        self.dev.prune(set(self.queued) | set(self.running) | self.waiting)
+        if self.cfg.cgroups:
+            gone = cgroups.prune(self.cfg.cgroup_root, set(self.running))
+            if gone:
+                notes.append(f"pruned leftover cgroups: {', '.join(gone)}")
+        return [n for n in notes if n]
+
+    def _readopt(self, job: Job) -> str:
+        jdir = self.store.job_dir(job.id)
+        assert job.alloc is not None  # Job.check: a running job has its allocation
+        alloc = resources.Allocation.from_dict(job.alloc)
+        found = launcher.adopt(jdir)
+        cg = cgroups.job_path(self.cfg.cgroup_root, job.id) if self.cfg.cgroups else None
+        if found:
+            pid, fd = found
+            self.running[job.id] = {"pid": pid, "pidfd": fd, "alloc": alloc, "cgroup": cg}
+            self.hooks.watch_pidfd(fd, job.id)
+            if job.quiet and job.quiet.get("irqbalance_banned"):
+                self.irq_banned[job.id] = set(job.quiet["irqbalance_banned"])
+            # A change of max time the last daemon could not pass on before it died.
+            self._send_deadline(job, time.time())
+            return f"job {job.id}: re-adopted shepherd pid {pid}"
+        if os.path.exists(os.path.join(jdir, records.EXIT)):
+            self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": cg}
+            self._collect(job.id)
+            return f"job {job.id}: ended while the daemon was down; collected its exit record"
+        self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": cg}
+        if records.read_pidfile(jdir) is None and os.path.exists(os.path.join(jdir, records.LAUNCH)):
+            # Its launch spec is unread: either the shepherd never started, or it
+            # is starting right now. Look again shortly before deciding, so a
+            # second shepherd is never started beside a first.
+            self.running[job.id]["recheck"] = time.time() + defaults.SHEPHERD_START_GRACE
+            return f"job {job.id}: its shepherd has not started yet; checking again shortly"
+        return self._lost(job, "its shepherd was killed or vanished while the daemon was down")
+
+    def _recheck(self, job_id: int) -> None:
+        """Second look at a running job whose shepherd had not started at recovery."""
+        job = self.jobs[job_id]
+        jdir = self.store.job_dir(job_id)
+        self.running[job_id].pop("recheck", None)
+        found = launcher.adopt(jdir)
+        if found:
+            self.running[job_id]["pid"], self.running[job_id]["pidfd"] = found
+            self.hooks.watch_pidfd(found[1], job_id)
+        elif os.path.exists(os.path.join(jdir, records.EXIT)):
+            self._collect(job_id)
+        elif records.read_pidfile(jdir) is None and os.path.exists(os.path.join(jdir, records.LAUNCH)):
+            try:  # the command cannot have run: starting its shepherd now is safe
+                self._watch(job_id, *launcher.spawn(job_id, job.user, jdir))
+                log.info("job %d: its shepherd never started; started it now", job_id)
+            except OSError as exc:
+                if records.not_now(exc):   # out of pids: look again shortly
+                    self.running[job_id]["recheck"] = time.time() + defaults.START_RETRY
+                    return
+                self._lost(job, f"its shepherd could not be started: {exc}")
+        else:
+            self._lost(job, "its shepherd was killed or vanished while the daemon was down")
+
+    def _lost(self, job: Job, why: str) -> str:
+        self._collect(job.id, shepherd_gone=why, kind=LOST)
+        return f"job {job.id}: {why}"
+
+    # -- queries --------------------------------------------------------------
+    def visible(self, caller, all_users: bool, finished: bool, after: int = 0) -> Iterator[tuple[int, Job | None]]:
+        """The jobs *caller* may list with ids above *after*, in id order, as ``(id, job)``; job is
+        None for an id looked at and passed over (gone, or finished without *finished*), so a
+        caller can bound what one page looks at. Costs what it yields, not a scan of all jobs."""
+        uid = None if all_users else caller.uid
+        assert isinstance(self.jobs, JobTable)
+        for job_id in self.jobs.ids_after(after, uid):
+            job = self.jobs.get(job_id)
+            if job is None or (job.state == FINISHED and not finished) or (uid is not None and job.uid != uid):
+                yield job_id, None
+            else:
+                yield job_id, job
+
+    def summary(self, job: Job) -> dict:
+        """What ``dispatch list`` shows of a job (metadata only, never the environment)."""
+        alloc = job.alloc or {}
+        spread = len(alloc.get("mem_by_node", [])) > 1
+        res = job.get_result()
+        return {
+            "id": job.id, "user": job.user, "command": job.shown[0], "command_len": job.shown[1],
+            "state": job.state,
+            "submitted": job.submitted, "started": job.started, "ended": job.ended,
+            "max_time": job.max_time, "mem": job.budget.get("mem"),
+            "mem_assigned": job.budget.get("assigned", False), "spread": spread,
+            "exclusive": bool(job.request.get("exclusive")),
+            "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"),
+            **report.cpu_fields(self.machine, job.alloc),
+            "gpu_label": (gputopo.label(self.machine.topology, alloc.get("gpus") or ()) if job.alloc is not None
+                          else gputopo.label(None, range(job.request.get("gpus") or 0))),
+            "exit": exit_column(res) if job.state == FINISHED else None,
+            "result": job.result, "output": job.output, "output_error": job.output_error,
+            "output_note": job.output_note, "name": job.name,
+            "stats": job.stats, "verdict": job.stats.get("verdict"),
+        }
+
+    def why(self, job: Job) -> tuple[int | None, str | None]:
+        """A job's place in the queue (1 = the head) and why it is not running, for show and status."""
+        if job.state == WAITING:
+            return None, dependencies.evaluate(job, self.jobs.get)[1]
+        if job.state != QUEUED:
+            return None, None
+        order = list(self._in_order())
+        position = order.index(job.id) + 1
+        if job.request.get("benchmark") == "strict" and self.bench_watch.hold is not None:
+            return position, self.bench_watch.hold
+        if job.array is not None and job.array.get("limit") and \
+                self._array_room().get(job.array["first"], 1) <= 0:
+            return position, (f"{job.array['limit']} of its array (jobs from {job.array['first']}) "
+                              f"already run, the most it may run at once (--array ...%{job.array['limit']})")
+        free = resources.Free.of(resources.capacity(self.machine, self.limits),
+                                 [r["alloc"] for r in self.running.values()])
+        q = self.queued[job.id]
+        return position, report.why_waiting(q.request, q.budget, position, order[0], free, self.cfg.schedule,
+                                            self.policy_state)
+
+    def show(self, caller: Caller, ref: int | str, now: float) -> dict[str, Any]:
+        """``dispatch show``: everything about one job (never its environment)."""
+        job = self.lookup(caller, ref)
+        out = self.summary(job)
+        position, why = self.why(job)
+        alloc = job.alloc or {}
+        res = job.get_result()
+        handle = self.running.get(job.id, {})
+        out.update({
+            "name": job.name, "command": job.command, "argv": job.argv, "cwd": job.cwd,   # show: the whole command
+            "position": position, "why": why,
+            "request": job.request, "numa_nodes": sorted({n for n, _ in alloc.get("mem_by_node", [])}),
+            "deadline": job.deadline if job.state == RUNNING else None,
+            "cgroup": handle.get("cgroup"),
+            "wall": (job.ended or now) - job.started if job.started is not None else None,
+            "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
+            "after": job.after, "after_ok": job.after_ok, "quiet": job.quiet,
+            **report.bench_fields(job.request, job.alloc, job.shortfalls),
+            "note": res.note if res else None, "code": res.code if res else None,
+            "signal": res.signal if res else None,
+        })
+        return out
+
+    def record(self, caller: Caller, ref: int | str) -> dict[str, Any]:
+        """``dispatch show --record``: the job's reproducibility record (partial while it runs)."""
+        job = self.lookup(caller, ref)
+        if job.state in (QUEUED, WAITING):
+            raise Refused(f"job {job.id} has not started: its record is made when it starts")
+        data = records.read_json(os.path.join(self.store.job_dir(job.id), records.RECORD))
+        if not isinstance(data, dict):
+            why = ("it ended before it started" if job.started is None else
+                   "none was written (the daemon runs with --records none, or an older one started it)")
+            raise Refused(f"job {job.id} has no record: {why}")
+        return data
+
+    def status(self, now: float, caller: Caller | None = None) -> dict[str, Any]:
+        """``dispatch status``: the machine at a glance (another's head job by id only, unless the list is public)."""
+        head = None
+        if self.queued:
+            job = self.jobs[next(iter(self._in_order()))]
+            head = {"id": job.id, "user": job.user, "name": job.name, "why": self.why(job)[1]}
+            if caller is not None and not (caller.is_admin or caller.uid == job.uid or self.cfg.list_is_public):
+                head.update(user=None, name=None, why=None)   # its request would say whose it may be
+        return report.status(self.machine, self.limits, [r["alloc"] for r in self.running.values()],
+                             self.cfg.schedule, len(self.queued), len(self.waiting), head)
+
+    def lookup(self, caller: Caller, ref: int | str) -> Job:
+        """The job *caller* names by id, NAME or USER:NAME, or Refused.
+
+        A NAME means the caller's own newest job of that name, for admins too;
+        an admin names another user's job by id or as USER:NAME. A job the
+        caller may not see is refused as not found, exactly like a job that
+        does not exist, unless --list-is-public lets everyone see it anyway.
+        """
+        if isinstance(ref, str):
+            split = split_ref(ref)
+            if split is None:
+                raise Refused(f"no job named {ref!r}", "not_found")
+            user, name = split
+            uid = caller.uid if user is None else self.user_ids.get(user)
+            ids = self.names.get((uid, name)) if uid is not None else None
+            if not ids:
+                raise Refused(f"no job named {ref!r}", "not_found")
+            job = self.jobs[ids[-1]]
+        else:
+            found = self.jobs.get(ref)
+            if found is None:
+                raise Refused(f"no such job: {ref}", "not_found")
+            job = found
+        if job.uid != caller.uid and not caller.is_admin:
+            if not self.cfg.list_is_public:
+                raise Refused(f"no such job: {ref}" if isinstance(ref, int) else f"no job named {ref!r}",
+                              "not_found")
+            raise Refused(f"job {ref} belongs to another user", "forbidden")
+        return job
+
+    # -- submit ---------------------------------------------------------------
+    def submit(self, caller, req: NewJob, now: float) -> dict:
+        """Queue a job (and start it if it fits); returns the reply fields."""
+        if not self.root_mode and caller.uid != os.geteuid():
+            raise Refused(f"this hpc-batchd runs as {self.cfg.user_name} in user mode and only accepts "
+                          f"jobs from that user", "forbidden")
+        max_time = req.max_time if req.max_time is not None else self.cfg.max_lifetime
+        if max_time > self.cfg.max_lifetime:
+            raise Refused(f"--max-time {format_duration(max_time)} exceeds the limit of "
+                          f"{format_duration(self.cfg.max_lifetime)} set by the admin (--max-lifetime)")
+        size = req.size()
+        if size > self.cfg.max_job_size:
+            raise Refused(f"the command and its environment take {format_mem(size)}, more than the "
+                          f"{format_mem(self.cfg.max_job_size)} a job may carry (the admin's --max-job-size); "
+                          f"submit a script instead, or drop --env", "too_large")
+        short = self.store.short_of_room(self.cfg.state_reserve)
+        if short is not None:   # compaction, and the jobs already taken, keep room to finish
+            raise Refused(short, "busy")
+        elements = req.elements()
+        held = self.held_by_uid.get(caller.uid, 0)
+        if held + len(elements) > self.cfg.max_queued_per_user:
+            many = f"these {len(elements)} jobs would make {held + len(elements)}" if len(elements) > 1 else \
+                f"you already have {held}"
+            raise Refused(f"{many} queued or waiting, more than the {self.cfg.max_queued_per_user} one user may "
+                          f"have (the admin's --max-queued-per-user); wait for some to start", "queue_full")
+        wanted = {"cpus": req.cpus, "mem": req.mem, "gpus": req.gpus, "exclusive": req.exclusive,
+                  "numa_local": req.numa_local or req.benchmark is not None,   # --benchmark keeps memory local
+                  "numa_local_gpu": req.numa_local_gpu, "gpu_link": req.gpu_link,
+                  "benchmark": req.benchmark, "whole_l3": req.whole_l3, "aslr": req.aslr, "thp": req.thp}
+        if req.record_to is not None or req.record_env:   # (kept out of the usual job's record)
+            wanted.update(record_to=req.record_to, record_is_dir=req.record_is_dir, record_env=req.record_env)
+        request = _request(wanted)
+        try:
+            budget = resources.check_request(request, self.machine, self.limits)
+        except resources.RequestError as exc:
+            raise Refused(str(exc), "never_fits") from None
+        try:
+            pw = pwd.getpwuid(caller.uid)
+        except KeyError:
+            raise Refused(f"uid {caller.uid} has no passwd entry; jobs run as a named user") from None
+        after = [self.lookup(caller, ref).id for ref in req.after]   # unknown or another user's: refused
+        first = self.next_id
+        bulk = len(elements) > 1 or bool(req.array or req.commands)
+        # An --array's elements share one argv list, stored once (Store.add_jobs); --commands' differ.
+        shared_argv = list(req.argv) if req.array and not req.commands else None
+        made = []
+        for k, (argv, index) in enumerate(elements):
+            job_id = first + k
+            output = None
+            if not req.no_output:
+                # Checked by dispatch, as the user; the shepherd writes it as the user, never following links.
+                target = req.output or req.cwd
+                output = os.path.join(target, log_name(job_id)) if req.output is None or req.output_is_dir \
+                    else target
+            job = Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name,
+                      argv=shared_argv if shared_argv is not None else list(argv),
+                      cwd=req.cwd, submitted=now, max_time=max_time,
+                      request=wanted,
+                      budget={"mem": budget.mem, "assigned": budget.assigned},
+                      output=output, umask=req.umask, name=req.name, after=sorted(set(after)),
+                      after_ok=req.after_ok, state=WAITING if after else QUEUED,
+                      array=None if not bulk else {"first": first, "index": index, "limit": req.array_limit})
+            made.append(job)
+        self._persist_new(made, {"forward": req.env, "job_env": req.job_env, "base": req.base_env}, shared_argv)
+        self.next_id = first + len(made)
+        # A job it follows may have ended already: then each of them is looked at (in turns);
+        # otherwise they wait, and the first end among their dependencies looks at them.
+        look = any(self.jobs[dep].state == FINISHED for dep in after)
+        for job in made:
+            self._add(job)
+            jdir = self.store.job_dir(job.id)
+            try:
+                devdir.create_output(jdir, job.uid, self.cfg.admin_gid)
+                devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
+            except OSError:
+                pass
+            self.dev.add(job.id, job.uid, jdir)
+            if job.state == WAITING:
+                self._wait_on(job)
+                if look:
+                    self.to_settle.append(job.id)
+            else:
+                self._enqueue(job)
+        if bulk:
+            log.info("jobs %d-%d %s for %s (%d in one submit): %s", first, first + len(made) - 1,
+                     made[0].state, made[0].user, len(made), made[0].shown[0])
+        else:
+            log.info("job %d %s for %s: %s", first, made[0].state, made[0].user, made[0].shown[0])
+        for job in made:
+            self.hooks.job_event(job.id, "submitted")
+        # Whatever they wait on is looked at in the next turn, after the commit that acknowledges
+        # them: a submit that commit refuses has then ended nothing (no history, no events).
+        # Decide now, act after the reply is sent: the client does not wait for the spawn.
+        self.pending = self.plan(now)
+        starting = {j for j, _ in self.pending.starts} if self.pending is not None else set()
+        job = made[0]
+        reply = {"id": first, "state": RUNNING if first in starting else job.state, "mem": budget.mem,
+                 "mem_assigned": budget.assigned, "output": job.output, "name": job.name,
+                 "after": job.after, "after_ok": job.after_ok,
+                 "note": result.note if job.state == FINISHED and (result := job.get_result()) else None}
+        if bulk:
+            reply.update(last=first + len(made) - 1, count=len(made), starting=len(starting),
+                         limit=req.array_limit)
+        return reply
+
+    def _persist_new(self, made: list, env: dict, shared_argv: list | None) -> None:
+        """Write new jobs' records and stage them for this turn's commit; refuse (nothing kept) on failure.
+
+        However many jobs a request (or a turn of the loop) submits, they are
+        made durable together, by one fsync, before any of them is acknowledged.
+        """
+        try:
+            self.store.add_jobs(made, env, self.cfg.admin_gid, shared_argv)
+        except OSError as exc:
+            why = "the state directory's disk is full" if is_disk_full(exc) else exc.strerror
+            log.error("job %d refused: cannot persist it: %s", made[0].id, exc)
+            raise Refused(f"cannot store the job ({why}); nothing was queued, try again later",
+                          "busy") from None
+        self.batch_new.update(job.id for job in made)
+
+    def run_pending(self, now: float) -> None:
+        """Carry out a decision made while answering a request."""
+        decision, self.pending = self.pending, None
+        if decision is not None:
+            self.apply(decision, now)
+
+    def _add(self, job: Job) -> None:
+        """A job the engine now knows (submitted or loaded): into its indexes."""
+        self.jobs[job.id] = job
+        self.user_ids[job.user] = job.uid
+        if job.name is not None:
+            ids = self.names.setdefault((job.uid, job.name), [])
+            if ids and ids[-1] > job.id:
+                bisect.insort(ids, job.id)
+            else:
+                ids.append(job.id)
+
+    def _forget(self, job: Job) -> None:
+        """A job the engine no longer knows (evicted, or its submit refused): out of its indexes."""
+        self.jobs.pop(job.id, None)
+        self.dependents.pop(job.id, None)
+        if job.name is not None:
+            ids = self.names.get((job.uid, job.name))
+            if ids is not None:
+                i = bisect.bisect_left(ids, job.id)
+                if i < len(ids) and ids[i] == job.id:
+                    del ids[i]
+                if not ids:
+                    del self.names[(job.uid, job.name)]
+
+    def _hold(self, uid: int, n: int) -> None:
+        left = self.held_by_uid.get(uid, 0) + n
+        if left > 0:
+            self.held_by_uid[uid] = left
+        else:
+            self.held_by_uid.pop(uid, None)
+
+    def _wait_on(self, job: Job) -> None:
+        """Hold a job on its --after jobs: it is looked at again when one of them ends."""
+        if job.id not in self.waiting:
+            self.waiting.add(job.id)
+            self._hold(job.uid, 1)
+            for dep_id in job.after:
+                self.followers[dep_id] = self.followers.get(dep_id, 0) + 1
+        for dep_id in job.after:
+            dep = self.jobs.get(dep_id)
+            if dep is not None and dep.state != FINISHED:   # an ended one is looked at when it settles
+                self.dependents.setdefault(dep_id, set()).add(job.id)
+
+    def _unwait(self, job: Job) -> None:
+        if job.id in self.waiting:
+            self.waiting.discard(job.id)
+            self._hold(job.uid, -1)
+            for dep_id in job.after:
+                left = self.followers[dep_id] - 1
+                if left:
+                    self.followers[dep_id] = left
+                    continue
+                del self.followers[dep_id]
+                dep = self.jobs.get(dep_id)
+                if dep is not None and dep_id in self.kept_back.get(dep.uid, ()):
+                    self.kept_back[dep.uid].discard(dep_id)
+                    heapq.heappush(self.finished_by_uid.setdefault(dep.uid, []), dep_id)
+
+    def _enqueue(self, job: Job) -> None:
+        r = job.request
+        if job.id not in self.queued:
+            self._hold(job.uid, 1)
+            if job.array is not None and job.array.get("limit"):
+                self.capped_queued += 1
+            if r.get("benchmark") == "strict":
+                self.strict_queued += 1
+            if self.queued and next(reversed(self.queued)) > job.id:
+                self.queue_sorted = False   # its place is its submission order: sorted before the next use
+        self.queued[job.id] = scheduler.QueuedJob(
+            id=job.id,
+            request=_request(r),
+            budget=resources.Budget(job.budget["mem"], bool(job.budget.get("assigned"))),
+            max_time=job.max_time)
+
+    def _dequeue(self, job: Job) -> None:
+        del self.queued[job.id]
+        if job.array is not None and job.array.get("limit"):
+            self.capped_queued -= 1
+        if job.request.get("benchmark") == "strict":
+            self.strict_queued -= 1
+            if not self.strict_queued:
+                self.bench_watch.forget()
+        self._hold(job.uid, -1)
+
+    def _in_order(self) -> dict[int, scheduler.QueuedJob]:
+        """The queue in submission (id) order: sorted once after jobs were put back out of order."""
+        if not self.queue_sorted:
+            self.queued = dict(sorted(self.queued.items()))
+            self.queue_sorted = True
+        return self.queued
+
+    def _info(self, job: Job) -> dict:
+        s = self.summary(job)
+        return {k: s[k] for k in ("id", "user", "command", "command_len", "state", "submitted", "started", "max_time",
+                                  "mem", "mem_assigned", "exclusive", "cpus", "gpus", "output")}
+
+    # -- scheduling -----------------------------------------------------------
+    def schedule(self, now: float) -> None:
+        """Run one scheduling pass and carry out its decision."""
+        self.pending = None
+        decision = self.plan(now)
+        if decision is not None:
+            self.apply(decision, now)
+
+    def plan(self, now: float) -> scheduler.Decision | None:
+        """One scheduling pass (pure): the Decision, or None with nothing queued."""
+        if not self.queued:
+            return None
+        running = [scheduler.RunningJob(jid, r["alloc"], (self.jobs[jid].deadline or now))
+                   for jid, r in self.running.items()]
+        return scheduler.schedule(self.cfg.schedule, self._eligible(now), running,
+                                  self.machine, self.limits, self.policy_state, now)
+
+    def apply(self, decision: scheduler.Decision, now: float) -> None:
+        """Carry out a Decision: persist policy state, fail and start jobs."""
+        if decision.state != self.policy_state:
+            self.policy_state = decision.state
+            self.save_meta()
+        for job_id, reason in decision.failures:
+            self._finish(self.jobs[job_id], Result(ERROR, note=f"can never start here: {reason}"), now)
+        for job_id, alloc in decision.starts:
+            job = self.jobs[job_id]
+            try:
+                self._start(job, alloc, now)
+            except Exception as exc:  # one job that cannot start must not stop the others
+                log.exception("job %d: cannot start it", job_id)
+                self._fail(job, f"the daemon could not start it: {exc}", now)
+
+    def _eligible(self, now: float) -> list:
+        """The queue, less elements of an array already running its %N at once.
+
+        They wait without holding up the jobs behind them, as a Slurm array's
+        throttled tasks do. Without capped arrays queued this is the queue as is.
+        """
+        queue = self._in_order()
+        # Strict benchmark jobs wait while the machine is not quiet, holding up nobody behind them.
+        hold = self._quiet_hold(now) if self.strict_queued else None
+        if not self.capped_queued and hold is None:
+            return list(queue.values())
+        room = self._array_room()
+        eligible = []
+        for q in queue.values():
+            if hold is not None and q.request.benchmark == "strict":
+                continue
+            a = self.jobs[q.id].array
+            if a is not None and a.get("limit"):
+                left = room.get(a["first"], a["limit"])
+                if left <= 0:
+                    continue
+                room[a["first"]] = left - 1
+            eligible.append(q)
+        return eligible
+
+    def _quiet_hold(self, now: float) -> str | None:
+        """Why strict benchmark jobs wait now (None: the machine is quiet), reading it when due."""
+        if now >= self.bench_watch.due(now):
+            self.bench_watch.feed(probe.read(now, probe.root()))
+        return self.bench_watch.hold
+
+    def _array_room(self) -> dict[int, int]:
+        """How many more of each capped array may start now (arrays not named: their whole cap)."""
+        room: dict[int, int] = {}
+        for jid in self.running:
+            a = self.jobs[jid].array
+            if a is not None and a.get("limit"):
+                room[a["first"]] = room.get(a["first"], a["limit"]) - 1
+        return room
+
+    def save_meta(self) -> bool:
+        """Persist the id floor and policy state; on failure retry from the tick."""
+        try:
+            floor = self.next_id
+            self.store.save_meta({"next_id": floor, "policy_state": self.policy_state})
+            self.meta_dirty = False
+            self.saved_floor = floor
+            return True
+        except OSError as exc:
+            log.error("cannot write daemon.json (%s); will retry", exc)
+            self.meta_dirty = True
+            return False
+
+    def _job_env(self, job: Job) -> dict:
+        stored = self.store.load_env(job)   # {} (a clean environment) when it cannot be read
+        try:
+            pw = pwd.getpwuid(job.uid)
+            home, shell = pw.pw_dir, pw.pw_shell or "/bin/sh"
+        except KeyError:
+            home, shell = "/", "/bin/sh"
+        if stored.get("forward") is not None:
+            env = dict(stored["forward"])
+        else:
+            base = stored.get("base") or {}
+            env = {"PATH": base.get("PATH") or defaults.DEFAULT_PATH, "HOME": home, "USER": job.user,
+                   "SHELL": shell, "LANG": base.get("LANG") or "C.UTF-8"}
+        env.update(stored.get("job_env") or {})
+        # Set by the daemon and never overridden: without masking the GPU list is how a job is held to its GPUs.
+        env["HPC_BATCH_JOB_ID"] = str(job.id)
+        if job.array is not None:   # from the record, not stored per job: a bulk submit's jobs share one environment
+            env["HPC_BATCH_ARRAY_INDEX"] = str(job.array["index"])
+            env["HPC_BATCH_ARRAY_JOB_ID"] = str(job.array["first"])
+        env["CUDA_VISIBLE_DEVICES"] = self._visible_devices((job.alloc or {}).get("gpus", []))
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"   # CUDA numbers GPUs as nvidia-smi does
+        return env
+
+    def _visible_devices(self, gpus: list[int]) -> str:
+        """CUDA_VISIBLE_DEVICES for a job given *gpus* (nvidia-smi indices).
+
+        Masked, CUDA enumerates only the devices the job can open, so plain
+        indices would point at the wrong (or no) GPU: name them by UUID, or
+        failing that renumber them 0..n-1 in index order. Unmasked, the
+        indices as nvidia-smi gives them (with CUDA_DEVICE_ORDER=PCI_BUS_ID).
+        """
+        if not self.cfg.mask_gpus:
+            return ",".join(str(g) for g in gpus)
+        uuids = [self.machine.gpu_uuids.get(g) for g in gpus]
+        if all(uuids):
+            return ",".join(u for u in uuids if u)
+        return ",".join(str(i) for i in range(len(gpus)))
+
+    def _start(self, job: Job, alloc, now: float) -> None:
+        # Order matters for crash safety: the launch spec (with the environment)
+        # first, then the record that says "running", then the spawn, which
+        # waits for this turn's commit (after which the store lets go of the
+        # stored environment). A crash in between leaves either a queued job
+        # or a launch spec the next daemon can start.
+        self._dequeue(job)
+        jdir = self.store.job_dir(job.id)
+        self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": None}
+        move(job, RUNNING, now, alloc=alloc.to_dict())
+        if job.request.get("benchmark"):
+            self._bench_start(job, alloc, now)
+        cg = None
+        try:
+            if self.cfg.cgroups:
+                minors = (tuple(self.machine.gpu_minors[g] for g in alloc.gpus)
+                          if self.cfg.mask_gpus else None)
+                cg = cgroups.create_job(self.cfg.cgroup_root, job.id, alloc.cpus, alloc.mems, alloc.mem,
+                                        self.cfg.max_pids, minors)
+                self.running[job.id]["cgroup"] = cg
+            launcher.write_launch(jdir, self._launch_spec(job, alloc, cg))
+        except OSError as exc:
+            self._requeue(job, cg, exc, now)
+            return
+        except cgroups.CgroupError as exc:
+            log.error("job %d cannot start: %s", job.id, exc)
+            self._finish(job, Result(ERROR, note=str(exc)), now)
+            return
+        try:
+            self.store.save_job(job)
+        except OSError as exc:
+            self._requeue(job, cg, exc, now)
+            return
+        self.to_spawn.append((job, cg))
+
+    def _bench_start(self, job: Job, alloc, now: float) -> None:
+        """Record how the machine fell short of a benchmark job, and its counters to compare at the end."""
+        cap = resources.capacity(self.machine, self.limits)
+        job.shortfalls = benchmark.shortfalls(job.request, alloc, cap, self.cfg.cgroups)
+        if self.bench_watch.reasons:
+            job.shortfalls += self.bench_watch.reasons
+        job.bench_start = probe.read(now, probe.root(), alloc.held).to_dict()
+
+    def _bench_end(self, job: Job, now: float) -> None:
+        """Add to a benchmark job's shortfalls what its counters say happened while it ran."""
+        before = benchmark.Sample.from_dict(job.bench_start)
+        job.bench_start = None
+        if before is None or job.alloc is None:
+            return
+        held = resources.Allocation.from_dict(job.alloc).held
+        job.shortfalls = job.shortfalls + [f"while it ran, {why}" for why in
+                                           benchmark.unquiet(before, probe.read(now, probe.root(), held), held)]
+
+    def flush(self, now: float) -> set[int]:
+        """End a turn of the loop: :meth:`commit_turn`, then :meth:`spawn_turn`."""
+        refused = self.commit_turn(now)
+        self.spawn_turn(now)
+        return refused
+
+    def commit_turn(self, now: float) -> set[int]:
+        """Make what this turn changed durable, in one fsync.
+
+        Returns the ids of jobs submitted this turn that the commit could not
+        make durable: they are gone again, and their submitters must be told.
+        """
+        refused: set[int] = set()
+        try:
+            self.store.commit(now)
+        except OSError as exc:
+            refused = self._commit_failed(exc, now)
+        self.batch_new.clear()
+        return refused
+
+    def spawn_turn(self, now: float) -> None:
+        """Spawn the jobs this turn started (their records are durable by now)."""
+        while self.to_spawn:
+            spawns, self.to_spawn = self.to_spawn, []
+            for job, cg in spawns:
+                try:
+                    self._spawn(job, cg, now)
+                except Exception as exc:  # one job that cannot start must not stop the others
+                    log.exception("job %d: cannot start it", job.id)
+                    self._fail(job, f"the daemon could not start it: {exc}", now)
+            if self.commit_turn(now):   # a spawn that failed ended its job (and may have started another)
+                break
+
+    def _commit_failed(self, exc: OSError, now: float) -> set[int]:
+        """Undo what a failed commit would have made durable: new jobs go, starts go back to the queue.
+
+        Anything else staged (ends, evictions) stays staged for the next commit.
+        """
+        log.error("cannot write the journal (%s); this turn's submits are refused and its starts wait", exc)
+        refused = set(self.batch_new)
+        gone_finished: dict[int, set[int]] = {}
+        for job_id in refused:
+            job = self.jobs.get(job_id)
+            if job is None:
+                continue
+            if job.state == FINISHED:   # settled in this turn (a dependency ended meanwhile)
+                gone_finished.setdefault(job.uid, set()).add(job_id)
+            self._forget(job)
+            self.running.pop(job_id, None)
+            if job_id in self.queued:
+                self._dequeue(job)
+            self._unwait(job)
+            self.dev.remove(job_id)
+            self.store.remove_job(job_id)
+        for uid, ids in gone_finished.items():
+            heap = [i for i in self.finished_by_uid.get(uid, []) if i not in ids]
+            heapq.heapify(heap)
+            self.finished_by_uid[uid] = heap
+            self.kept_back.get(uid, set()).difference_update(ids)
+        self.store.forget(refused)
+        for job, cg in self.to_spawn:
+            if job.id in refused:
+                self._drop_cgroup(cg)
+                continue
+            self._drop_cgroup(cg)
+            del self.running[job.id]
+            move(job, QUEUED, now)
+            self._enqueue(job)
+            try:
+                os.unlink(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
+                self.store.save_job(job)   # queued again: the store keeps its environment
+            except OSError:
+                self.unsaved.add(job.id)
+        self.to_spawn = []
+        self.retry_at = now + 2.0
+        return refused
+
+    def _spawn(self, job: Job, cg, now: float) -> None:
+        jdir = self.store.job_dir(job.id)
+        if job.request.get("benchmark"):
+            self._quiet(job, jdir, cg)
+        try:
+            pid, start = launcher.spawn(job.id, job.user, jdir)
+        except OSError as exc:
+            if records.not_now(exc):   # out of pids or memory: no shepherd, so the command never ran
+                self._not_now(job, cg, f"cannot start its shepherd yet ({exc.strerror or exc})", now)
+                return
+            log.error("job %d cannot start: %s", job.id, exc)
+            self._drop_cgroup(cg)
+            self._finish(job, Result(ERROR, note=f"cannot start its shepherd: {exc}"), now)
+            return
+        self._watch(job.id, pid, start)
+        try:
+            devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
+        except OSError:
+            pass
+        alloc = self.running[job.id]["alloc"]
+        log.info("job %d started: cpus %s, mem %d, gpus %s", job.id, list(alloc.cpus), alloc.mem, list(alloc.gpus))
+        self.hooks.job_event(job.id, "started")
+
+    def _quiet(self, job: Job, jdir: str, cg) -> None:
+        """Quiet a benchmark job's CPUs (its record is durable as running, so any later daemon
+        undoes this when the job ends). A shortfall is recorded, never a reason not to run."""
+        alloc = self.running[job.id]["alloc"]
+        hk = self.cfg.housekeeping or self.housekeeping_default   # --housekeeping-cpus none: the reserve
+        self.benchmarks[job.id] = alloc.held
+        try:
+            job.quiet = quiet.begin(jdir, alloc.cpus, alloc.held, hk, self.quiet, len(self.running) > 1,
+                                    cg if self.cfg.cgroups else None)
+            if self.quiet.irqbalance_ban:
+                self.irq_banned[job.id] = set(alloc.held)
+                job.quiet["irqbalance_ban"] = quiet.ban(self.quiet, set().union(*self.irq_banned.values()))
+                job.quiet["irqbalance_banned"] = list(alloc.held)
+        except Exception as exc:  # the machine's settings must never stop the daemon
+            log.exception("job %d: cannot quiet its CPUs", job.id)
+            job.quiet = {"error": str(exc)}
+        moved = (job.quiet.get("irqs") or {}).get("moved") or []
+        log.info("job %d: benchmark: %d IRQs moved to CPUs %s, %s", job.id, len(moved),
+                 (job.quiet.get("irqs") or {}).get("to"), (job.quiet.get("cpufreq") or {}).get("turbo"))
+        try:
+            # The cache only: no journal commit (an fdatasync) more per start. What must be undone
+            # is in quiet.json; this is what `show` reports, and the job's next durable save keeps it.
+            self.store.save_job(job, durable=False)
+        except OSError:
+            self.unsaved.add(job.id)
+
+    def _unquiet(self, job: Job) -> None:
+        """Undo what :meth:`_quiet` changed (where still ours), whichever daemon started the job."""
+        self.benchmarks.pop(job.id, None)
+        others = [(self.store.job_dir(i), held) for i, held in self.benchmarks.items()]
+        try:
+            undone = quiet.end(self.store.job_dir(job.id), self.quiet, others)
+            if self.irq_banned.pop(job.id, None) is not None:
+                quiet.ban(self.quiet, set().union(*self.irq_banned.values()))
+        except Exception as exc:
+            log.exception("job %d: cannot undo its quiet cores", job.id)
+            undone = {"restored": 0, "left": [str(exc)]}
+        if undone is None:
+            return
+        if job.quiet is not None:
+            job.quiet["undone"] = undone
+        log.info("job %d: quiet cores undone: %d settings restored, %d handed to running benchmark jobs%s",
+                 job.id, undone["restored"], undone.get("handed", 0),
+                 f"; left alone: {'; '.join(undone['left'])}" if undone["left"] else "")
+
+    def _launch_spec(self, job: Job, alloc, cg) -> dict:
+        """What the shepherd needs, all of it: it cannot ask the daemon anything later."""
+        return {
+            "id": job.id, "user": job.user, "uid": job.uid, "gid": job.gid, "cwd": job.cwd,
+            "argv": job.argv, "env": self._job_env(job), "output": job.output, "umask": job.umask,
+            "admin_gid": self.cfg.admin_gid,
+            "cpus": None if self.cfg.cgroups else list(alloc.cpus),
+            "cgroup": cg,
+            "shepherd_cgroup": cgroups.shepherds_path(self.cfg.cgroup_root) if self.cfg.cgroups else None,
+            # The shepherd keeps the deadline itself, so it holds while the daemon is down.
+            "deadline": job.deadline, "kill_grace": defaults.KILL_GRACE,
+            "delivery_limit": defaults.DELIVERY_LIMIT, "max_output_buffer": self.cfg.max_output_buffer,
+            "fork_retry": defaults.FORK_RETRY,
+            "aslr": job.request.get("aslr", "on"), "thp": job.request.get("thp", "on"),
+            "record": self._record_spec(job, alloc) if self.cfg.records == "all" else None,
+        }
+
+    def _record_spec(self, job: Job, alloc) -> dict:
+        """What the shepherd needs from the daemon for the job's reproducibility record."""
+        return jobrecord.spec(
+            job, alloc, self.machine, {i: h["alloc"] for i, h in self.running.items()},
+            housekeeping=self.cfg.housekeeping or self.housekeeping_default,
+            thresholds=self.cfg.record_thresholds, nvidia_smi=self.nvidia_smi, root=probe.root(),
+            cgroups=self.cfg.cgroups, cpu_unit=self.cfg.cpu_unit)
+
+    def _requeue(self, job: Job, cg, exc: OSError, now: float) -> None:
+        """A start that could not be written: with a full disk back to the queue, retried soon."""
+        self._drop_cgroup(cg)
+        if not is_disk_full(exc):
+            log.error("job %d cannot start: %s", job.id, exc)
+            self._finish(job, Result(ERROR, note=f"cannot start: {exc}"), now)
+            return
+        log.error("job %d: cannot start it yet (%s); it stays queued and is retried", job.id, exc)
+        del self.running[job.id]
+        move(job, QUEUED, now)
+        self._enqueue(job)
+        self.retry_at = now + 2.0
+
+    def _not_now(self, job: Job, cg, why: str, now: float) -> None:
+        """A started job whose command never ran (out of pids): back to the queue, retried soon.
+
+        The environment it was to get (its launch spec's) goes back to the
+        store, which had let go of it once the start was durable; the launch
+        spec stays until the next start replaces it, so a crash before this
+        turn's commit leaves a running job whose shepherd the next daemon starts.
+        """
+        spec = records.read_json(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
+        env = spec.get("env") if isinstance(spec, dict) else None
+        if not isinstance(env, dict):
+            self._drop_cgroup(cg)
+            self._finish(job, Result(ERROR, note=f"{why}, and its launch spec is gone"), now)
+            return
+        self._drop_cgroup(cg)
+        if job.id in self.benchmarks:
+            self._unquiet(job)     # its cores are quieted afresh at its next start
+        log.warning("job %d: %s; it is queued again", job.id, why)
+        del self.running[job.id]
+        move(job, QUEUED, now)
+        self._enqueue(job)
+        try:
+            self.store.unstart(job, env)
+            self.store.save_job(job)
+        except OSError:
+            self.unsaved.add(job.id)
+        try:
+            devdir.write_info(self.store.job_dir(job.id), self._info(job), job.uid, self.cfg.admin_gid)
+        except OSError:
+            pass
+        self.retry_at = now + defaults.START_RETRY
+
+    def _drop_cgroup(self, cg) -> None:
+        """Kill and remove a job's cgroup without waiting; a busy one is retried from the tick."""
+        if cg and not cgroups.discard(cg):
+            self.stale_cgroups.add(cg)
+
+    def _watch(self, job_id: int, pid: int, start: int | None = None) -> None:
+        # A forked shepherd is not our child: its start time guards the pid against reuse.
+        fd = launcher.open_pidfd(pid, start)
+        self.running[job_id]["pid"] = pid
+        self.running[job_id]["pidfd"] = fd
+        if fd is None:  # already gone and reaped: collect at once
+            self._collect(job_id)
+        else:
+            self.hooks.watch_pidfd(fd, job_id)
+
+    # -- ending ---------------------------------------------------------------
+    def shepherd_exited(self, job_id: int) -> None:
+        """A shepherd's pidfd became readable: collect the job."""
+        try:
+            self._collect(job_id)
+        except Exception as exc:
+            log.exception("job %d: cannot collect it", job_id)
+            self._fail(self.jobs[job_id], f"the daemon could not collect its end: {exc}", time.time())
+
+    def _collect(self, job_id: int, shepherd_gone: str | None = None, kind: str = KILLED) -> None:
+        handle = self.running.get(job_id)
+        job = self.jobs[job_id]
+        if handle is None:
+            return
+        if handle.get("pidfd") is not None:
+            self.hooks.unwatch_pidfd(handle["pidfd"])
+            os.close(handle["pidfd"])
+            handle["pidfd"] = None
+        if handle.get("pid"):
+            launcher.reap(handle["pid"])
+        jdir = self.store.job_dir(job_id)
+        rec = records.read_record(os.path.join(jdir, records.EXIT), records.ExitRecord)
+        cg = handle.get("cgroup")
+        now = time.time()
+        kept = os.path.join(jdir, records.OUTPUT)
+        if rec is None and shepherd_gone is None:
+            # Another shepherd holds the job's lock (a fork that answered late, after this one was
+            # started in its stead, which then found the job taken): that one is the job's.
+            found = launcher.adopt(jdir)
+            if found is not None:
+                log.warning("job %d: its shepherd is pid %d (the one started for it found it taken)",
+                            job_id, found[0])
+                handle["pid"], handle["pidfd"] = found
+                self.hooks.watch_pidfd(found[1], job_id)
+                return
+        if rec is None:
+            # The shepherd died without an exit record: end what is left of the job.
+            oom = bool(cg and cgroups.oom_killed(cg))
+            if cg:
+                self._drop_cgroup(cg)
+            else:
+                launcher.kill_orphaned_job(jdir)
+            if job.output is not None and os.path.exists(kept):
+                job.output_error = f"its shepherd died before delivering it; the output is kept at {kept}"
+            note = shepherd_gone or "its shepherd was killed before the job ended"
+            self._finish(job, Result(OOM if oom else kind, note=note), now)
+            return
+        if rec.not_started is not None and job.stop_reason:   # asked to stop while its shepherd retried
+            self._drop_cgroup(cg)
+            self._finish(job, Result(job.stop_reason, note=f"stopped before it could start: {rec.error}"), now)
+            return
+        if rec.not_started in records.NOT_NOW_NAMES:
+            # Its shepherd could not fork it: it never ran, and goes back to the queue.
+            self._not_now(job, cg, rec.error or f"its shepherd could not fork it ({rec.not_started})", now)
+            return
+        if cg and os.path.isdir(cg):
+            self._drop_cgroup(cg)
+        if rec.peak_mem is not None:
+            job.stats["peak_mem"] = rec.peak_mem
+        if rec.cpu_time is not None:
+            job.stats["cpu_time"] = rec.cpu_time
+        if rec.verdict is not None:
+            job.stats["verdict"], job.stats["record_digest"] = rec.verdict, rec.record_digest
+        self._finish(job, self._result(job, rec), rec.ended if rec.ended is not None else now)
+
+    def _result(self, job: Job, rec: records.ExitRecord) -> Result:
+        """How the job ended, from its exit record (written by the shepherd)."""
+        stopped = rec.stopped
+        if rec.old_format and job.stop_reason and job.stop_sent:
+            stopped = job.stop_reason   # a shepherd from before exit records said so themselves
+        if rec.error:
+            return Result(ERROR, code=rec.code, note=rec.error)
+        if rec.oom_kill:
+            return Result(OOM, signal=rec.signal, code=rec.code)
+        if stopped:
+            return Result(stopped, code=rec.code, signal=rec.signal, note=rec.stop_note)
+        if rec.signal:
+            return Result(SIGNALLED, signal=rec.signal)
+        return Result(EXITED, code=rec.code)
+
+    def _delivery(self, job: Job) -> None:
+        """What became of the output, from delivery.json (or its absence)."""
+        jdir = self.store.job_dir(job.id)
+        kept = os.path.join(jdir, records.OUTPUT)
+        delivery = records.read_record(os.path.join(jdir, records.DELIVERY), records.DeliveryRecord)
+        if delivery is not None and delivery.note:
+            job.output_note = delivery.note
+        if delivery is None and not os.path.exists(kept):
+            return  # record lost in a crash; the buffer goes only after a full copy
+        if job.output is not None and not (delivery and delivery.ok):
+            why = (delivery.error if delivery else None) or "its delivery was interrupted"
+            job.output_error = f"{why}; the output is kept at {kept}"
+
+    def _finish(self, job: Job, result: Result, now: float) -> None:
+        """End *job* with *result*, then look at the jobs waiting on it (a bounded number now)."""
+        self._end(job, result, now)
+        self.ended_deps.append(job.id)
+        self._settle(now)
+
+    def _end(self, job: Job, result: Result, now: float) -> None:
+        """End one job: its record, its files, its indexes. Never looks at other jobs' dependencies."""
+        if job.state == RUNNING and os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT)):
+            self._delivery(job)
+        if job.id in self.queued:
+            self._dequeue(job)
+        self._unwait(job)
+        if job.bench_start is not None and job.state == RUNNING:
+            self._bench_end(job, now)
+        move(job, FINISHED, now, result)
+        handle = self.running.pop(job.id, None)
+        if handle is not None:
+            self._unquiet(job)
+        try:
+            # Durable only when no exit record stands behind it (errors decided here).
+            has_record = os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT))
+            self.store.save_job(job, durable=not has_record)
+        except OSError as exc:
+            log.error("job %d: cannot record its end (%s); will retry", job.id, exc)
+            self.unsaved.add(job.id)
+        jdir = self.store.job_dir(job.id)
+        for name in (records.INFO, records.LAUNCH):
+            try:
+                os.unlink(os.path.join(jdir, name))
+            except OSError:
+                pass
+        if job.output_error is None:
+            try:
+                os.unlink(os.path.join(jdir, records.OUTPUT))
+            except OSError:
+                pass
+        self.dev.remove(job.id)
+        log.info("job %d finished: %s%s", job.id, exit_column(result),
+                 f" ({result.note})" if result.note else "")
+        self.history.record(job)
+        self.hooks.job_event(job.id, "finished")
+        heapq.heappush(self.finished_by_uid.setdefault(job.uid, []), job.id)
+        self._evict(job.uid)
+        if handle is not None:
+            self.resched = True  # freed resources: the next tick schedules (never re-entrantly)
+
+    @property
+    def unsettled(self) -> bool:
+        """True while waiting jobs are still to be looked at (the loop then turns again at once)."""
+        return bool(self.to_settle or self.ended_deps)
+
+    def _settle(self, now: float, budget: int | None = None) -> None:
+        """Look at waiting jobs whose dependencies may have changed: queue the ready, fail the doomed.
+
+        A work list, never recursion: a job failed here adds its own dependents
+        to the list, so a failed --after-ok fails any number of dependents, and
+        any depth of chains, in bounded stack. Each ended job's dependents come
+        from the reverse index, so an end looks only at its own dependents. At
+        most *budget* (SETTLE_BATCH) jobs and about SETTLE_SLICE seconds a call
+        (one job at least); the rest wait for the next turn, so one release of
+        10,000 jobs never holds the loop for long.
+        """
+        budget = SETTLE_BATCH if budget is None else budget
+        until = time.monotonic() + SETTLE_SLICE
+        while budget > 0 and time.monotonic() < until:
+            if not self.to_settle:
+                if not self.ended_deps:
+                    return
+                self.to_settle.extend(sorted(self.dependents.pop(self.ended_deps.popleft(), ())))
+                continue
+            job_id = self.to_settle.popleft()
+            job = self.jobs.get(job_id)
+            if job is None or job.state != WAITING:
+                continue
+            budget -= 1
+            verdict, why = dependencies.evaluate(job, self.jobs.get)
+            if verdict == dependencies.FAILED:
+                self._end(job, Result(DEPENDENCY_FAILED, note=why), now)
+                self.ended_deps.append(job.id)
+            elif verdict == dependencies.READY:
+                self._unwait(job)
+                move(job, QUEUED, now)
+                try:
+                    self.store.save_job(job)
+                except OSError as exc:
+                    log.error("job %d: cannot record that it is queued (%s); will retry", job.id, exc)
+                    self.unsaved.add(job.id)
+                self._enqueue(job)
+                self.resched = True
+
+    def _fail(self, job: Job, why: str, now: float) -> None:
+        """End one job as ``error`` after something went wrong acting on it."""
+        if job.state == FINISHED:
+            return
+        handle = self.running.get(job.id) or {}
+        if handle.get("pidfd") is not None:
+            self.hooks.unwatch_pidfd(handle["pidfd"])
+            os.close(handle["pidfd"])
+            handle["pidfd"] = None
+        if job.state == RUNNING:
+            try:  # best effort: whatever failed may fail again here
+                launcher.request_stop(self.store.job_dir(job.id), KILLED)
+                self._drop_cgroup(handle.get("cgroup"))
+            except Exception:
+                log.exception("job %d: cannot stop it after an error; its shepherd may run on", job.id)
+        try:
+            self._finish(job, Result(ERROR, note=why), now)
+        except Exception:
+            log.exception("job %d: cannot even record its failure", job.id)
+            self.running.pop(job.id, None)
+
+    def retry_unsaved(self) -> None:
+        """Retry records whose write failed (a full disk)."""
+        for job_id in list(self.unsaved):
+            if job_id not in self.jobs:
+                self.unsaved.discard(job_id)
+                continue
+            try:
+                self.store.save_job(self.jobs[job_id])
+                self.unsaved.discard(job_id)
+            except OSError:
+                pass
+        if self.meta_dirty:
+            self.save_meta()
+
+    def _evict(self, uid: int) -> None:
+        """Forget the user's oldest finished jobs past --keep-finished (a heap: no scan of all jobs)."""
+        done = self.finished_by_uid.get(uid)
+        if done is None:
+            return
+        kept = self.kept_back.setdefault(uid, set())
+        extra = len(done) + len(kept) - self.cfg.keep_finished
+        victims: list[Job] = []
+        while done and len(victims) < extra:
+            job_id = heapq.heappop(done)
+            if job_id in self.followers:   # a waiting job is still to see how it ended: it stays
+                kept.add(job_id)
+            else:
+                victims.append(self.jobs[job_id])
+        if not victims:
+            return
+        # The persisted id floor must outlive the records it replaces; it usually already does.
+        if max(j.id for j in victims) >= self.saved_floor and not self.save_meta():
+            for job in victims:
+                heapq.heappush(done, job.id)
+            return
+        if not done:
+            del self.finished_by_uid[uid]
+        for job in victims:
+            if job.output_error:
+                self._keep_undelivered(job)
+            self.store.remove_job(job.id)
+            self._forget(job)
+
+    def _keep_undelivered(self, job: Job) -> None:
+        self.undelivered.keep(job.id, job.user, os.path.join(self.store.job_dir(job.id), records.OUTPUT), time.time())
+
+    # -- changing a job ----------------------------------------------------------
+    def job_setting(self, caller: Caller, req: JobSetting, now: float) -> dict[str, Any]:
+        """``dispatch job ID max-time ...``: the owner reads, only admins change (the terms it was admitted under)."""
+        job = self.lookup(caller, req.id)
+        if req.action != "get":
+            if not caller.is_admin:
+                raise Refused(f"only members of the admin group may change job {job.id}'s max time "
+                              f"(it was admitted with {format_duration(job.max_time)})", "forbidden")
+            if job.state == FINISHED:
+                raise Refused(f"job {job.id} has already finished", "finished")
+            assert req.seconds is not None  # the protocol pairs set and add with seconds
+            new = req.seconds if req.action == "set" else job.max_time + req.seconds
+            if new > bounds.MAX_SECONDS:
+                raise Refused(f"a max time of {format_duration(new)} is past the largest this daemon keeps")
+            old, job.max_time = job.max_time, new
+            try:
+                self.store.save_job(job)
+            except OSError as exc:
+                job.max_time = old
+                raise Refused(f"cannot store the change ({exc.strerror}); nothing changed, try again later",
+                              "busy") from None
+            if job.state == QUEUED:
+                self._enqueue(job)
+            elif job.id in self.running:
+                self._send_deadline(job, now)
+            if self.cfg.schedule == "strict-backfill":
+                self.policy_state = {}   # the head's reserved start rests on every running job's deadline
+            self.resched = True
+            log.info("job %d: max time %s -> %s by %s", job.id, format_duration(old), format_duration(new),
+                     caller.name)
+        return {"id": job.id, "max_time": job.max_time, "deadline": job.deadline, "state": job.state}
+
+    def _send_deadline(self, job: Job, now: float) -> None:
+        """Tell the job's shepherd its new deadline; retried from the tick until it is heard."""
+        handle = self.running[job.id]
+        sent = job.deadline is not None and launcher.send_deadline(self.store.job_dir(job.id), job.deadline)
+        handle["deadline_at"] = None if sent else now + STOP_RETRY
+
+    # -- kill and timeouts ------------------------------------------------------
+    def kill(self, caller: Caller, ref: int | str, now: float) -> dict[str, Any]:
+        """Cancel a queued or waiting job (it never runs: ``cancelled``), or stop a running one (``killed``)."""
+        job = self.lookup(caller, ref)
+        if job.state in (QUEUED, WAITING):
+            was = job.state
+            self._finish(job, Result(CANCELLED, note=f"cancelled by {caller.name} before it started"), now)
+            self.resched = True
+            return {"id": job.id, "was": was}
+        if job.state == FINISHED:
+            raise Refused(f"job {job.id} has already finished", "finished")
+        self._stop(job, KILLED, now)
+        return {"id": job.id, "was": RUNNING}
+
+    def _stop(self, job: Job, reason: str, now: float) -> None:
+        """Ask the job's shepherd to stop it; the shepherd does the signalling and the grace."""
+        if job.stop_sent is None:
+            job.stop_reason, job.stop_sent = reason, now
+            try:
+                self.store.save_job(job)
+            except OSError as exc:
+                log.error("job %d: cannot record the stop (%s)", job.id, exc)
+            log.info("job %d: %s, asking its shepherd to stop it", job.id, reason)
+        handle = self.running.get(job.id, {})
+        handle["asked"] = launcher.request_stop(self.store.job_dir(job.id), job.stop_reason or reason)
+        handle["ask_at"] = now + (defaults.KILL_GRACE if handle["asked"] else STOP_RETRY)
+
+    def tick(self, now: float) -> float | None:
+        """Schedule if needed, enforce --max-time, retry what failed; returns when to call again."""
+        if self.retry_at is not None and now >= self.retry_at:
+            self.retry_at, self.resched = None, True
+        if self.unsettled:
+            self._settle(now)
+        if self.strict_queued and now >= self.bench_watch.due(now):
+            if self.bench_watch.feed(probe.read(now, probe.root())):
+                self.resched = True   # quiet now (or no longer): strict benchmark jobs are looked at again
+        if self.resched:
+            self.resched = False
+            self.schedule(now)
+        wake = self.retry_at
+        if self.strict_queued:
+            wake = self.bench_watch.due(now) if wake is None else min(wake, self.bench_watch.due(now))
+        for job_id in list(self.running):
+            try:
+                due = self._tick_job(job_id, now)
+            except Exception as exc:  # one job's trouble ends that job, not the daemon
+                log.exception("job %d: error while checking it", job_id)
+                self._fail(self.jobs[job_id], f"the daemon failed while checking it: {exc}", now)
+                continue
+            if due is not None:
+                wake = due if wake is None else min(wake, due)
+        if self.stale_cgroups:
+            self.stale_cgroups = {cg for cg in self.stale_cgroups if not cgroups.discard(cg)}
+            if self.stale_cgroups:
+                wake = now + 1 if wake is None else min(wake, now + 1)
+        if self.meta_dirty or self.unsaved:
+            self.retry_unsaved()
+            wake = now + 2 if wake is None else min(wake, now + 2)
+        sweep = self.undelivered.tick(now)   # undelivered/ past its bounds, every few minutes
+        wake = sweep if wake is None else min(wake, sweep)
+        if self.unsettled:
+            wake = now
+        return wake
+
+    def _tick_job(self, job_id: int, now: float) -> float | None:
+        """Deadline and stop bookkeeping for one running job; returns its next due time."""
+        handle = self.running[job_id]
+        if "recheck" in handle:
+            if now >= handle["recheck"]:
+                self._recheck(job_id)
+                return None
+            return float(handle["recheck"])
+        if handle.get("deadline_at") is not None and now >= handle["deadline_at"]:
+            self._send_deadline(self.jobs[job_id], now)
+        due = self._stop_due(job_id, now)
+        retry = handle.get("deadline_at")
+        return retry if due is None or (retry is not None and retry < due) else due
+
+    def _stop_due(self, job_id: int, now: float) -> float | None:
+        job = self.jobs[job_id]
+        handle = self.running[job_id]
+        if job.stop_sent is not None:
+            # Repeat the request: the shepherd may not have made its FIFO yet.
+            due = handle.get("ask_at") or now
+            if now >= due:
+                self._stop(job, job.stop_reason or KILLED, now)
+                due = handle["ask_at"]
+            return due
+        due = job.deadline
+        if due is not None and now >= due:
+            self._stop(job, TIMEOUT, now)
+            return handle["ask_at"]
+        return due
+
+
+STOP_RETRY = 0.5   # seconds between stop requests while no shepherd reads its FIFO yet
+SETTLE_BATCH = 100   # waiting jobs settled per call of Engine._settle (the rest: next turn); each may
+SETTLE_SLICE = 0.02  # write a record (1 to 20 ms on a busy disk): a call also stops after this long
+
+
+def _request(r: dict[str, Any]) -> resources.Request:
+    """A job record's ``request`` as the resource model's Request (one place, for submit and queue)."""
+    return resources.Request(cpus=r.get("cpus"), mem=r.get("mem"), gpus=r.get("gpus", 0),
+                             exclusive=bool(r.get("exclusive")), numa_local=bool(r.get("numa_local")),
+                             numa_local_gpu=bool(r.get("numa_local_gpu")), gpu_link=r.get("gpu_link"),
+                             benchmark=r.get("benchmark"), whole_l3=bool(r.get("whole_l3")))

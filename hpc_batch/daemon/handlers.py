@@ -1,0 +1,97 @@
+"""One handler per verb: the daemon's side of each ``dispatch`` command.
+
+Each takes the engine, the caller (from SO_PEERCRED) and the validated
+payload, and returns a reply message. ``attach`` and ``wait`` are not here:
+they hold their connection until the daemon has something to say, so the
+server owns them.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from shepherd.jsoncodec import dumps_wire
+
+from .. import __version__
+from ..wire import protocol
+from ..wire.protocol import JobRef, JobSetting, ListJobs, NewJob, Ping, Status
+from .access import Caller
+from .engine import Engine, Refused
+
+# (engine, caller, validated payload of the handler's own verb, now) -> reply message
+Handler = Callable[[Engine, Caller, Any, float], dict[str, Any]]
+
+
+def new(engine: Engine, caller: Caller, req: NewJob, now: float) -> dict[str, Any]:
+    """``dispatch new``."""
+    return protocol.ok(**engine.submit(caller, req, now))
+
+
+def list_jobs(engine: Engine, caller: Caller, req: ListJobs, now: float) -> dict[str, Any]:
+    """``dispatch list [--all] [--finished]``."""
+    if req.all and not (caller.is_admin or engine.cfg.list_is_public):
+        raise Refused("only members of the admin group may list all users' jobs "
+                      "(the admin can allow everyone with --list-is-public)", "forbidden")
+    return protocol.ok(**list_page(engine, caller, req), now=now)
+
+
+def list_page(engine: Engine, caller: Caller, req: ListJobs) -> dict[str, Any]:
+    """One page of a listing: ``jobs`` and ``more`` (the next page's cursor, or None at the end).
+
+    Bounded in jobs, bytes and ids looked at (protocol.LIST_PAGE_*), so its cost and
+    its reply do not grow with the queue; a client pages with ``after``.
+    """
+    limit = min(req.limit or protocol.LIST_PAGE_JOBS, protocol.LIST_PAGE_JOBS)
+    jobs: list[dict[str, Any]] = []
+    size = looked = last = 0
+    more = None
+    for job_id, job in engine.visible(caller, req.all, req.finished, req.after or 0):
+        if len(jobs) >= limit or size >= protocol.LIST_PAGE_BYTES or looked >= protocol.LIST_PAGE_SCAN:
+            more = last
+            break
+        looked += 1
+        last = job_id
+        if job is not None:
+            summary = engine.summary(job)
+            size += len(dumps_wire(summary)) + 1
+            jobs.append(summary)
+    if req.after is None:
+        if more is not None:
+            raise Refused(f"the list is longer than one reply may carry ({len(jobs)} jobs, "
+                          f"{protocol.LIST_PAGE_BYTES >> 20} MiB) and this dispatch is older than "
+                          f"hpc-batchd: use a dispatch of the same version, which asks for it in pages")
+        return {"jobs": jobs}
+    return {"jobs": jobs, "more": more}
+
+
+def kill(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, Any]:
+    """``dispatch kill ID``."""
+    return protocol.ok(**engine.kill(caller, req.id, now))
+
+
+def job(engine: Engine, caller: Caller, req: JobSetting, now: float) -> dict[str, Any]:
+    """``dispatch job ID max-time get|set D|add D``."""
+    return protocol.ok(**engine.job_setting(caller, req, now))
+
+
+def show(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, Any]:
+    """``dispatch show JOB``."""
+    return protocol.ok(job=engine.show(caller, req.id, now), now=now)
+
+
+def record(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, Any]:
+    """``dispatch show --record JOB`` and ``dispatch record diff``: one job's record."""
+    return protocol.ok(record=engine.record(caller, req.id))
+
+
+def status(engine: Engine, caller: Caller, req: Status, now: float) -> dict[str, Any]:
+    """``dispatch status``."""
+    return protocol.ok(**engine.status(now, caller))
+
+
+def ping(engine: Engine, caller: Caller, req: Ping, now: float) -> dict[str, Any]:
+    """Liveness and version."""
+    return protocol.ok(version=__version__, protocol=protocol.VERSION)
+
+
+HANDLERS: dict[str, Handler] = {"new": new, "list": list_jobs, "kill": kill, "show": show, "record": record,
+                                 "status": status, "job": job, "ping": ping}

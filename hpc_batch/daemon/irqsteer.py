@@ -1,0 +1,143 @@
+"""Interrupts off a benchmark job's CPUs: plan (pure), read, and irqbalance detection.
+
+At a benchmark job's start every IRQ whose ``/proc/irq/<n>/smp_affinity_list``
+touches a CPU the job holds (its cpuset and its held siblings) is pointed at
+the housekeeping CPUs. The writes and their undo are :mod:`kfiles` writes;
+this module decides which, and says whether irqbalance would undo them.
+"""
+
+import os
+
+from ..core.cputopo import format_cpulist, parse_cpulist
+from . import kfiles
+
+PROC_IRQ = "proc/irq"
+# irqbalance's runtime control socket (irqbalance-ui speaks to it): one per daemon pid.
+IRQBALANCE_SOCKET_DIR = "run/irqbalance"
+IRQBALANCE_UNIT = "irqbalance.service"
+
+
+def affinity_path(irq: int) -> str:
+    """The affinity file of one IRQ, relative to the root prefix."""
+    return f"{PROC_IRQ}/{irq}/smp_affinity_list"
+
+
+def read_affinities(root: str = "/") -> dict[int, str]:
+    """Every IRQ's affinity list as the kernel shows it (IRQs without one are left out)."""
+    out: dict[int, str] = {}
+    try:
+        names = os.listdir(kfiles.join(root, PROC_IRQ))
+    except OSError:
+        return out
+    for name in names:
+        if name.isdigit():
+            text = kfiles.read(root, affinity_path(int(name)))
+            if text:
+                out[int(name)] = text
+    return out
+
+
+def plan(affinities: dict[int, str], held, housekeeping) -> list[kfiles.Write]:
+    """The writes that move every IRQ touching *held* to *housekeeping* (pure).
+
+    An IRQ already confined to housekeeping CPUs, or whose list cannot be
+    parsed, is left out; so is every IRQ when there are no housekeeping CPUs
+    outside the job (nowhere to move them).
+    """
+    held_set, target = set(held), set(housekeeping) - set(held)
+    if not target or not held_set:
+        return []
+    new = format_cpulist(sorted(target))
+    writes = []
+    for irq in sorted(affinities):
+        try:
+            cpus = set(parse_cpulist(affinities[irq]))
+        except ValueError:
+            continue
+        if cpus & held_set:
+            writes.append(kfiles.Write(affinity_path(irq), affinities[irq], new, "cpulist"))
+    return writes
+
+
+def irq_of(write: kfiles.Write) -> int:
+    """The IRQ number a write of :func:`plan` is for."""
+    return int(write.path.split("/")[2])
+
+
+def irqbalance_pids(root: str = "/") -> list[int]:
+    """Pids of running irqbalance daemons, found by a scan of /proc/<pid>/comm (no systemctl)."""
+    pids: list[int] = []
+    try:
+        names = os.listdir(kfiles.join(root, "proc"))
+    except OSError:
+        return pids
+    for name in names:
+        if name.isdigit() and kfiles.read(root, f"proc/{name}/comm") == "irqbalance":
+            pids.append(int(name))
+    return sorted(pids)
+
+
+def ban_message(cpus) -> bytes:
+    """irqbalance's control-socket command that replaces its banned CPU list.
+
+    "NULL" drops the list, and irqbalance goes back to its own choice (its
+    environment's IRQBALANCE_BANNED_CPULIST, else isolated and nohz_full CPUs).
+    """
+    return f"settings cpus {format_cpulist(sorted(cpus)) if cpus else 'NULL'}".encode("ascii")
+
+
+def send_ban(socket_path: str, cpus, timeout: float = 0.2) -> str | None:
+    """Tell irqbalance to keep IRQs off *cpus*; returns None, or why it could not.
+
+    irqbalance takes commands only with the sender's credentials attached
+    (SCM_CREDENTIALS, uid 0), as irqbalance-ui sends them.
+    """
+    import socket
+    import struct
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    creds = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
+    try:
+        s.connect(socket_path)
+        s.sendmsg([ban_message(cpus)], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
+    except OSError as exc:
+        return kfiles.why(exc)
+    finally:
+        s.close()
+    return None
+
+
+def base_banned(root: str = "/") -> set[int]:
+    """The CPUs irqbalance bans by its own choice, which a command's list replaces.
+
+    As irqbalance decides: IRQBALANCE_BANNED_CPUS (a hex mask, deprecated) or
+    IRQBALANCE_BANNED_CPULIST from its environment file, else the kernel's
+    isolated and nohz_full CPUs.
+    """
+    env: dict[str, str] = {}
+    for rel in ("etc/default/irqbalance", "etc/sysconfig/irqbalance"):
+        try:
+            with open(kfiles.join(root, rel)) as f:
+                lines = f.read(65536).splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            key, sep, value = line.strip().partition("=")
+            if sep and key.startswith("IRQBALANCE_BANNED_CPU"):
+                env[key] = value.strip().strip("\"'")
+        break
+    try:
+        if env.get("IRQBALANCE_BANNED_CPUS"):
+            mask = int(env["IRQBALANCE_BANNED_CPUS"].replace(",", ""), 16)
+            return {bit for bit in range(mask.bit_length()) if mask >> bit & 1}
+        if env.get("IRQBALANCE_BANNED_CPULIST"):
+            return set(parse_cpulist(env["IRQBALANCE_BANNED_CPULIST"]))
+    except ValueError:
+        return set()
+    out: set[int] = set()
+    for name in ("isolated", "nohz_full"):
+        try:
+            out |= set(parse_cpulist(kfiles.read(root, f"sys/devices/system/cpu/{name}") or ""))
+        except ValueError:
+            pass
+    return out

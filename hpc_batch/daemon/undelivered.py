@@ -1,0 +1,185 @@
+"""``<state-dir>/undelivered/``: outputs whose delivery failed, bounded in total, per user and in age.
+
+When a finished job's output could not be copied to its log (the user's
+directory was gone, full or not writable) the buffer is kept so nothing is
+lost at once, and when the job's record is evicted (``--keep-finished``)
+the buffer moves here as ``output.<id>.<user>.log`` (root's, 0640, readable
+by the admin group; the directory is root-only). Left alone this would let
+any user fill the state filesystem, one failed delivery at a time, so the
+directory is swept:
+
+- a file older than ``--undelivered-max-age`` (counted from when it was
+  moved here) is dropped;
+- past ``--undelivered-per-user`` bytes, a user's oldest files are dropped
+  (a single file larger than the share goes at once);
+- past ``--undelivered-max`` bytes in all, or ``UNDELIVERED_MAX_FILES``
+  files, the oldest files are dropped, whoever's.
+
+Every dropped file is named in the log. The sweep runs when a file is
+moved here and the running totals cross a bound, at start-up (the first
+tick) and every ``SWEEP_EVERY`` seconds from the engine's tick; each is
+one pass over the directory, never more. Files of earlier versions
+(``output.<id>.log``) count as one owner of their own.
+"""
+
+import logging
+import os
+import stat
+from dataclasses import dataclass
+
+from .. import defaults
+
+log = logging.getLogger("hpc-batchd")
+DIRNAME = "undelivered"
+SWEEP_EVERY = 300.0      # seconds between two sweeps from the tick
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file in undelivered/: its name, size, when it was kept, and whose (``""``: not known)."""
+
+    name: str
+    size: int
+    mtime: float
+    owner: str
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What undelivered/ may hold."""
+
+    max_total: int
+    per_user: int
+    max_age: float
+    max_files: int = defaults.UNDELIVERED_MAX_FILES
+
+
+def owner_of(name: str) -> str:
+    """The user a file name says it belongs to: ``output.<id>.<user>.log``; ``""`` for any other name."""
+    if not (name.startswith("output.") and name.endswith(".log")):
+        return ""
+    job_id, _, user = name[len("output."):-len(".log")].partition(".")
+    return user if job_id.isdigit() else ""
+
+
+def to_drop(entries: list[Entry], now: float, bounds: Bounds) -> list[tuple[Entry, str]]:
+    """The entries to remove, oldest first, each with why: too old, past its owner's share, past the total.
+
+    Pure: sorts once, then one pass per rule (O(n log n) in the files).
+    After a cut for the file count a tenth more goes, so a steady trickle
+    of small files does not cost a full sweep each.
+    """
+    drop: list[tuple[Entry, str]] = []
+    kept: list[Entry] = []
+    for e in sorted(entries, key=lambda e: (e.mtime, e.name)):
+        if now - e.mtime > bounds.max_age:
+            drop.append((e, "older than --undelivered-max-age"))
+        else:
+            kept.append(e)
+    owned: dict[str, int] = {}
+    for e in kept:
+        owned[e.owner] = owned.get(e.owner, 0) + e.size
+    still: list[Entry] = []
+    for e in kept:
+        if owned[e.owner] > bounds.per_user:
+            owned[e.owner] -= e.size
+            drop.append((e, f"{e.owner or 'unknown owner'}'s files past --undelivered-per-user"))
+        else:
+            still.append(e)
+    total = sum(e.size for e in still)
+    count = len(still)
+    files_after = bounds.max_files - bounds.max_files // 10 if count > bounds.max_files else count
+    for e in still:
+        if total > bounds.max_total:
+            why = "all files past --undelivered-max"
+        elif count > files_after:
+            why = f"more than {bounds.max_files} files"
+        else:
+            break
+        total -= e.size
+        count -= 1
+        drop.append((e, why))
+    return drop
+
+
+class Undelivered:
+    """The undelivered/ directory of one daemon: takes buffers in, sweeps by the bounds."""
+
+    def __init__(self, root: str, bounds: Bounds):
+        self.dir = os.path.join(root, DIRNAME)
+        self.bounds = bounds
+        self.next_sweep = 0.0             # the first tick (at start-up) sweeps
+        # Running totals since the last sweep, so taking a file in sweeps only when a bound is crossed.
+        self.total = 0
+        self.count = 0
+        self.owned: dict[str, int] = {}
+
+    def keep(self, job_id: int, user: str, src: str, now: float) -> None:
+        """Move a job's undelivered output buffer *src* in; sweep if that crosses a bound. Never raises."""
+        owner = user if user and "/" not in user and user not in (".", "..") else ""
+        name = f"output.{job_id}.{owner}.log" if owner else f"output.{job_id}.log"
+        dst = os.path.join(self.dir, name)
+        try:
+            os.makedirs(self.dir, mode=0o700, exist_ok=True)
+            os.rename(src, dst)
+            os.utime(dst, (now, now), follow_symlinks=False)   # its age counts from now
+            size = os.lstat(dst).st_size
+        except OSError as exc:
+            if not isinstance(exc, FileNotFoundError):
+                log.error("job %d: cannot keep its undelivered output in %s (%s)", job_id, self.dir, exc)
+            return
+        log.info("job %d: its undelivered output (%d bytes) is kept as %s", job_id, size, dst)
+        self.total += size
+        self.count += 1
+        self.owned[owner] = self.owned.get(owner, 0) + size
+        b = self.bounds
+        if self.total > b.max_total or self.count > b.max_files or self.owned[owner] > b.per_user:
+            self.sweep(now)
+
+    def tick(self, now: float) -> float:
+        """Sweep if one is due; returns when the next is."""
+        if self.next_sweep - now > SWEEP_EVERY:
+            self.next_sweep = now             # the clock went back
+        if now >= self.next_sweep:
+            self.sweep(now)
+        return self.next_sweep
+
+    def sweep(self, now: float) -> None:
+        """One pass over the directory: drop what the bounds say, log each file dropped. Never raises."""
+        self.next_sweep = now + SWEEP_EVERY
+        entries = []
+        try:
+            with os.scandir(self.dir) as it:
+                for d in it:
+                    st = d.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        entries.append(Entry(d.name, st.st_size, st.st_mtime, owner_of(d.name)))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.error("cannot look through %s (%s); will try again", self.dir, exc)
+            return
+        gone = set()
+        for e, why in to_drop(entries, now, self.bounds):
+            path = os.path.join(self.dir, e.name)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.error("cannot drop %s (%s)", path, exc)
+                continue
+            gone.add(e.name)
+            log.warning("dropped %s (%d bytes, kept since %s): %s", path, e.size,
+                        _when(e.mtime), why)
+        left = [e for e in entries if e.name not in gone]
+        self.total = sum(e.size for e in left)
+        self.count = len(left)
+        self.owned = {}
+        for e in left:
+            self.owned[e.owner] = self.owned.get(e.owner, 0) + e.size
+
+
+def _when(t: float) -> str:
+    import time
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
