@@ -8,6 +8,7 @@ minor number that is not its index, as on real machines where they differ.
 Masking itself needs cgroup v2 and lives in the VM tier (tests/system).
 """
 
+import json
 import os
 
 import pytest
@@ -174,3 +175,39 @@ def test_max_time_get_set_add(daemon_factory, users, scratch):
     assert r.returncode == 10 and "already finished" in r.stderr
     r = d2.dispatch("job", str(job), "max-time", "set", "soon", user=admin)
     assert r.returncode == 2
+
+
+def _query_gpu_csv(scratch):
+    """The fake's --query-gpu answer for its four A100s: the recorded-format H100 fixture's first
+    row (tests/fixtures/nvidia-smi/query-gpu-h100-2.csv, synthesised) with each card's index and
+    the UUID the fake's -L gives it."""
+    with open(os.path.join(FIXTURES, "nvidia-smi", "query-gpu-h100-2.csv")) as f:
+        header, row = f.readline(), f.readline()
+    cells = [c.strip() for c in row.split(",")]
+    path = os.path.join(scratch, "query-gpu.csv")
+    with open(path, "w") as f:
+        f.write(header)
+        for index in range(4):
+            cells[0], cells[1] = str(index), f"GPU-00000000-0000-4000-8000-00000000000{index}"
+            f.write(", ".join(cells) + "\n")
+    return path
+
+
+def test_a_gpu_jobs_record_names_its_gpu_and_driver(daemon_factory, users, scratch):
+    env = _fake(scratch)
+    env["FAKE_NVIDIA_SMI_QUERY_GPU"] = _query_gpu_csv(scratch)
+    # The shepherd runs nvidia-smi with its own fixed environment: the fake reads these from a file.
+    with open(os.path.join(scratch, "fakebin", "nvidia-smi.env"), "w") as f:
+        f.writelines(f"export {k}={v}\n" for k, v in env.items() if k.startswith("FAKE_"))
+    d = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0", env=env)
+    job = d.submit("true", flags=("--gpu-cores", "1"), cwd=scratch)
+    d.wait_finished(job)
+    rec = json.loads(d.ok("show", "--record", "--json", str(job)))
+    shown = json.loads(d.ok("show", "--json", str(job)))
+    (gpu,) = rec["gpu"]
+    assert gpu["uuid"]["value"] == f"GPU-00000000-0000-4000-8000-00000000000{shown['gpus'][0]}", gpu["uuid"]
+    assert gpu["driver_version"]["value"] == "550.127.05" and gpu["power_limit_w"]["value"] == 700.0
+    assert gpu["uuid"]["source"].startswith("nvidia-smi --query-gpu")
+    # Read again at the end: the clock event reasons of both ends, each a field.
+    assert gpu["end"]["clocks_event_reasons"]["hw_thermal_slowdown"]["value"] is False
+    assert gpu["topo"]["value"], gpu["topo"]          # its row of topo -m
