@@ -74,7 +74,8 @@ def test_the_record_reads_back_the_cgroup_is_unknown_here_and_survives_a_daemon_
     assert rec["verdict"]["verdict"] in row.split(), row
     # The end snapshot read the job's cgroup before it went: its cpu.stat moved.
     assert rec["sentinels"]["delta"]["cgroup"], rec["sentinels"]["delta"]
-    assert rec["sentinels"]["start"]["cgroup"]["value"]["cpu.stat"], rec["sentinels"]["start"]["cgroup"]
+    start_stat = rec["sentinels"]["start"]["cgroup"]["cpu.stat"]
+    assert start_stat["source"] == f"{job_cgroup(job)}/cpu.stat" and "usage_usec" in start_stat["value"], start_stat
     # The file in the state directory: root's, 0640.
     mode = g.run(f"stat -c '%U %a' /var/lib/hpc-batch/jobs/{job}/record.json", timeout=30, check=True).out.split()
     assert mode == ["root", "640"], mode
