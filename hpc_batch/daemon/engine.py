@@ -29,7 +29,7 @@ from typing import Any
 from shepherd import records
 
 from .. import bounds, defaults
-from ..core import benchmark, dependencies, gputopo, report, resources, scheduler
+from ..core import benchmark, dependencies, report, resources, scheduler, views
 from ..core.durations import format_duration
 from ..core.jobnames import log_name, split_ref
 from ..core.jobs import (
@@ -250,26 +250,8 @@ class Engine:
                 yield job_id, job
 
     def summary(self, job: Job) -> dict:
-        """What ``dispatch list`` shows of a job (metadata only, never the environment)."""
-        alloc = job.alloc or {}
-        spread = len(alloc.get("mem_by_node", [])) > 1
-        res = job.get_result()
-        return {
-            "id": job.id, "user": job.user, "command": job.shown[0], "command_len": job.shown[1],
-            "state": job.state,
-            "submitted": job.submitted, "started": job.started, "ended": job.ended,
-            "max_time": job.max_time, "mem": job.budget.get("mem"),
-            "mem_assigned": job.budget.get("assigned", False), "spread": spread,
-            "exclusive": bool(job.request.get("exclusive")),
-            "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"),
-            **report.cpu_fields(self.machine, job.alloc),
-            "gpu_label": (gputopo.label(self.machine.topology, alloc.get("gpus") or ()) if job.alloc is not None
-                          else gputopo.label(None, range(job.request.get("gpus") or 0))),
-            "exit": exit_column(res) if job.state == FINISHED else None,
-            "result": job.result, "output": job.output, "output_error": job.output_error,
-            "output_note": job.output_note, "name": job.name,
-            "stats": job.stats, "verdict": job.stats.get("verdict"),
-        }
+        """What ``dispatch list`` shows of a job (views.summary)."""
+        return views.summary(job, self.machine)
 
     def why(self, job: Job) -> tuple[int | None, str | None]:
         """A job's place in the queue (1 = the head) and why it is not running, for show and status."""
@@ -292,27 +274,11 @@ class Engine:
                                             self.policy_state)
 
     def show(self, caller: Caller, ref: int | str, now: float) -> dict[str, Any]:
-        """``dispatch show``: everything about one job (never its environment)."""
+        """``dispatch show``: everything about one job (never its environment; views.show)."""
         job = self.lookup(caller, ref)
-        out = self.summary(job)
         position, why = self.why(job)
-        alloc = job.alloc or {}
-        res = job.get_result()
-        handle = self.running.get(job.id, {})
-        out.update({
-            "name": job.name, "command": job.command, "argv": job.argv, "cwd": job.cwd,   # show: the whole command
-            "position": position, "why": why,
-            "request": job.request, "numa_nodes": sorted({n for n, _ in alloc.get("mem_by_node", [])}),
-            "deadline": job.deadline if job.state == RUNNING else None,
-            "cgroup": handle.get("cgroup"),
-            "wall": (job.ended or now) - job.started if job.started is not None else None,
-            "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
-            "after": job.after, "after_ok": job.after_ok, "quiet": job.quiet,
-            **report.bench_fields(job.request, job.alloc, job.shortfalls),
-            "note": res.note if res else None, "code": res.code if res else None,
-            "signal": res.signal if res else None,
-        })
-        return out
+        return views.show(job, self.machine, position=position, why=why,
+                          cgroup=self.running.get(job.id, {}).get("cgroup"), now=now)
 
     def record(self, caller: Caller, ref: int | str) -> dict[str, Any]:
         """``dispatch show --record``: the job's reproducibility record (partial while it runs)."""
@@ -585,9 +551,8 @@ class Engine:
         return self.queued
 
     def _info(self, job: Job) -> dict:
-        s = self.summary(job)
-        return {k: s[k] for k in ("id", "user", "command", "command_len", "state", "submitted", "started", "max_time",
-                                  "mem", "mem_assigned", "exclusive", "cpus", "gpus", "output")}
+        """The job's /dev entry's info.json (views.dev_info)."""
+        return views.dev_info(job, self.machine)
 
     # -- scheduling -----------------------------------------------------------
     def schedule(self, now: float) -> None:

@@ -20,11 +20,8 @@ written nor removed: it stays as it was, for the admin to keep or delete.
 It is a record for people and tools, not the daemon's state: a line lost in a
 crash is not re-written, and a full disk skips the line with a log message.
 
-Fields (stable): id, user, uid, name, command (as ``list`` shows it, cut to
-4096 characters), command_len (its full length), submitted, started, ended (epoch
-seconds), wall (s), cpu_time (s), peak_mem (bytes), state, result, exit (as
-``list`` shows it), code, signal, note, max_time, mem, cpus, gpus, output,
-output_error.
+The line itself is ``core.views.history_line`` (its fields are stable and
+documented in README.md, "Accounting").
 """
 
 import json
@@ -32,37 +29,15 @@ import logging
 import os
 import re
 import stat
-from typing import Any
 
-from ..core.cut import cut_command
-from ..core.jobs import Job, exit_column
+from ..core import views
+from ..core.jobs import Job
 
 log = logging.getLogger("hpc-batchd")
 GENERATIONS = 3          # older files kept per user, besides the current one
 DIRNAME = "history"
 LEGACY = "history.jsonl"  # the one shared file of earlier versions: left alone
 _PLAIN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
-
-
-def line_of(job: Job) -> dict[str, Any]:
-    """The history record of a finished job."""
-    res = job.get_result()
-    alloc = job.alloc or {}
-    started, ended = job.started, job.ended
-    command, command_len = cut_command(job.argv)
-    return {
-        "id": job.id, "user": job.user, "uid": job.uid, "name": job.name, "command": command,
-        "command_len": command_len,
-        "submitted": job.submitted, "started": started, "ended": ended,
-        "wall": (ended - started) if started is not None and ended is not None else None,
-        "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
-        "state": job.state, "result": res.kind if res else None, "exit": exit_column(res),
-        "code": res.code if res else None, "signal": res.signal if res else None,
-        "note": res.note if res else None, "max_time": job.max_time, "mem": job.budget.get("mem"),
-        "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"), "output": job.output,
-        "output_error": job.output_error,
-        "verdict": job.stats.get("verdict"), "record_digest": job.stats.get("record_digest"),
-    }
 
 
 def file_name(user: str, uid: int) -> str:
@@ -91,7 +66,7 @@ class History:
 
     def record(self, job: Job) -> None:
         """Append *job*'s line to its user's file; never raises (accounting must not stop the daemon)."""
-        data = (json.dumps(line_of(job), sort_keys=True) + "\n").encode()
+        data = (json.dumps(views.history_line(job), sort_keys=True) + "\n").encode()
         path = os.path.join(self.dir, file_name(job.user, job.uid))
         try:
             if not self.ready:

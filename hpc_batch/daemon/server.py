@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from shepherd import records
 
-from ..core.jobs import FINISHED, QUEUED, WAITING, Job, exit_column, wait_status
+from ..core import views
+from ..core.jobs import FINISHED, QUEUED, WAITING, Job
 from ..wire import framing, protocol
 from . import access
 from .engine import Engine, Refused
@@ -50,9 +51,6 @@ PENDING_PER_USER = 2 * framing.MAX_FRAME   # unfinished frame bytes one user may
 CHUNK = 64 << 10             # attach reads and sends output in chunks this big
 FALLBACK_POLL = 0.05         # attach wake-up when inotify is unavailable
 WATCH_BACKLOG = 1 << 20      # unsent watch events one connection may hold before it is dropped
-# What a watch event tells of a job: the list --json fields, less the command (it can be large).
-WATCH_FIELDS = ("id", "name", "state", "submitted", "started", "ended", "exit", "result", "output",
-                "output_error")
 _CRED = struct.Struct("3i")
 
 
@@ -605,17 +603,8 @@ class Server:
             self._stall(conn)   # answered when its user's unread replies drop below the budget
             return
         conn.last = time.monotonic()   # the idle clock for reading the answer starts now
-        done = []
-        for job_id in conn.waiting:
-            job = self.engine.jobs.get(job_id)
-            if job is None:   # forgotten (--keep-finished) while we waited: say so rather than guess
-                done.append({"id": job_id, "state": "unknown", "exit": None, "wait_status": 246, "note": None})
-            else:
-                res = job.get_result()
-                done.append({"id": job.id, "name": job.name, "state": job.state, "result": res.kind if res else None,
-                             "exit": exit_column(res), "wait_status": wait_status(res),
-                             "note": res.note if res else None, "output": job.output,
-                             "output_error": job.output_error})
+        # A job forgotten (--keep-finished) while we waited is None: its entry says so rather than guess.
+        done = [views.wait_entry(job_id, self.engine.jobs.get(job_id)) for job_id in conn.waiting]
         self._reply(conn, protocol.ok(jobs=done), close=True)
 
     # -- watch --------------------------------------------------------------------
@@ -637,8 +626,7 @@ class Server:
         conns = self.watchers.get(job.uid) if job is not None else None
         if job is None or not conns:
             return
-        summary = self.engine.summary(job)
-        frame = framing.encode(protocol.event("job", job={k: summary[k] for k in WATCH_FIELDS}), framing.MAX_REPLY)
+        frame = framing.encode(protocol.event("job", job=views.watch_job(job, self.engine.machine)), framing.MAX_REPLY)
         for conn in list(conns):
             if len(conn.out) > WATCH_BACKLOG:
                 # It stopped reading: drop it rather than buffer without end; it asks afresh on reconnecting.
@@ -710,8 +698,7 @@ class Server:
             assert self.engine is not None  # start() first
             job = self.engine.jobs.get(st["job"])
             if job is None:
-                end = protocol.event("end", id=st["job"], state="removed", exit=None,
-                                     note="removed from the queue before it started")
+                end = protocol.event("end", **views.removed_end(st["job"]))
             else:
                 end = self._end_event(job)
             conn.out += framing.encode(end)
@@ -720,10 +707,7 @@ class Server:
         self._flush(conn)
 
     def _end_event(self, job: Job) -> dict[str, Any]:
-        res = job.get_result()
-        return protocol.event("end", id=job.id, state=job.state, exit=exit_column(res),
-                              note=res.note if res else None, output=job.output,
-                              output_error=job.output_error)
+        return protocol.event("end", **views.end_fields(job))
 
     def _detach(self, conn: Conn) -> None:
         st = conn.attach

@@ -1,0 +1,149 @@
+"""The public JSON documents, each built in one place (pure: the caller passes everything in).
+
+README.md calls these field names stable (its JSON passage, and the history
+and ``/dev`` passages), so each document is shaped here and nowhere else, and
+``tests/unit/test_views.py`` checks each one's keys against the names the
+docs give:
+
+- ``summary``: a job as ``dispatch list`` (``--json``) shows it;
+- ``show``: ``dispatch show``'s job, the summary and what show adds;
+- ``wait_entry``: one of the jobs a ``dispatch wait`` reply names;
+- ``watch_job``: the job of a ``watch`` stream's ``job`` event (the summary
+  less the command, which can be large); ``end_fields`` and ``removed_end``:
+  the ``end`` event that closes an ``attach`` stream;
+- ``history_line``: a finished job's line in its user's history file;
+- ``dev_info``: ``info.json`` of the job's ``/dev/hpc-batch/jobs/<id>`` entry.
+
+Inputs are plain: the job record (its allocation is ``job.alloc``), the
+machine, and what only the daemon knows (a queued job's place, a running
+job's cgroup, the time). A document never holds the job's environment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import gputopo, report
+from .jobs import FINISHED, RUNNING, Job, Result, exit_column, wait_status
+from .resources import Machine
+
+# The summary's fields a watch event carries: all but the command (it can be large) and what a
+# follower has no use for.
+WATCH_FIELDS = ("id", "name", "state", "submitted", "started", "ended", "exit", "result", "output",
+                "output_error")
+# The summary's fields in a /dev entry's info.json: what the job is and holds, not how it ended
+# (the entry goes when it ends).
+INFO_FIELDS = ("id", "user", "command", "command_len", "state", "submitted", "started", "max_time",
+               "mem", "mem_assigned", "exclusive", "cpus", "gpus", "output")
+
+
+def summary(job: Job, machine: Machine) -> dict[str, Any]:
+    """What ``dispatch list`` shows of a job (metadata only, never the environment)."""
+    alloc = job.alloc or {}
+    spread = len(alloc.get("mem_by_node", [])) > 1
+    res = job.get_result()
+    command, command_len = job.shown
+    return {
+        "id": job.id, "user": job.user, "command": command, "command_len": command_len,
+        "state": job.state,
+        "submitted": job.submitted, "started": job.started, "ended": job.ended,
+        "max_time": job.max_time, "mem": job.budget.get("mem"),
+        "mem_assigned": job.budget.get("assigned", False), "spread": spread,
+        "exclusive": bool(job.request.get("exclusive")),
+        "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"),
+        **report.cpu_fields(machine, job.alloc),
+        "gpu_label": (gputopo.label(machine.topology, alloc.get("gpus") or ()) if job.alloc is not None
+                      else gputopo.label(None, range(job.request.get("gpus") or 0))),
+        "exit": exit_column(res) if job.state == FINISHED else None,
+        "result": job.result, "output": job.output, "output_error": job.output_error,
+        "output_note": job.output_note, "name": job.name,
+        "stats": job.stats, "verdict": job.stats.get("verdict"),
+    }
+
+
+def show(job: Job, machine: Machine, *, position: int | None, why: str | None, cgroup: str | None,
+         now: float) -> dict[str, Any]:
+    """``dispatch show``: the summary with the whole command and all else the daemon knows of the job.
+
+    *position* and *why* are its place in the queue and why it waits (``Engine.why``), *cgroup*
+    a running job's cgroup, *now* the time its ``wall`` runs to while it runs.
+    """
+    out = summary(job, machine)
+    alloc = job.alloc or {}
+    res = job.get_result()
+    out.update({
+        "name": job.name, "command": job.command, "argv": job.argv, "cwd": job.cwd,   # show: the whole command
+        "position": position, "why": why,
+        "request": job.request, "numa_nodes": sorted({n for n, _ in alloc.get("mem_by_node", [])}),
+        "deadline": job.deadline if job.state == RUNNING else None,
+        "cgroup": cgroup,
+        "wall": (job.ended or now) - job.started if job.started is not None else None,
+        "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
+        "after": job.after, "after_ok": job.after_ok, "quiet": job.quiet,
+        **report.bench_fields(job.request, job.alloc, job.shortfalls),
+        **_how_it_ended(res),
+    })
+    return out
+
+
+def wait_entry(job_id: int, job: Job | None) -> dict[str, Any]:
+    """One job of a ``dispatch wait`` reply; *job* None for one forgotten (``--keep-finished``) while
+    waited for, which is said rather than guessed (its wait status is that of a lost job)."""
+    if job is None:
+        return {"id": job_id, "state": "unknown", "exit": None, "wait_status": wait_status(None), "note": None}
+    res = job.get_result()
+    return {"id": job.id, "name": job.name, "state": job.state, "result": res.kind if res else None,
+            "exit": exit_column(res), "wait_status": wait_status(res),
+            "note": res.note if res else None, "output": job.output,
+            "output_error": job.output_error}
+
+
+def watch_job(job: Job, machine: Machine) -> dict[str, Any]:
+    """The job of a ``watch`` stream's ``job`` event: its summary's ``WATCH_FIELDS``."""
+    s = summary(job, machine)
+    return {k: s[k] for k in WATCH_FIELDS}
+
+
+def end_fields(job: Job) -> dict[str, Any]:
+    """The fields of the ``end`` event that closes an ``attach`` stream (also the whole answer to
+    attaching to a job already finished)."""
+    res = job.get_result()
+    return {"id": job.id, "state": job.state, "exit": exit_column(res), "note": res.note if res else None,
+            "output": job.output, "output_error": job.output_error}
+
+
+def removed_end(job_id: int) -> dict[str, Any]:
+    """The ``end`` event's fields for an attached job removed from the queue before it started."""
+    return {"id": job_id, "state": "removed", "exit": None, "note": "removed from the queue before it started"}
+
+
+def history_line(job: Job) -> dict[str, Any]:
+    """The history record of a finished job (``history.History`` writes it as one JSON line)."""
+    res = job.get_result()
+    alloc = job.alloc or {}
+    started, ended = job.started, job.ended
+    command, command_len = job.shown
+    return {
+        "id": job.id, "user": job.user, "uid": job.uid, "name": job.name, "command": command,
+        "command_len": command_len,
+        "submitted": job.submitted, "started": started, "ended": ended,
+        "wall": (ended - started) if started is not None and ended is not None else None,
+        "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
+        "state": job.state, "result": res.kind if res else None, "exit": exit_column(res),
+        **_how_it_ended(res), "max_time": job.max_time, "mem": job.budget.get("mem"),
+        "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"), "output": job.output,
+        "output_error": job.output_error,
+        "verdict": job.stats.get("verdict"), "record_digest": job.stats.get("record_digest"),
+    }
+
+
+def dev_info(job: Job, machine: Machine) -> dict[str, Any]:
+    """``info.json`` of the job's ``/dev/hpc-batch/jobs/<id>`` entry: its summary's ``INFO_FIELDS``."""
+    s = summary(job, machine)
+    return {k: s[k] for k in INFO_FIELDS}
+
+
+def _how_it_ended(res: Result | None) -> dict[str, Any]:
+    """``note``, ``code`` and ``signal`` of a job's result (all None before it has one)."""
+    return {"note": res.note if res else None, "code": res.code if res else None,
+            "signal": res.signal if res else None}
