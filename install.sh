@@ -18,7 +18,7 @@ set -eu
 
 # ROOT_ONLY_PY FLAG VALUE [NOTE]: exit 1, saying why, if pip (for --spec)
 # or the daemon (for --prefix) would run as root what someone else can
-# change. The rule of find_unsafe() in hpc_batch/install/__init__.py, which checks
+# change. The rule of find_unsafe() in hpc_batch/install/safety.py, which checks
 # again (the bin dir too) but only after this script has run pip: the path
 # and every directory above it owned by root and not group- or
 # world-writable, root-owned symlinks followed, a sticky directory (/tmp)

@@ -14,7 +14,7 @@ set -u
 # whole script has been read, even when it is piped into sh.
 
 # is_shepherd DIR: whether the process of DIR (/proc/PID) is a shepherd, as
-# is_shepherd() in hpc_batch/install/__init__.py decides. Any user picks their own
+# is_shepherd() in hpc_batch/install/purge.py decides. Any user picks their own
 # argv, so its words are never split or globbed here: root expanding a word
 # like '*' would see the names in its working directory as that argv.
 is_shepherd() {
@@ -31,7 +31,7 @@ shepherd_argv() {
     while IFS= read -r argv_word || [ -n "$argv_word" ]; do
         [ -n "$argv_word" ] || continue  # Python's reader drops empty words too
         argv_seen=$((argv_seen + 1))
-        [ "$argv_seen" -le 8 ] || return 1  # SHEPHERD_ARGV_WORDS in install.py
+        [ "$argv_seen" -le 8 ] || return 1  # SHEPHERD_ARGV_WORDS in install/purge.py
         case $argv_state in
             program)
                 case ${argv_word##*/} in

@@ -31,6 +31,8 @@ import os
 import signal
 import sys
 
+# main imports, at its top, every module a shepherd runs (output, delivery, record, ...):
+# loaded here once, before gc.freeze(), so each forked shepherd shares them and loads nothing.
 try:
     from shepherd import main as shepherd_main
     from shepherd import records

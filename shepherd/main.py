@@ -14,7 +14,7 @@ daemon can stop, reload or crash without touching it. The shepherd:
    the submit directory and execs the command with descriptors 0, 1 and 2
    only, its output going into a pipe;
 4. sleeps in poll() until something happens: output (moved into the
-   buffer, see ``output``), a command on the FIFO ("stop killed"), the
+   buffer by ``output.OutputPump``), a command on the FIFO ("stop killed"), the
    --max-time deadline, a signal, or the job's end. It never wakes while
    the job is silent;
 5. is the only process that signals the job, and only while the job's
@@ -23,7 +23,7 @@ daemon can stop, reload or crash without touching it. The shepherd:
 6. writes exit.json atomically, then delivers the output as the user
    within a time limit (the FIFO can still interrupt it): the log is
    fsynced before the buffer, its only other copy, is removed; and records
-   that in delivery.json.
+   that in delivery.json (``delivery``).
 
 Out of pids (or memory), fork() fails with EAGAIN (ENOMEM): each fork here
 is retried for a bounded time while the poll loop still hears the FIFO and
@@ -45,12 +45,13 @@ import sys
 import time
 
 try:
-    from shepherd import acl, cgroup, control, identity, output, process, record, records
+    from shepherd import acl, cgroup, control, delivery, identity, output, process, record, records
 except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py): siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
     import acl  # type: ignore[no-redef]
     import cgroup  # type: ignore[no-redef]
     import control  # type: ignore[no-redef]
+    import delivery  # type: ignore[no-redef]
     import identity  # type: ignore[no-redef]
     import output  # type: ignore[no-redef]
     import process  # type: ignore[no-redef]
@@ -59,9 +60,6 @@ except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py)
 
 STOP_REASONS = ("killed", "timeout")
 FORK_RETRY = 10.0        # seconds a fork is retried (the launch spec's fork_retry, from the daemon)
-HOLD_OFF = 0.02          # a trickle of output is batched: at most this often a wake-up
-HELD = 0.25              # out of pids past the buffer bound: how often the relay's fork is tried again
-TRICKLE = 64 << 10       # less than this moved in one wake-up counts as a trickle
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _ALL_CPUS = 8192         # CPU ids a mask may name (the kernel keeps those of the cpuset)
 
@@ -74,7 +72,7 @@ def main(argv=None) -> int:
                          "(started by hpc-batchd; not meant to be run by hand)\n")
         return 2
     job_dir = args[4]
-    os.closerange(3, _fd_ceiling())   # whatever the daemon's parent left open is not ours to pass on
+    os.closerange(3, process.fd_ceiling())   # whatever the daemon's parent left open is not ours to pass on
     os.umask(0o077)
     lock_fd = _take_lock(job_dir)
     if lock_fd is None:
@@ -90,15 +88,8 @@ def main(argv=None) -> int:
     sup = Supervisor(job_dir, spec, lock_fd)
     result = sup.run_job()
     _finish(job_dir, result)
-    sup.deliver()
+    delivery.deliver(sup)
     return 0
-
-
-def _fd_ceiling() -> int:
-    try:
-        return min(os.sysconf("SC_OPEN_MAX"), 1 << 20)
-    except (OSError, ValueError):
-        return 1 << 16
 
 
 def _take_lock(job_dir: str) -> int | None:
@@ -141,7 +132,6 @@ class Supervisor:
         self.deadline = None if spec.get("deadline") is None else float(spec["deadline"])
         self.delivery_limit = float(spec.get("delivery_limit", 600.0))
         self.fork_retry = float(spec.get("fork_retry", FORK_RETRY))
-        self.limit = int(spec.get("max_output_buffer") or (256 << 20))
         self.cgroup = spec.get("cgroup")
         self.stop_reason: str | None = None
         self.stop_note: str | None = None
@@ -151,39 +141,31 @@ class Supervisor:
         self.reaped = False
         self.poller = select.poll()
         self.watched: dict = {}
-        # Output: buffer until the bound, then relay (as the user) or discard.
-        self.mode = "buffer"
-        self.buffered = 0
-        self.pipe_r: int | None = None
-        self.resume_pipe_at: float | None = None
-        self.sink: int | None = None
-        self.relay: tuple[int, int, int] | None = None  # (pid, pidfd, report_fd) once past the bound
-        self.relay_why: str | None = None      # mode "held": why the buffer bound was reached
-        self.relay_give_up: float | None = None  # mode "held": when to stop retrying the relay's fork
-        self.output_note: str | None = None
         self.failure = b""
         # The reproducibility record (shepherd/record.py), unless the daemon runs with --records none.
         self.recorder = record.Recorder(job_dir, spec, fork=_fork) if spec.get("record") else None
         self.record_fds: list[int] = []
         ctl_r, self._ctl_keeper = control.create(job_dir)
         self.control = control.Reader(ctl_r)
-        self._watch(ctl_r, self._on_control)
+        self.watch(ctl_r, self._on_control)
         self.sig_r, sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(sig_w, warn_on_full_buffer=False)
         for sig in _STOP_SIGNALS:
             signal.signal(sig, lambda signum, frame: None)  # the wake-up byte carries it
-        self._watch(self.sig_r, self._on_signal)
+        self.watch(self.sig_r, self._on_signal)
 
-    # -- the poll set -------------------------------------------------------------
-    def _watch(self, fd: int, handler) -> None:
+    # -- the poll set (the output pump and delivery run in it too) -------------------
+    def watch(self, fd: int, handler) -> None:
+        """Call *handler(fd)* from the poll loop whenever *fd* is readable."""
         self.watched[fd] = handler
         self.poller.register(fd, select.POLLIN)
 
-    def _unwatch(self, fd: int) -> None:
+    def unwatch(self, fd: int) -> None:
+        """Take *fd* out of the poll set (if it is there)."""
         if self.watched.pop(fd, None) is not None:
             self.poller.unregister(fd)
 
-    def _wait(self, until) -> None:
+    def wait(self, until) -> None:
         """One poll() until *until* (epoch seconds, or None: no timeout); run the handlers."""
         timeout = None
         if until is not None:
@@ -197,17 +179,19 @@ class Supervisor:
     def run_job(self) -> records.ExitRecord:
         """Start the job, supervise it to its end, and return the exit record."""
         spec = self.spec
-        self.buf = _open_buffer(os.path.join(self.job_dir, records.OUTPUT), spec)
-        self.pipe_r, pipe_w = output.make_pipe()
+        # Output: buffer until the bound, then relay (as the user) or discard.
+        self.out = output.OutputPump(spec, _open_buffer(os.path.join(self.job_dir, records.OUTPUT), spec),
+                                     int(spec.get("max_output_buffer") or (256 << 20)), self.fork_retry,
+                                     _fork, self.watch, self.unwatch)
+        pipe_r, pipe_w = output.make_pipe()
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         if self.recorder is not None:
             self.recorder.before_start()
         try:
-            pid = self._fork_retrying(lambda: self.stop_reason is not None)
+            pid = self.fork_retrying(lambda: self.stop_reason is not None)
         except OSError as exc:
-            for fd in (self.pipe_r, pipe_w, err_r, err_w):
+            for fd in (pipe_r, pipe_w, err_r, err_w):
                 os.close(fd)
-            self.pipe_r = None
             return self._not_forked(exc)
         if pid == 0:
             try:
@@ -217,21 +201,20 @@ class Supervisor:
         os.close(pipe_w)
         os.close(err_w)
         self.pid = pid
-        _unlink(os.path.join(self.job_dir, records.LAUNCH))   # the environment is in no file while the job runs
+        records.unlink(os.path.join(self.job_dir, records.LAUNCH))   # the environment is in no file while the job runs
         pidfd = os.pidfd_open(pid)
         status = records.StatusRecord(pid, records.proc_starttime(pid), time.time())
         _persist(lambda: status.write(os.path.join(self.job_dir, records.STATUS), durable=False),
                  "the status record")
-        os.set_blocking(self.pipe_r, False)
-        self._watch(self.pipe_r, self._on_output)
-        self._watch(err_r, self._on_exec_report)
+        self.out.start(pipe_r)
+        self.watch(err_r, self._on_exec_report)
         self._record_started()
         ended = []
-        self._watch(pidfd, lambda fd: ended.append(True))
+        self.watch(pidfd, lambda fd: ended.append(True))
         while not ended:
-            self._wait(self._next_timer())
+            self.wait(self._next_timer())
             self._timers()
-        self._unwatch(pidfd)
+        self.unwatch(pidfd)
         os.close(pidfd)
         return self._collect(err_r)
 
@@ -246,26 +229,26 @@ class Supervisor:
             self.recorder.record["error"] = str(exc)
             return
         for fd in self.record_fds:
-            self._watch(fd, self._on_record_side)
+            self.watch(fd, self._on_record_side)
 
     def _on_record_side(self, fd: int) -> None:
         assert self.recorder is not None
         if self.recorder.on_readable(fd):
-            self._unwatch(fd)
+            self.unwatch(fd)
 
     def _record_end(self, usage) -> dict | None:
         """The record's end (before the cgroup goes): ``{"verdict", "digest"}``, or None."""
         if self.recorder is None:
             return None
         for fd in self.record_fds:
-            self._unwatch(fd)
+            self.unwatch(fd)
         try:
             return self.recorder.at_end(usage)
         except Exception as exc:
             sys.stderr.write(f"hpc-batch-shepherd: job {self.spec.get('id')}: cannot finish its record: {exc}\n")
             return None
 
-    def _fork_retrying(self, interrupted, limit: float | None = None) -> int:
+    def fork_retrying(self, interrupted, limit: float | None = None) -> int:
         """:func:`_fork`, retried while it fails for want of pids or memory.
 
         For up to *limit* seconds (default fork_retry). Between tries the
@@ -280,7 +263,7 @@ class Supervisor:
             except OSError as exc:
                 if not records.not_now(exc) or time.time() >= give_up:
                     raise
-                self._wait(min(time.time() + delay, give_up))
+                self.wait(min(time.time() + delay, give_up))
                 if interrupted():   # (checked before the next try: a stop must win over a free pid)
                     raise
             delay = min(delay * 2, 1.0)
@@ -298,7 +281,7 @@ class Supervisor:
         return rec
 
     def _next_timer(self):
-        times = [t for t in (self.kill_at, self.resume_pipe_at,
+        times = [t for t in (self.kill_at, self.out.resume_at,
                              self.deadline if self.stop_reason is None else None) if t is not None]
         side = self.recorder.deadline() if self.recorder is not None else None
         if side is not None:   # (monotonic: the record's side tasks' limit)
@@ -310,19 +293,14 @@ class Supervisor:
         side = self.recorder.deadline() if self.recorder is not None else None
         if side is not None and time.monotonic() >= side:
             for fd in self.record_fds:
-                self._unwatch(fd)
+                self.unwatch(fd)
             self.recorder.cut_short()   # type: ignore[union-attr]
         if self.stop_reason is None and self.deadline is not None and now >= self.deadline:
             self.stop("timeout")
         if self.kill_at is not None and now >= self.kill_at:
             self.kill_at = None
             self._signal_job(signal.SIGKILL)
-        if self.resume_pipe_at is not None and now >= self.resume_pipe_at:
-            self.resume_pipe_at = None
-            if self.mode == "held":
-                self._past_bound(self.relay_why)
-            if self.pipe_r is not None and self.mode in ("buffer", "discard"):
-                self._watch(self.pipe_r, self._on_output)
+        self.out.on_timer(now)
 
     def stop(self, reason: str, note: str | None = None) -> None:
         """End the job: SIGTERM now, SIGKILL after the grace period (the first reason wins)."""
@@ -377,103 +355,8 @@ class Supervisor:
         if chunk:
             self.failure += chunk[:4096]
         else:  # EOF: the exec happened, or the child is gone
-            self._unwatch(fd)
+            self.unwatch(fd)
             os.close(fd)
-
-    # -- output ---------------------------------------------------------------------
-    def _on_output(self, fd: int) -> None:
-        moved, eof = self._pump()
-        if eof:
-            self._unwatch(fd)
-        elif moved < TRICKLE and self.mode in ("buffer", "discard"):
-            # A trickle: wait a moment so many small writes cost one wake-up.
-            self._unwatch(fd)
-            self.resume_pipe_at = time.time() + HOLD_OFF
-
-    def _pump(self, budget: int | None = None):
-        """Move what the pipe holds now (at most *budget* bytes); returns (bytes moved, reached EOF)."""
-        moved = 0
-        while self.mode in ("buffer", "discard") and (budget is None or moved < budget):
-            if self.mode == "buffer":
-                dst, want = self.buf, min(output.CHUNK, self.limit - self.buffered)
-            else:
-                assert self.sink is not None  # the discard mode's /dev/null
-                dst, want = self.sink, output.CHUNK
-            assert self.pipe_r is not None  # open until the relay takes it over
-            try:
-                n = output.move(self.pipe_r, dst, want, nonblock=True)
-            except BlockingIOError:
-                return moved, False
-            except OSError as exc:
-                if self.mode != "buffer":
-                    return moved, False  # /dev/null refusing a write: nothing better to do
-                self._past_bound(f"the state directory could not hold more ({exc.strerror})")
-                continue
-            if n == 0:
-                return moved, True
-            moved += n
-            if self.mode == "buffer":
-                self.buffered += n
-                if self.buffered >= self.limit:
-                    self._past_bound(None)
-        return moved, False
-
-    def _past_bound(self, why) -> None:
-        """Stop buffering: relay the rest to the log as the user, or discard it.
-
-        Out of pids, the relay's fork is retried every HELD seconds for up to
-        fork_retry (mode "held": the pipe is not read meanwhile, so the job
-        waits on it), then the rest is discarded, with a note saying why.
-        """
-        dest = self.spec.get("output")
-        size = _size(self.buffered)
-        if dest:
-            try:
-                self._start_relay()
-            except OSError as exc:
-                now = time.time()
-                if self.relay_give_up is None:
-                    self.relay_give_up = now + self.fork_retry
-                if records.not_now(exc) and now < self.relay_give_up:
-                    assert self.pipe_r is not None  # the relay has not taken it
-                    self.mode, self.relay_why = "held", why
-                    self._unwatch(self.pipe_r)
-                    self.resume_pipe_at = now + HELD
-                    return
-                why = f"{why}; " if why else ""
-                why += f"the copy to {dest} could not be started ({exc.strerror or exc})"
-                dest = None
-        if dest:
-            self.output_note = (f"output past the first {size} went straight to {dest}"
-                                if why is None else f"{why}: output past the first {size} went straight to {dest}")
-        else:
-            self.sink = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-            self.mode = "discard"
-            self.output_note = (f"output past the first {size} was discarded"
-                                if why is None else f"{why}: output past the first {size} was discarded")
-
-    def _start_relay(self) -> None:
-        """Fork the child that writes the buffer, then the rest of the pipe, to the log as the user."""
-        report_r, report_w = os.pipe2(os.O_CLOEXEC)
-        try:
-            pid = _fork()
-        except OSError:
-            os.close(report_r)
-            os.close(report_w)
-            raise
-        if pid == 0:
-            try:
-                _keep_only(self.buf, self.pipe_r, report_w)
-                output.deliver_as_user(self.spec, self.buf, self.pipe_r, report_w)
-            finally:
-                os._exit(1)
-        os.close(report_w)
-        assert self.pipe_r is not None  # _pump calls this only while the pipe is open
-        self._unwatch(self.pipe_r)
-        os.close(self.pipe_r)
-        self.pipe_r = None
-        self.relay = (pid, os.pidfd_open(pid), report_r)
-        self.mode = "relay"
 
     # -- the end -------------------------------------------------------------------------
     def _collect(self, err_r: int) -> records.ExitRecord:
@@ -502,150 +385,24 @@ class Supervisor:
             for key, value in cgroup.collect_and_remove(self.cgroup).items():
                 if value is not None:   # the cgroup saw the whole job: prefer it to rusage
                     setattr(rec, key, value)
-        if self.mode == "held":   # one last try at the relay, then the rest is discarded
-            self.resume_pipe_at, self.relay_give_up = None, time.time()
-            self._past_bound(self.relay_why)
-        if self.pipe_r is not None:
-            self._unwatch(self.pipe_r)
-            # What the job wrote before it ended; a straggler still writing does not keep us here.
-            self._pump(budget=4 * output.CHUNK)
-            if self.pipe_r is not None:   # (past the bound, the relay took it over)
-                os.close(self.pipe_r)
-                self.pipe_r = None
-        if self.relay is not None:
-            try:
-                os.kill(self.relay[0], signal.SIGTERM)  # our unreaped child: "take what is left"
-            except ProcessLookupError:
-                pass
+        self.out.finish()
         if err_r in self.watched:
             try:
                 self.failure += os.read(err_r, 4096)
             except OSError:
                 pass
-            self._unwatch(err_r)
+            self.unwatch(err_r)
             os.close(err_r)
         if self.failure:
             rec.error = self.failure.decode(errors="replace").strip()
         return rec
 
-    def deliver(self) -> None:
-        """Get the output to the user's log file (or drop it), and record the outcome."""
-        path = os.path.join(self.job_dir, records.OUTPUT)
-        dest = self.spec.get("output")
-        rec = records.DeliveryRecord(True, dest, None, self.output_note)
-        if self.relay is not None:
-            pid, pidfd, report = self.relay
-            rec.ok, rec.error = self._await_child(pid, pidfd, report)
-        elif dest is None:
-            pass
-        elif self.pid is None:   # never forked: no output, and no log is made (the job may yet run)
-            rec.note = "it never started, so no log was written"
-            return self._record_delivery(rec)
-        elif self.abandon:
-            rec.ok, rec.error = False, self.abandon
-        else:
-            report_r, report_w = os.pipe2(os.O_CLOEXEC)
-            try:   # out of pids, the copy waits (within the delivery limit) rather than fail at once
-                pid = self._fork_retrying(lambda: bool(self.abandon), self.delivery_limit)
-            except OSError as exc:
-                os.close(report_r)
-                os.close(report_w)
-                rec.ok, rec.error = False, self.abandon or f"the copy to {dest} could not be started ({exc.strerror})"
-            else:
-                if pid == 0:
-                    try:
-                        _keep_only(self.buf, report_w)
-                        output.deliver_as_user(self.spec, self.buf, None, report_w)
-                    finally:
-                        os._exit(1)
-                os.close(report_w)
-                rec.ok, rec.error = self._await_child(pid, os.pidfd_open(pid), report_r)
-        if rec.ok:
-            # The delivery child fsynced the log before it exited 0: only now may
-            # the buffer, the only other copy of the output, go.
-            _unlink(path)
-        why = self._deliver_record()
-        if why:
-            rec.note = f"{rec.note}; {why}" if rec.note else why
-        self._record_delivery(rec)
-
-    def _deliver_record(self) -> str | None:
-        """``dispatch new --record FILE``: copy record.json there as the user; why not, or None."""
-        to = (self.spec.get("record") or {}).get("to")
-        if not to or self.recorder is None or self.pid is None:
-            return None
-        if self.abandon:
-            return f"the record was not written to {to}: {self.abandon}"
-        try:
-            src = os.open(os.path.join(self.job_dir, records.RECORD), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as exc:
-            return f"the record was not written to {to}: it could not be made ({exc.strerror})"
-        report_r, report_w = os.pipe2(os.O_CLOEXEC)
-        try:
-            pid = self._fork_retrying(lambda: bool(self.abandon), self.delivery_limit)
-        except OSError as exc:
-            for fd in (src, report_r, report_w):
-                os.close(fd)
-            return f"the record was not written to {to}: cannot fork ({exc.strerror})"
-        if pid == 0:
-            try:
-                _keep_only(src, report_w)
-                output.deliver_as_user(dict(self.spec, output=to), src, None, report_w)
-            finally:
-                os._exit(1)
-        os.close(report_w)
-        os.close(src)
-        ok, why = self._await_child(pid, os.pidfd_open(pid), report_r)
-        return None if ok else f"the record was not written: {why}"
-
-    def _record_delivery(self, rec: records.DeliveryRecord) -> None:
+    def record_delivery(self, rec: records.DeliveryRecord) -> None:
+        """Write delivery.json (retried until it can be: see _persist)."""
         # Not fsync'd: if a crash loses it, the buffer's presence tells the daemon
         # the same thing (it is deleted only after a complete, durable copy).
         _persist(lambda: rec.write(os.path.join(self.job_dir, records.DELIVERY), durable=False),
                  "the delivery record")
-
-    def _await_child(self, pid: int, pidfd: int, report: int):
-        """Wait for a delivery child within the time limit; ``(ok, why)``.
-
-        The child runs as the user, who can stop it; a "stop" on the FIFO or a
-        signal to the shepherd interrupts it too. It is our unreaped child, so
-        killing it by pid is safe.
-        """
-        done, said = [], []
-        self._watch(pidfd, lambda fd: done.append(True))
-
-        def on_report(fd):
-            chunk = os.read(fd, 4096)
-            if chunk:
-                said.append(chunk)
-            else:
-                self._unwatch(fd)
-        self._watch(report, on_report)
-        give_up = time.time() + self.delivery_limit
-        why = None
-        while not done:
-            if self.abandon:
-                why = self.abandon
-            elif time.time() >= give_up:
-                why = f"delivery took longer than {int(self.delivery_limit)}s and was stopped"
-            if why:
-                os.kill(pid, signal.SIGKILL)
-                self._wait(time.time() + 5)
-                break
-            self._wait(give_up)
-        _, status = os.waitpid(pid, 0)
-        for fd in (pidfd, report):
-            self._unwatch(fd)
-        try:
-            said.append(os.read(report, 4096))
-        except OSError:
-            pass
-        os.close(pidfd)
-        os.close(report)
-        text = b"".join(said).decode("utf-8", "replace").strip()
-        if why or status != 0 or text:
-            return False, why or text or f"the copy failed (status {status})"
-        return True, None
 
 
 def _open_buffer(path: str, spec: dict) -> int:
@@ -679,15 +436,6 @@ def _fork() -> int:
     return pid
 
 
-def _keep_only(*fds) -> None:
-    """In a forked child: close every descriptor but *fds*."""
-    low = 0
-    for fd in sorted(fds):
-        os.closerange(max(low, 3), fd)
-        low = fd + 1
-    os.closerange(max(low, 3), _fd_ceiling())
-
-
 def _child(spec: dict, pipe_w: int, err_w: int) -> None:
     """In the forked child: confine, drop privileges, exec. Never returns."""
     stage = "setup"
@@ -700,7 +448,7 @@ def _child(spec: dict, pipe_w: int, err_w: int) -> None:
         os.dup2(null, 0)
         os.dup2(pipe_w, 1)
         os.dup2(pipe_w, 2)
-        _keep_only(err_w)  # a job starts with 0, 1 and 2 only (err_w closes at exec)
+        process.keep_only(err_w)  # a job starts with 0, 1 and 2 only (err_w closes at exec)
         if spec.get("cgroup"):
             stage = "joining the job's cgroup"
             cgroup.join(spec["cgroup"])
@@ -737,13 +485,6 @@ def _child(spec: dict, pipe_w: int, err_w: int) -> None:
     os._exit(127)
 
 
-def _size(n: int) -> str:
-    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size}{unit}"
-    return f"{n} bytes"
-
-
 def _persist(write, what: str) -> None:
     """Run *write* until it succeeds: a full disk must delay a record, never lose it."""
     delay = 0.05
@@ -761,13 +502,6 @@ def _persist(write, what: str) -> None:
 def _finish(job_dir: str, rec: records.ExitRecord) -> None:
     """Write the exit record (the only copy of the job's outcome)."""
     _persist(lambda: rec.write(os.path.join(job_dir, records.EXIT)), "the exit record")
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 if __name__ == "__main__":

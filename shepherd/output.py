@@ -16,6 +16,13 @@ opens, a symlink to root's files, a file another user planted in a shared
 directory, a lease. So it is created with O_EXCL, or else accepted only as
 a regular file the user owns, never through a link, and never with a
 blocking open.
+
+``OutputPump`` is the shepherd's side of this while the job runs: a mode
+machine, "buffer" until the bound, then "relay" (a child copying the pipe
+to the log as the user), "discard" (no log file, or the relay could not be
+started), or "held" (out of pids: the relay's fork is retried, the pipe
+not read meanwhile). ``fork_as_user`` starts every child that writes the
+log: the relay, the final copy and the record's copy.
 """
 
 import errno
@@ -23,13 +30,20 @@ import fcntl
 import os
 import signal
 import stat
+import time
 
 try:
-    from shepherd import identity
+    from shepherd import identity, process, records
 except ImportError:  # run as a file: siblings are on sys.path
-    import identity  # type: ignore[no-redef]  # the same module, found as a top-level one
+    # The same modules, found as top-level ones: mypy sees each name bound twice.
+    import identity  # type: ignore[no-redef]
+    import process  # type: ignore[no-redef]
+    import records  # type: ignore[no-redef]
 
 CHUNK = 1 << 20          # bytes moved per splice, and the pipe's size
+HOLD_OFF = 0.02          # a trickle of output is batched: at most this often a wake-up
+HELD = 0.25              # out of pids past the buffer bound: how often the relay's fork is tried again
+TRICKLE = 64 << 10       # less than this moved in one wake-up counts as a trickle
 _SPLICE_FALLBACK = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
 _NO_FSYNC = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EROFS)
 
@@ -237,3 +251,177 @@ def _say(fd: int, line: str) -> None:
         os.write(fd, line.encode("utf-8", "surrogateescape")[:4000])
     except OSError:
         pass
+
+
+def fork_as_user(fork, spec: dict, src: int, pipe_r: int | None = None) -> tuple[int, int]:
+    """Fork a child that writes *src*, then the pipe *pipe_r* if given, to ``spec["output"]`` as the user.
+
+    *fork* makes the child (the shepherd's fork, or one retried while the
+    machine is out of pids); its OSError is the caller's. The child keeps
+    only its descriptors and runs :func:`deliver_as_user`. Returns ``(pid,
+    report)``: the read end of the pipe on which the child says why it
+    failed.
+    """
+    report_r, report_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid = fork()
+    except OSError:
+        os.close(report_r)
+        os.close(report_w)
+        raise
+    if pid == 0:
+        try:
+            process.keep_only(*(fd for fd in (src, pipe_r, report_w) if fd is not None))
+            deliver_as_user(spec, src, pipe_r, report_w)
+        finally:
+            os._exit(1)
+    os.close(report_w)
+    return pid, report_r
+
+
+class OutputPump:
+    """The job's output on its way out of the pipe: buffer until the bound, then relay (as the user) or discard.
+
+    The shepherd's poll loop drives it: *watch* and *unwatch* add the pipe
+    to and take it from the poll set, *fork* is the shepherd's fork.
+    """
+
+    def __init__(self, spec: dict, buf: int, limit: int, fork_retry: float, fork, watch, unwatch):
+        self.spec = spec
+        self.buf = buf            # the output buffer (<job dir>/output)
+        self.limit = limit        # --max-output-buffer
+        self.fork_retry = fork_retry
+        self._fork = fork
+        self._watch = watch
+        self._unwatch = unwatch
+        self.mode = "buffer"
+        self.buffered = 0
+        self.pipe_r: int | None = None
+        self.resume_at: float | None = None   # when a pipe left unwatched (a trickle, or held) is read again
+        self.sink: int | None = None
+        self.relay: tuple[int, int, int] | None = None  # (pid, pidfd, report_fd) once past the bound
+        self.relay_why: str | None = None      # mode "held": why the buffer bound was reached
+        self.relay_give_up: float | None = None  # mode "held": when to stop retrying the relay's fork
+        self.note: str | None = None           # what became of the output past the bound, for delivery.json
+
+    def start(self, pipe_r: int) -> None:
+        """The job is forked: read its end of the pipe from now on."""
+        self.pipe_r = pipe_r
+        os.set_blocking(self.pipe_r, False)
+        self._watch(self.pipe_r, self.on_output)
+
+    def on_timer(self, now: float) -> None:
+        """Past ``resume_at``: read the pipe again (and, held, try the relay's fork again)."""
+        if self.resume_at is not None and now >= self.resume_at:
+            self.resume_at = None
+            if self.mode == "held":
+                self.past_bound(self.relay_why)
+            if self.pipe_r is not None and self.mode in ("buffer", "discard"):
+                self._watch(self.pipe_r, self.on_output)
+
+    def on_output(self, fd: int) -> None:
+        """The pipe is readable."""
+        moved, eof = self.pump()
+        if eof:
+            self._unwatch(fd)
+        elif moved < TRICKLE and self.mode in ("buffer", "discard"):
+            # A trickle: wait a moment so many small writes cost one wake-up.
+            self._unwatch(fd)
+            self.resume_at = time.time() + HOLD_OFF
+
+    def pump(self, budget: int | None = None):
+        """Move what the pipe holds now (at most *budget* bytes); returns (bytes moved, reached EOF)."""
+        moved = 0
+        while self.mode in ("buffer", "discard") and (budget is None or moved < budget):
+            if self.mode == "buffer":
+                dst, want = self.buf, min(CHUNK, self.limit - self.buffered)
+            else:
+                assert self.sink is not None  # the discard mode's /dev/null
+                dst, want = self.sink, CHUNK
+            assert self.pipe_r is not None  # open until the relay takes it over
+            try:
+                n = move(self.pipe_r, dst, want, nonblock=True)
+            except BlockingIOError:
+                return moved, False
+            except OSError as exc:
+                if self.mode != "buffer":
+                    return moved, False  # /dev/null refusing a write: nothing better to do
+                self.past_bound(f"the state directory could not hold more ({exc.strerror})")
+                continue
+            if n == 0:
+                return moved, True
+            moved += n
+            if self.mode == "buffer":
+                self.buffered += n
+                if self.buffered >= self.limit:
+                    self.past_bound(None)
+        return moved, False
+
+    def past_bound(self, why) -> None:
+        """Stop buffering: relay the rest to the log as the user, or discard it.
+
+        Out of pids, the relay's fork is retried every HELD seconds for up to
+        fork_retry (mode "held": the pipe is not read meanwhile, so the job
+        waits on it), then the rest is discarded, with a note saying why.
+        """
+        dest = self.spec.get("output")
+        size = _size(self.buffered)
+        if dest:
+            try:
+                self._start_relay()
+            except OSError as exc:
+                now = time.time()
+                if self.relay_give_up is None:
+                    self.relay_give_up = now + self.fork_retry
+                if records.not_now(exc) and now < self.relay_give_up:
+                    assert self.pipe_r is not None  # the relay has not taken it
+                    self.mode, self.relay_why = "held", why
+                    self._unwatch(self.pipe_r)
+                    self.resume_at = now + HELD
+                    return
+                why = f"{why}; " if why else ""
+                why += f"the copy to {dest} could not be started ({exc.strerror or exc})"
+                dest = None
+        if dest:
+            self.note = (f"output past the first {size} went straight to {dest}"
+                         if why is None else f"{why}: output past the first {size} went straight to {dest}")
+        else:
+            self.sink = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            self.mode = "discard"
+            self.note = (f"output past the first {size} was discarded"
+                         if why is None else f"{why}: output past the first {size} was discarded")
+
+    def _start_relay(self) -> None:
+        """Fork the child that writes the buffer, then the rest of the pipe, to the log as the user."""
+        assert self.pipe_r is not None  # pump calls this only while the pipe is open
+        pid, report_r = fork_as_user(self._fork, self.spec, self.buf, self.pipe_r)
+        self._unwatch(self.pipe_r)
+        os.close(self.pipe_r)
+        self.pipe_r = None
+        self.relay = (pid, os.pidfd_open(pid), report_r)
+        self.mode = "relay"
+
+    def finish(self) -> None:
+        """The job has ended: take what it wrote before it ended, and tell the relay to finish."""
+        if self.mode == "held":   # one last try at the relay, then the rest is discarded
+            self.resume_at, self.relay_give_up = None, time.time()
+            self.past_bound(self.relay_why)
+        if self.pipe_r is not None:
+            self._unwatch(self.pipe_r)
+            # What the job wrote before it ended; a straggler still writing does not keep us here.
+            self.pump(budget=4 * CHUNK)
+            if self.pipe_r is not None:   # (past the bound, the relay took it over)
+                os.close(self.pipe_r)
+                self.pipe_r = None
+        if self.relay is not None:
+            try:
+                os.kill(self.relay[0], signal.SIGTERM)  # our unreaped child: "take what is left"
+            except ProcessLookupError:
+                pass
+
+
+def _size(n: int) -> str:
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n} bytes"

@@ -8,7 +8,12 @@
 
 Standard library only (ctypes), like the rest of the shepherd; ctypes is
 imported only by a job that asks for one of them.
+
+Also here: what every forked child of the shepherd does first, keep only
+the descriptors it needs (``keep_only``).
 """
+
+import os
 
 ADDR_NO_RANDOMIZE = 0x0040000    # include/uapi/linux/personality.h
 PER_QUERY = 0xFFFFFFFF           # personality(0xffffffff) answers the persona, changes nothing
@@ -23,7 +28,6 @@ def _libc():
 def _check(ret: int, what: str) -> int:
     if ret == -1:
         import ctypes
-        import os
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
     return ret
@@ -46,3 +50,20 @@ def no_thp() -> None:
     libc.prctl.restype = ctypes.c_int
     libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     _check(libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0), "prctl(PR_SET_THP_DISABLE)")
+
+
+def fd_ceiling() -> int:
+    """One past the highest descriptor number this process may hold (capped at 2**20)."""
+    try:
+        return min(os.sysconf("SC_OPEN_MAX"), 1 << 20)
+    except (OSError, ValueError):
+        return 1 << 16
+
+
+def keep_only(*fds) -> None:
+    """In a forked child: close every descriptor but *fds*."""
+    low = 0
+    for fd in sorted(fds):
+        os.closerange(max(low, 3), fd)
+        low = fd + 1
+    os.closerange(max(low, 3), fd_ceiling())

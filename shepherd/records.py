@@ -112,6 +112,14 @@ def fsync_dir(directory: str) -> None:
         os.close(dfd)
 
 
+def unlink(path: str) -> None:
+    """Remove *path*; one already gone is fine."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def write_json(path: str, obj, mode: int = 0o600, durable: bool = True) -> None:
     """Replace *path* atomically with *obj* as JSON (see :func:`write_atomic`)."""
     write_atomic(path, dumps(obj).encode(), mode, durable)

@@ -9,7 +9,7 @@ docs give:
 - ``show``: ``dispatch show``'s job, the summary and what show adds;
 - ``wait_entry``: one of the jobs a ``dispatch wait`` reply names;
 - ``watch_job``: the job of a ``watch`` stream's ``job`` event (the summary
-  less the command, which can be large); ``end_fields`` and ``removed_end``:
+  less the command, which can be large); ``end_fields`` and ``forgotten_end``:
   the ``end`` event that closes an ``attach`` stream;
 - ``history_line``: a finished job's line in its user's history file;
 - ``dev_info``: ``info.json`` of the job's ``/dev/hpc-batch/jobs/<id>`` entry.
@@ -112,9 +112,10 @@ def end_fields(job: Job) -> dict[str, Any]:
             "output": job.output, "output_error": job.output_error}
 
 
-def removed_end(job_id: int) -> dict[str, Any]:
-    """The ``end`` event's fields for an attached job removed from the queue before it started."""
-    return {"id": job_id, "state": "removed", "exit": None, "note": "removed from the queue before it started"}
+def forgotten_end(job_id: int) -> dict[str, Any]:
+    """The ``end`` event's fields for an attached job forgotten (``--keep-finished``) while a slow
+    client still read its output: as a wait entry says it, ``unknown``."""
+    return {"id": job_id, "state": "unknown", "exit": None, "note": None}
 
 
 def history_line(job: Job) -> dict[str, Any]:

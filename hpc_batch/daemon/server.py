@@ -13,6 +13,10 @@ read until some are), a deadline to finish a frame once begun, an idle
 timeout, and an attach that stops reading is dropped once its backlog has
 not moved for as long. Running out of descriptors pauses
 accepting for a moment instead of spinning.
+
+The streaming verbs (attach, wait, watch), whose connections stay open for
+the daemon to speak next, are in streams.py; this module gives them the
+connections' I/O.
 """
 
 import errno
@@ -21,21 +25,17 @@ import os
 import selectors
 import signal
 import socket
-import stat
 import struct
 import time
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
-from shepherd import records
-
-from ..core import views
-from ..core.jobs import FINISHED, QUEUED, WAITING, Job
 from ..wire import framing, protocol
 from . import access
 from .engine import Engine, Refused
 from .handlers import HANDLERS
 from .ratelog import RateLimited
+from .streams import CHUNK, FALLBACK_POLL, AttachState, Streams
 
 if TYPE_CHECKING:
     from .metrics_file import MetricsFile
@@ -48,9 +48,6 @@ FRAME_DEADLINE = 10.0        # a frame once begun must be complete within this
 ACCEPT_PAUSE = 1.0           # out of descriptors: stop accepting for this long
 HELD_REPLY_BYTES = 1 << 18   # replies one connection may have waiting for a commit (pipelined requests)
 PENDING_PER_USER = 2 * framing.MAX_FRAME   # unfinished frame bytes one user may hold in the daemon
-CHUNK = 64 << 10             # attach reads and sends output in chunks this big
-FALLBACK_POLL = 0.05         # attach wake-up when inotify is unavailable
-WATCH_BACKLOG = 1 << 20      # unsent watch events one connection may hold before it is dropped
 _CRED = struct.Struct("3i")
 
 
@@ -65,16 +62,6 @@ def _reap_children() -> None:
             return
 
 
-class AttachState(TypedDict):
-    """Where an attach stream stands (a plain dict at run time)."""
-
-    job: int
-    fd: int | None
-    offset: int
-    ending: bool
-    done: bool
-
-
 class Conn:
     """One client connection."""
 
@@ -86,7 +73,7 @@ class Conn:
         self.closing = False
         self.last = time.monotonic()          # last request bytes, or last reply bytes taken
         self.partial_since: float | None = None   # when the unfinished frame in decoder began
-        self.attach: AttachState | None = None    # dict(job, fd, offset, ending, done) while streaming
+        self.attach: AttachState | None = None    # while streaming (streams.py)
         self.waiting: list[int] | None = None     # the jobs a dispatch wait names, while it waits
         self.wait_left = 0                        # ... how many of them are still to end
         self.stalled = False                      # its user is over --max-reply-bytes-per-user: not read
@@ -121,11 +108,6 @@ class Server:
         self.resume: list[Conn] = []         # connections with whole requests left once their replies went
         self.conns: dict[int, Conn] = {}
         self.pidfds: dict[int, int] = {}      # pidfd -> job id
-        self.attached: dict[int, set[Conn]] = {}  # job id -> conns streaming it
-        self.waiters: dict[int, set[Conn]] = {}   # job id -> conns waiting for it to end
-        self.watchers: dict[int, set[Conn]] = {}  # uid -> conns watching that user's jobs
-        self.wds: dict[int, int] = {}         # inotify wd -> job id
-        self.job_wd: dict[int, int] = {}      # job id -> inotify wd
         self.signals: list[int] = []
         self.stop_reason: str | None = None   # "reload" / "terminate"
         self.per_uid: dict[int, int] = {}     # open connections per user
@@ -133,12 +115,7 @@ class Server:
         self.stalled: dict[int, set[Conn]] = {}   # uid -> its connections waiting for its replies to drain
         self.accept_paused_until: float | None = None
         self.metrics: MetricsFile | None = None   # --metrics-file: told of job events, ticked by the loop
-        try:
-            from .inotify import Inotify
-            self.inotify: Inotify | None = Inotify()
-        except (OSError, AttributeError) as exc:
-            log.warning("inotify unavailable (%s); attach falls back to polling", exc)
-            self.inotify = None
+        self.streams = Streams(self._reply, self._flush, self._close, self._held_back)
 
     # -- hooks the engine calls -------------------------------------------------
     def watch_pidfd(self, fd: int, job_id: int) -> None:
@@ -152,25 +129,11 @@ class Server:
     def job_event(self, job_id: int, kind: str) -> None:
         if self.metrics is not None:
             self.metrics.job_event(job_id, kind)
-        if kind == "submitted":
-            return   # counted; a submitter already knows (and a watch streams starts and ends)
-        if kind == "finished":
-            for conn in list(self.waiters.pop(job_id, ())):
-                conn.wait_left -= 1   # a count, not a rescan: a wait on n jobs costs O(n) over all their ends
-                if conn.wait_left <= 0:
-                    self._answer_wait(conn)
-        self._tell_watchers(job_id)
-        for conn in list(self.attached.get(job_id, ())):
-            if kind == "started":
-                self._open_stream(conn)
-            elif kind in ("finished", "removed"):
-                assert conn.attach is not None  # every conn in attached streams
-                conn.attach["ending"] = True
-            self._pump(conn)
+        self.streams.job_event(job_id, kind)
 
     # -- set-up -----------------------------------------------------------------
     def start(self, engine: Engine) -> None:
-        self.engine = engine
+        self.engine = self.streams.engine = engine
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
         rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -179,8 +142,8 @@ class Server:
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
         self.sel.register(rfd, selectors.EVENT_READ, ("signal", None))
-        if self.inotify:
-            self.sel.register(self.inotify.fd, selectors.EVENT_READ, ("inotify", None))
+        if self.streams.inotify:
+            self.sel.register(self.streams.inotify.fd, selectors.EVENT_READ, ("inotify", None))
         _reap_children()  # shepherds that ended while we were re-executing
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -198,7 +161,7 @@ class Server:
                     continue
                 if conn.waiting is not None:
                     if conn.wait_left <= 0 and not conn.closing:
-                        self._answer_wait(conn)   # held back while its user was over the reply budget
+                        self.streams.answer_wait(conn)   # held back while its user was over the reply budget
                 elif conn.may_take_request():
                     self._requests(conn)
             wake = self.engine.tick(now)
@@ -216,7 +179,7 @@ class Server:
             if self.accept_paused_until is not None:
                 pause = max(0.0, self.accept_paused_until - time.monotonic())
                 timeout = pause if timeout is None else min(timeout, pause)
-            if self.inotify is None and self.attached:
+            if self.streams.polling:
                 timeout = FALLBACK_POLL if timeout is None else min(timeout, FALLBACK_POLL)
             for key, mask in self.sel.select(timeout):
                 kind, arg = key.data
@@ -230,20 +193,14 @@ class Server:
                         if job_id is not None:
                             self.engine.shepherd_exited(job_id)
                     elif kind == "inotify":
-                        assert self.inotify is not None  # registered only with one
-                        for wd in self.inotify.read():
-                            for conn in list(self.attached.get(self.wds.get(wd, 0), ())):  # 0: no job
-                                self._pump(conn)
+                        self.streams.on_inotify()
                     elif kind == "signal":
                         self._drain_signals()
                 except Exception:  # one bad event must not take the daemon down
                     rlog.exception(f"event-{kind}", "error handling %s event", kind)
                     if kind == "conn":
                         self._close(arg)
-            if self.inotify is None:
-                for conns in list(self.attached.values()):
-                    for conn in list(conns):
-                        self._pump(conn)
+            self.streams.poll()
             self._end_turn()
             self._expire_idle()
             self._resume_accepting()
@@ -383,7 +340,7 @@ class Server:
             if not conn.open():
                 return
             if conn.attach is not None:
-                self._pump(conn)
+                self.streams.pump(conn)
             elif conn.may_take_request() and conn.decoder.pending:
                 self._requests(conn)  # pipelined requests held back while replies were unsent
 
@@ -400,6 +357,13 @@ class Server:
 
     def _over_budget(self, uid: int) -> bool:
         return self._held_bytes(uid) >= self.cfg.max_reply_bytes_per_user
+
+    def _held_back(self, conn: Conn) -> bool:
+        """Whether *conn*'s user is over the reply budget; if so *conn* is stalled until it drains."""
+        if self._over_budget(conn.caller.uid):
+            self._stall(conn)
+            return True
+        return False
 
     def _stall(self, conn: Conn) -> None:
         """Read no more of *conn* until its user's unread replies drop below the budget.
@@ -475,14 +439,14 @@ class Server:
             try:
                 if op == "attach":
                     assert isinstance(payload, protocol.Attach)  # what parse_request makes of "attach"
-                    self._attach(conn, payload, now)
+                    self.streams.attach(conn, payload, now)
                     continue
                 if op == "wait":
                     assert isinstance(payload, protocol.WaitJobs)
-                    self._wait(conn, payload)
+                    self.streams.wait(conn, payload)
                     continue
                 if op == "watch":
-                    self._watch(conn)
+                    self.streams.watch(conn)
                     continue
                 reply = HANDLERS[op](self.engine, conn.caller, payload, now)
                 if op == "new" and reply.get("ok"):
@@ -526,7 +490,7 @@ class Server:
             del conn.out[:n]
             sent = True
             conn.last = time.monotonic()
-        if not conn.out and conn.closing and (conn.attach is None or conn.attach.get("done")):
+        if not conn.out and conn.closing and (conn.attach is None or conn.attach.done):
             self._close(conn)
             return
         # Backpressure: while a reply is unsent, read nothing more from this client,
@@ -560,171 +524,10 @@ class Server:
                 stalled.discard(conn)
                 if not stalled:
                     del self.stalled[conn.caller.uid]
-        if conn.attach is not None:
-            self._detach(conn)
-        for job_id in conn.waiting or ():
-            waiters = self.waiters.get(job_id)
-            if waiters is not None:
-                waiters.discard(conn)
-                if not waiters:
-                    del self.waiters[job_id]
-        if conn.watching:
-            watchers = self.watchers.get(conn.caller.uid)
-            if watchers is not None:
-                watchers.discard(conn)
-                if not watchers:
-                    del self.watchers[conn.caller.uid]
+        self.streams.forget(conn)
         conn.sock.close()
         conn.out = bytearray()
         self._drained(conn.caller.uid)
-
-    # -- wait ---------------------------------------------------------------------
-    def _wait(self, conn: Conn, req: protocol.WaitJobs) -> None:
-        """dispatch wait: answer once every named job has ended; woken by their ends, never by polling."""
-        assert self.engine is not None
-        # Each distinct ref is resolved once (100,000 copies of one name are one lookup), then
-        # each distinct job counted once: the wait is answered when the count of those
-        # still to end reaches 0, so its cost is O(refs) in all, never refs x ends.
-        ids = [self.engine.lookup(conn.caller, ref).id for ref in dict.fromkeys(req.ids)]
-        conn.waiting = list(dict.fromkeys(ids))
-        left = 0
-        for job_id in conn.waiting:
-            if self.engine.jobs[job_id].state != FINISHED:
-                self.waiters.setdefault(job_id, set()).add(conn)
-                left += 1
-        conn.wait_left = left
-        if left == 0:
-            self._answer_wait(conn)
-
-    def _answer_wait(self, conn: Conn) -> None:
-        """Reply to a wait whose jobs have all ended (or wait for its user's replies to drain)."""
-        assert self.engine is not None and conn.waiting is not None
-        if self._over_budget(conn.caller.uid):
-            self._stall(conn)   # answered when its user's unread replies drop below the budget
-            return
-        conn.last = time.monotonic()   # the idle clock for reading the answer starts now
-        # A job forgotten (--keep-finished) while we waited is None: its entry says so rather than guess.
-        done = [views.wait_entry(job_id, self.engine.jobs.get(job_id)) for job_id in conn.waiting]
-        self._reply(conn, protocol.ok(jobs=done), close=True)
-
-    # -- watch --------------------------------------------------------------------
-    def _watch(self, conn: Conn) -> None:
-        """A stream of the caller's job changes: "watching" at once, then one "job" event per change.
-
-        A client learns of a start and an end as they happen, over one
-        connection however many jobs it follows, instead of asking again and
-        again. Only changes are sent: a client that (re)connects reads the
-        current state with show or list.
-        """
-        conn.watching = True
-        self.watchers.setdefault(conn.caller.uid, set()).add(conn)
-        self._reply(conn, protocol.event("watching"))
-
-    def _tell_watchers(self, job_id: int) -> None:
-        assert self.engine is not None
-        job = self.engine.jobs.get(job_id)
-        conns = self.watchers.get(job.uid) if job is not None else None
-        if job is None or not conns:
-            return
-        frame = framing.encode(protocol.event("job", job=views.watch_job(job, self.engine.machine)), framing.MAX_REPLY)
-        for conn in list(conns):
-            if len(conn.out) > WATCH_BACKLOG:
-                # It stopped reading: drop it rather than buffer without end; it asks afresh on reconnecting.
-                rlog.warning(f"watch-{conn.caller.uid}", "uid %d does not read its watch events; dropped",
-                             conn.caller.uid)
-                self._close(conn)
-                continue
-            conn.out += frame
-            self._flush(conn)
-
-    # -- attach -----------------------------------------------------------------
-    def _attach(self, conn: Conn, req: protocol.Attach, now: float) -> None:
-        assert self.engine is not None  # start() first
-        job = self.engine.lookup(conn.caller, req.id)
-        if job.state == FINISHED:
-            self._reply(conn, self._end_event(job), close=True)
-            return
-        conn.attach = {"job": job.id, "fd": None, "offset": req.offset, "ending": False, "done": False}
-        self.attached.setdefault(job.id, set()).add(conn)
-        self._reply(conn, protocol.event("attached", id=job.id, state=job.state))
-        if job.state not in (QUEUED, WAITING):
-            self._open_stream(conn)
-            self._pump(conn)
-
-    def _open_stream(self, conn: Conn) -> None:
-        st = conn.attach
-        assert st is not None and self.engine is not None  # only for an attached conn, after start()
-        if st["fd"] is not None:
-            return
-        path = os.path.join(self.engine.store.job_dir(st["job"]), records.OUTPUT)
-        try:
-            # Non-blocking: a lease (or anything else a user set up) refuses instead of stalling us.
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-        except OSError:
-            return
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-            os.close(fd)
-            return
-        st["fd"] = fd
-        if self.inotify and st["job"] not in self.job_wd:
-            try:
-                wd = self.inotify.add(path)
-                self.job_wd[st["job"]] = wd
-                self.wds[wd] = st["job"]
-            except OSError:
-                pass
-
-    def _pump(self, conn: Conn) -> None:
-        """Send what the job wrote since the last look; finish the stream at job end."""
-        st = conn.attach
-        if st is None or st["done"]:
-            return
-        if st["fd"] is not None:
-            while len(conn.out) < CHUNK * 4:
-                try:
-                    data = os.pread(st["fd"], CHUNK, st["offset"])
-                except OSError:
-                    data = b""   # a buffer that cannot be read ends the stream, not the daemon
-                if not data:
-                    break
-                st["offset"] += len(data)
-                conn.out += framing.encode(protocol.event(
-                    "output", data=data.decode("utf-8", "surrogateescape"), offset=st["offset"]))
-            else:
-                self._flush(conn)  # the client is behind: continue when it drains
-                return
-        if st["ending"]:
-            assert self.engine is not None  # start() first
-            job = self.engine.jobs.get(st["job"])
-            if job is None:
-                end = protocol.event("end", **views.removed_end(st["job"]))
-            else:
-                end = self._end_event(job)
-            conn.out += framing.encode(end)
-            st["done"] = True
-            conn.closing = True
-        self._flush(conn)
-
-    def _end_event(self, job: Job) -> dict[str, Any]:
-        return protocol.event("end", **views.end_fields(job))
-
-    def _detach(self, conn: Conn) -> None:
-        st = conn.attach
-        assert st is not None  # called only for an attached conn
-        conns = self.attached.get(st["job"])
-        if conns is not None:
-            conns.discard(conn)
-            if not conns:
-                del self.attached[st["job"]]
-                wd = self.job_wd.pop(st["job"], None)
-                if wd is not None:
-                    assert self.inotify is not None  # watches exist only with one
-                    self.wds.pop(wd, None)
-                    self.inotify.remove(wd)
-        if st["fd"] is not None:
-            os.close(st["fd"])
-            st["fd"] = None
 
     def close_clients(self) -> None:
         """Drop every client (before a re-exec or exit)."""

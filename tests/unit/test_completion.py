@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_batch import install as inst
 from hpc_batch.client import cli_usage
+from hpc_batch.install.texts import COMPLETION_MARKER, is_our_completion
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "hpc_batch" / "data" / "completion"
@@ -96,7 +96,7 @@ def test_every_verb_and_option_appears_in_both_files():
 
 def test_both_files_carry_the_installers_marker():
     for path in (BASH_FILE, ZSH_FILE):
-        assert inst.is_our_completion(path.read_text()), path
+        assert is_our_completion(path.read_text()), path
 
 
 # ---------------------------------------------------------------- bash
@@ -442,7 +442,7 @@ def test_zsh_file(tmp_path):
     text = ZSH_FILE.read_text()
     lines = text.splitlines()
     assert lines[0] == "#compdef dispatch"
-    assert lines[1] == inst.COMPLETION_MARKER
+    assert lines[1] == COMPLETION_MARKER
     assert lines[-1] == '_dispatch "$@"'
     # Its quoting and nesting balance as a POSIX-family parser sees them
     # (the file keeps to syntax bash can parse too).

@@ -1,4 +1,4 @@
-"""hpc-batch-install's pure parts, its host steps against scratch paths, the
+"""hpc-batch-install's pure parts (choices, safety, texts), its host steps against scratch paths, the
 non-root refusals, and hpc_batch.daemon.sdnotify's datagrams."""
 
 import errno
@@ -19,6 +19,29 @@ import pytest
 
 from hpc_batch import install as inst
 from hpc_batch.daemon import sdnotify
+from hpc_batch.install.choices import (
+    ChoiceConflict,
+    check_choices,
+    conflict_message,
+    merge_choices,
+    normalize_spec,
+    pick_admin_group,
+    spec_path,
+)
+from hpc_batch.install.common import EX_NOPERM, InstallError
+from hpc_batch.install.host import Host, Paths, find_unit_template, installed_version
+from hpc_batch.install.purge import descendants, is_shepherd, process_table
+from hpc_batch.install.safety import Unsafe, find_unsafe, require_root_only, safe_to_remove, unsafe_message
+from hpc_batch.install.steps import ENTRY_POINTS, install_completions, reexec_argv, remove_completions
+from hpc_batch.install.texts import (
+    COMPLETION_MARKER,
+    PROFILE_MARKER,
+    daemon_dirs,
+    exec_start_argv,
+    is_our_completion,
+    profile_snippet,
+    render_unit,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT_TEMPLATE = REPO / "dist" / "systemd" / "hpc-batch.service"
@@ -37,7 +60,7 @@ TEST_USER = "hpcbatch-test"
     ([], None),
 ])
 def test_pick_admin_group(groups, expected):
-    assert inst.pick_admin_group(groups) == expected
+    assert pick_admin_group(groups) == expected
 
 
 def test_packaged_unit_keeps_what_the_daemon_relies_on():
@@ -52,7 +75,7 @@ def test_packaged_unit_keeps_what_the_daemon_relies_on():
 
 
 def test_render_unit_fills_every_placeholder():
-    text = inst.render_unit(UNIT_TEMPLATE.read_text(), {
+    text = render_unit(UNIT_TEMPLATE.read_text(), {
         "BIN_DIR": "/usr/local/bin", "ADMIN_GROUP": "adm", "PREFIX": "/opt/x"})
     assert "ExecStart=/usr/local/bin/hpc-batchd --admin-group adm" in text.splitlines()
     assert "@" not in text.replace("$MAINPID", "")
@@ -60,7 +83,7 @@ def test_render_unit_fills_every_placeholder():
 
 def test_render_unit_refuses_an_unfilled_placeholder():
     with pytest.raises(ValueError, match="@NEW_THING@"):
-        inst.render_unit("ExecStart=@BIN_DIR@/x @NEW_THING@\n", {"BIN_DIR": "/b"})
+        render_unit("ExecStart=@BIN_DIR@/x @NEW_THING@\n", {"BIN_DIR": "/b"})
 
 
 def _login_path(snippet: str, path: str, times: int = 1) -> str:
@@ -80,13 +103,13 @@ def _login_path(snippet: str, path: str, times: int = 1) -> str:
     ("''", "/opt/bin"),
 ])
 def test_profile_snippet_adds_the_bin_dir_once(before, after):
-    snippet = inst.profile_snippet("/opt/bin")
+    snippet = profile_snippet("/opt/bin")
     assert _login_path(snippet, before) == after
     assert _login_path(snippet, before, times=3) == after
 
 
 def test_profile_snippet_is_marked_as_ours():
-    assert inst.profile_snippet("/opt/bin").startswith(inst.PROFILE_MARKER)
+    assert profile_snippet("/opt/bin").startswith(PROFILE_MARKER)
 
 
 @pytest.mark.parametrize("spec, expected", [
@@ -104,7 +127,7 @@ def test_profile_snippet_is_marked_as_ours():
     ("hpc_batch-0.2.0.tar.bz2", "/work/co/hpc_batch-0.2.0.tar.bz2"),
 ])
 def test_normalize_spec(spec, expected):
-    assert inst.normalize_spec(spec, "/work/co") == expected
+    assert normalize_spec(spec, "/work/co") == expected
 
 
 DEFAULTS = {"prefix": "/opt/hpc-batch", "bin_dir": "/opt/bin",
@@ -122,16 +145,16 @@ RECORD = {"prefix": "/srv/hb", "bin_dir": "/usr/local/bin",
     (RECORD, {"spec": "hpc-batch==0.2.0"}, {**RECORD, "spec": "hpc-batch==0.2.0"}),
 ])
 def test_merge_choices(recorded, explicit, expected):
-    assert inst.merge_choices(recorded, explicit, DEFAULTS) == expected
+    assert merge_choices(recorded, explicit, DEFAULTS) == expected
 
 
 def test_merge_choices_refuses_a_contradicting_flag():
-    with pytest.raises(inst.ChoiceConflict) as caught:
-        inst.merge_choices(RECORD, {"bin_dir": "/opt/bin", "admin_group": "wheel",
+    with pytest.raises(ChoiceConflict) as caught:
+        merge_choices(RECORD, {"bin_dir": "/opt/bin", "admin_group": "wheel",
                                     "spec": "x"}, DEFAULTS)
     assert caught.value.conflicts == [("bin_dir", "/opt/bin", "/usr/local/bin"),
                                       ("admin_group", "wheel", "adm")]
-    message = inst.conflict_message(caught.value, Path("/etc/hpc-batch/install.json"))
+    message = conflict_message(caught.value, Path("/etc/hpc-batch/install.json"))
     first = message.splitlines()[0]
     assert "--bin-dir /opt/bin differs from /usr/local/bin" in first
     assert "/etc/hpc-batch/install.json" in first
@@ -139,7 +162,7 @@ def test_merge_choices_refuses_a_contradicting_flag():
 
 
 def test_merge_choices_with_force_takes_the_flag():
-    merged = inst.merge_choices(RECORD, {"admin_group": "wheel"}, DEFAULTS, force=True)
+    merged = merge_choices(RECORD, {"admin_group": "wheel"}, DEFAULTS, force=True)
     assert merged == {**RECORD, "admin_group": "wheel"}
 
 
@@ -155,7 +178,7 @@ def test_merge_choices_with_force_takes_the_flag():
     ({**DEFAULTS, "spec": "--index-url=https://example.org"}, ["--spec"]),
 ])
 def test_check_choices(choices, bad):
-    problems = inst.check_choices(choices)
+    problems = check_choices(choices)
     assert len(problems) == len(bad)
     for problem, word in zip(problems, bad):
         assert word in problem
@@ -166,11 +189,11 @@ def test_exec_start_argv_takes_the_last_setting_of_unit_and_dropins():
     dropin = ("[Service]\nExecStart=\n# ExecStart=/not/this\n"
               "ExecStart=-/opt/bin/hpc-batchd --state-dir=/srv/state \\\n"
               "    --dev-dir /dev/hb --socket '/run/hb/s.sock'\n")
-    assert inst.exec_start_argv([unit]) == ["/opt/bin/hpc-batchd", "--admin-group", "adm"]
-    argv = inst.exec_start_argv([unit, dropin])
-    assert inst.daemon_dirs(argv) == {"state_dir": "/srv/state", "dev_dir": "/dev/hb",
+    assert exec_start_argv([unit]) == ["/opt/bin/hpc-batchd", "--admin-group", "adm"]
+    argv = exec_start_argv([unit, dropin])
+    assert daemon_dirs(argv) == {"state_dir": "/srv/state", "dev_dir": "/dev/hb",
                                       "socket": "/run/hb/s.sock"}
-    assert inst.daemon_dirs(inst.exec_start_argv([unit])) == {
+    assert daemon_dirs(exec_start_argv([unit])) == {
         "state_dir": "/var/lib/hpc-batch", "dev_dir": "/dev/hpc-batch",
         "socket": "/run/hpc-batch/hpc-batch.sock"}
 
@@ -196,7 +219,7 @@ IS_SHEPHERD_CASES = [pytest.param(*case) for case in [
 
 @pytest.mark.parametrize("cmdline, comm, expected", IS_SHEPHERD_CASES)
 def test_is_shepherd(cmdline, comm, expected):
-    assert inst.is_shepherd(cmdline, comm) is expected
+    assert is_shepherd(cmdline, comm) is expected
 
 
 # A file name that "*" would expand to in a word-splitting, globbing
@@ -253,7 +276,7 @@ def test_shell_and_python_is_shepherd_agree_on_hostile_argv(tmp_path):
     for pid, (argv, comm, ok) in enumerate(cases, start=100):
         _fake_proc_entry(proc, pid, 1, comm, argv)
         (proc / str(pid) / "comm").write_text(comm + "\n")
-        assert inst.is_shepherd([a for a in argv if a], comm) is ok, argv
+        assert is_shepherd([a for a in argv if a], comm) is ok, argv
         if ok:
             expected.add(str(pid))
     # The last word without its NUL: a process may rewrite its argv so.
@@ -262,7 +285,7 @@ def test_shell_and_python_is_shepherd_agree_on_hostile_argv(tmp_path):
     (proc / "99" / "comm").write_text("python3\n")
     expected.add("99")
 
-    _, python_says = inst.process_table(proc)
+    _, python_says = process_table(proc)
     assert {str(pid) for pid in python_says} == expected
     assert _shell_shepherds(sorted(proc.iterdir()), bait) == expected
 
@@ -284,7 +307,7 @@ def test_shell_is_shepherd_does_not_glob_or_split_a_live_process_argv(tmp_path):
             assert p.stdout.readline() == "ready\n"
             raw = Path(f"/proc/{p.pid}/cmdline").read_bytes()
             assert raw.split(b"\0")[:-1] == [a.encode() for a in argvs[ok]]
-            assert inst.is_shepherd(argvs[ok], "sh") is ok
+            assert is_shepherd(argvs[ok], "sh") is ok
         found = _shell_shepherds([Path(f"/proc/{p.pid}") for p in procs.values()], tmp_path)
         assert found == {str(procs[True].pid)}
     finally:
@@ -296,9 +319,9 @@ def test_shell_is_shepherd_does_not_glob_or_split_a_live_process_argv(tmp_path):
 
 def test_descendants():
     parent_of = {1: 0, 10: 1, 11: 10, 12: 11, 13: 10, 20: 1, 21: 20}
-    assert inst.descendants(parent_of, [10]) == {10, 11, 12, 13}
-    assert inst.descendants(parent_of, [12, 21]) == {12, 21}
-    assert inst.descendants(parent_of, []) == set()
+    assert descendants(parent_of, [10]) == {10, 11, 12, 13}
+    assert descendants(parent_of, [12, 21]) == {12, 21}
+    assert descendants(parent_of, []) == set()
 
 
 @pytest.mark.parametrize("path, ok", [
@@ -307,7 +330,7 @@ def test_descendants():
     ("/usr/local/bin", False), ("relative/dir", False), ("/srv", False),
 ])
 def test_safe_to_remove(path, ok):
-    assert inst.safe_to_remove(path) is ok
+    assert safe_to_remove(path) is ok
 
 
 # ---------------------------------------------------------------- root-only paths
@@ -397,7 +420,7 @@ BASE_FS = {"/": ("d", 0, 0o755), "/opt": ("d", 0, 0o755), "/tmp": ("d", 0, 0o177
 ])
 def test_find_unsafe(path, extra, missing_ok, expected):
     fs = FakeFS({**BASE_FS, **extra})
-    found = inst.find_unsafe(path, fs.lstat, fs.readlink, missing_ok=missing_ok)
+    found = find_unsafe(path, fs.lstat, fs.readlink, missing_ok=missing_ok)
     assert (found and (found.component, found.kind)) == expected
     if expected and expected[1] in ("owner", "link-owner"):
         assert found.uid == 1000
@@ -405,11 +428,11 @@ def test_find_unsafe(path, extra, missing_ok, expected):
 
 def test_find_unsafe_walks_every_parent_with_lstat_from_the_root():
     fs = FakeFS({**BASE_FS, "/opt/link": ("l", 0, "../srv/co"), "/srv/co": ("d", 0, 0o755)})
-    assert inst.find_unsafe("/opt/link", fs.lstat, fs.readlink) is None
+    assert find_unsafe("/opt/link", fs.lstat, fs.readlink) is None
     # ".." in the link's target goes back up to "/", looked at once more.
     assert fs.seen == ["/", "/opt", "/opt/link", "/", "/srv", "/srv/co"]
     with pytest.raises(ValueError):
-        inst.find_unsafe("opt/co", fs.lstat, fs.readlink)
+        find_unsafe("opt/co", fs.lstat, fs.readlink)
 
 
 def _who(uid):
@@ -417,26 +440,26 @@ def _who(uid):
 
 
 @pytest.mark.parametrize("flag, path, found, words, not_words", [
-    ("--spec", "/home/alice/co", inst.Unsafe("/home/alice/co", "owner", uid=1000),
+    ("--spec", "/home/alice/co", Unsafe("/home/alice/co", "owner", uid=1000),
      ["/home/alice/co is owned by alice (uid 1000)", "chown -R root: /home/alice/co",
       "root-owned copy", "pip installs it as root"], []),
-    ("--spec", "/home/alice/co/a.whl", inst.Unsafe("/home/alice", "owner", uid=1000),
+    ("--spec", "/home/alice/co/a.whl", Unsafe("/home/alice", "owner", uid=1000),
      ["/home/alice is owned by alice (uid 1000)", "root-owned copy"], ["chown -R root: /home"]),
-    ("--prefix", "/home/alice/venv", inst.Unsafe("/home/alice", "owner", uid=1000),
+    ("--prefix", "/home/alice/venv", Unsafe("/home/alice", "owner", uid=1000),
      ["choose a --prefix", "the daemon runs as root"], ["chown"]),
-    ("--bin-dir", "/srv/bin", inst.Unsafe("/srv/bin", "writable", uid=0, mode=0o40775),
+    ("--bin-dir", "/srv/bin", Unsafe("/srv/bin", "writable", uid=0, mode=0o40775),
      ["writable by its group (mode 0775)", "chmod go-w /srv/bin"], []),
-    ("--prefix", "/tmp", inst.Unsafe("/tmp", "writable", uid=0, mode=0o41777),
+    ("--prefix", "/tmp", Unsafe("/tmp", "writable", uid=0, mode=0o41777),
      ["its group and everyone (mode 1777)", "not /tmp itself"], ["chmod", "chown"]),
-    ("--prefix", "/tmp/hb", inst.Unsafe("/tmp/hb", "shared-missing", detail="/tmp"),
+    ("--prefix", "/tmp/hb", Unsafe("/tmp/hb", "shared-missing", detail="/tmp"),
      ["anyone can create it first in /tmp", "mkdir -m 755 /tmp/hb"], []),
-    ("--spec", "/opt/link", inst.Unsafe("/opt/link", "link-owner", uid=1000),
+    ("--spec", "/opt/link", Unsafe("/opt/link", "link-owner", uid=1000),
      ["a symlink owned by alice (uid 1000)"], []),
-    ("--spec", "/opt/nope.whl", inst.Unsafe("/opt/nope.whl", "missing"),
+    ("--spec", "/opt/nope.whl", Unsafe("/opt/nope.whl", "missing"),
      ["/opt/nope.whl does not exist"], ["root"]),
 ])
 def test_unsafe_message(flag, path, found, words, not_words):
-    message = inst.unsafe_message(flag, path, found, _who)
+    message = unsafe_message(flag, path, found, _who)
     assert "\n" not in message and message.count(path) >= 1
     for word in words:
         assert word in message, word
@@ -456,7 +479,7 @@ def test_unsafe_message(flag, path, found, words, not_words):
     ("file:x.whl", "/w/x.whl"),
 ])
 def test_spec_path(spec, expected):
-    assert inst.spec_path(spec, "/w") == expected
+    assert spec_path(spec, "/w") == expected
 
 
 # ---------------------------------------------------------------- host steps
@@ -485,7 +508,7 @@ def fake_prefix(root: Path, version="0.1.0", exec_args="") -> Path:
     prefix = root / "venv"
     (prefix / "bin").mkdir(parents=True)
     (prefix / "pyvenv.cfg").write_text("home = /usr/bin\n")
-    for name in inst.ENTRY_POINTS:
+    for name in ENTRY_POINTS:
         script = prefix / "bin" / name
         script.write_text("#!/bin/sh\nexit 0\n")
         script.chmod(0o755)
@@ -499,10 +522,10 @@ def fake_prefix(root: Path, version="0.1.0", exec_args="") -> Path:
     return prefix
 
 
-def scratch_paths(root: Path) -> inst.Paths:
+def scratch_paths(root: Path) -> Paths:
     booted = root / "run-systemd"
     booted.mkdir()
-    return inst.Paths(
+    return Paths(
         unit=root / "etc/systemd/system/hpc-batch.service",
         dropins=root / "etc/systemd/system/hpc-batch.service.d",
         profile=root / "etc/profile.d/hpc-batch.sh",
@@ -522,7 +545,7 @@ def scratch(tmp_path):
     paths = scratch_paths(tmp_path)
     systemd = FakeSystemd()
     lines = []
-    host = inst.Host(paths=paths, systemctl=systemd, out=lines.append)
+    host = Host(paths=paths, systemctl=systemd, out=lines.append)
     umask = os.umask(0o022)  # main() sets it; give the rest of the run its own back
     yield tmp_path, paths, systemd, host, lines
     os.umask(umask)
@@ -551,10 +574,10 @@ def test_install_upgrade_conflict_and_uninstall(scratch, capsys):
     args = ["--no-pip", "--prefix", str(prefix), "--bin-dir", str(bin_dir)]
 
     assert inst.main([*args, "--admin-group", "adm"], host) == 0
-    for name in inst.ENTRY_POINTS:
+    for name in ENTRY_POINTS:
         assert os.readlink(bin_dir / name) == str(prefix / "bin" / name)
     assert stat.S_IMODE(bin_dir.stat().st_mode) == 0o755
-    assert paths.profile.read_text() == inst.profile_snippet(str(bin_dir))
+    assert paths.profile.read_text() == profile_snippet(str(bin_dir))
     assert f"ExecStart={bin_dir}/hpc-batchd --admin-group adm" in paths.unit.read_text()
     assert paths.bash_completion.read_text() == (COMPLETION_SOURCE / "dispatch.bash").read_text()
     assert paths.zsh_completion.read_text() == (COMPLETION_SOURCE / "_dispatch").read_text()
@@ -689,12 +712,12 @@ def _owned_by_nobody(path: Path) -> Path:
 @needs_root
 def test_require_root_only_on_the_real_filesystem(tmp_path):
     # tmp_path and its parents are root's (/tmp being sticky): all pass.
-    inst.require_root_only("--spec", str(tmp_path), missing_ok=False)
+    require_root_only("--spec", str(tmp_path), missing_ok=False)
     ours = tmp_path / "root-co"
     ours.mkdir()
     ours.chmod(0o755)
-    inst.require_root_only("--spec", str(ours), missing_ok=False)
-    inst.require_root_only("--prefix", str(ours / "venv"), missing_ok=True)
+    require_root_only("--spec", str(ours), missing_ok=False)
+    require_root_only("--prefix", str(ours / "venv"), missing_ok=True)
 
     theirs = tmp_path / "user-co"
     theirs.mkdir()
@@ -703,8 +726,8 @@ def test_require_root_only_on_the_real_filesystem(tmp_path):
     link = tmp_path / "link"
     link.symlink_to(theirs)
     for path in (theirs, theirs / "a.whl", link):
-        with pytest.raises(inst.InstallError) as caught:
-            inst.require_root_only("--spec", str(path), missing_ok=False)
+        with pytest.raises(InstallError) as caught:
+            require_root_only("--spec", str(path), missing_ok=False)
         message = str(caught.value)
         assert f"--spec {path}: {theirs} is owned by" in message
         assert f"(uid {NOBODY})" in message and "\n" not in message
@@ -712,8 +735,8 @@ def test_require_root_only_on_the_real_filesystem(tmp_path):
     shared = tmp_path / "open"
     shared.mkdir()
     shared.chmod(0o777)
-    with pytest.raises(inst.InstallError, match=r"by its group and everyone \(mode 0777\)"):
-        inst.require_root_only("--prefix", str(shared / "venv"), missing_ok=True)
+    with pytest.raises(InstallError, match=r"by its group and everyone \(mode 0777\)"):
+        require_root_only("--prefix", str(shared / "venv"), missing_ok=True)
 
 
 def _refuse_to_build(*args):
@@ -806,8 +829,8 @@ def test_install_sh_check_agrees_with_find_unsafe(real_tree):
     check = _install_sh_check()
     for flag, value, ok in REAL_CASES:
         value = value.format(t=real_tree)
-        path = inst.spec_path(value, "/") if flag == "--spec" else value
-        python_ok = path is None or inst.find_unsafe(path, missing_ok=flag == "--prefix") is None
+        path = spec_path(value, "/") if flag == "--spec" else value
+        python_ok = path is None or find_unsafe(path, missing_ok=flag == "--prefix") is None
         run = subprocess.run([sys.executable, "-I", "-c", check, flag, value],
                              capture_output=True, text=True, timeout=30)
         assert (python_ok, run.returncode == 0) == (ok, ok), (flag, value, run.stderr)
@@ -832,22 +855,22 @@ def test_install_sh_refuses_a_spec_others_can_change_before_pip(real_tree):
 def test_reexec_hands_over_every_choice():
     choices = {"prefix": "/opt/hb", "bin_dir": "/opt/bin", "admin_group": "adm",
                "spec": "/tmp/hpc_batch-0.2.0-py3-none-any.whl"}
-    assert inst.reexec_argv(Path("/opt/hb"), choices, force=False) == [
+    assert reexec_argv(Path("/opt/hb"), choices, force=False) == [
         "/opt/hb/bin/hpc-batch-install", "--no-pip", "--prefix", "/opt/hb",
         "--bin-dir", "/opt/bin", "--admin-group", "adm",
         "--spec", "/tmp/hpc_batch-0.2.0-py3-none-any.whl"]
-    assert inst.reexec_argv(Path("/opt/hb"), choices, force=True)[-1] == "--force"
+    assert reexec_argv(Path("/opt/hb"), choices, force=True)[-1] == "--force"
 
 
 def test_unit_template_prefers_the_venvs_copy(tmp_path):
     prefix = fake_prefix(tmp_path, version="0.3.0")
-    found = inst.find_unit_template(prefix)
+    found = find_unit_template(prefix)
     assert found == prefix / "lib/python3.11/site-packages/hpc_batch/data/hpc-batch.service"
-    assert inst.installed_version(prefix) == "0.3.0"
+    assert installed_version(prefix) == "0.3.0"
     # Without one, this package's own copy or the checkout's.
-    fallback = inst.find_unit_template(tmp_path / "nowhere")
+    fallback = find_unit_template(tmp_path / "nowhere")
     assert fallback.read_text() == UNIT_TEMPLATE.read_text()
-    assert inst.installed_version(tmp_path / "nowhere") is None
+    assert installed_version(tmp_path / "nowhere") is None
 
 
 # ---------------------------------------------------------------- shell completion
@@ -858,16 +881,16 @@ def _venv_completion(prefix: Path, name: str) -> Path:
 
 
 @pytest.mark.parametrize("text, ours", [
-    (f"{inst.COMPLETION_MARKER}\ncomplete -F _dispatch dispatch\n", True),
-    (f"#compdef dispatch\n{inst.COMPLETION_MARKER}\n_dispatch \"$@\"\n", True),
-    (f"#compdef dispatch\n# more\n{inst.COMPLETION_MARKER}\n", True),
-    (f"#compdef dispatch\n# more\n# and more\n{inst.COMPLETION_MARKER}\n", False),
-    (f"# {inst.COMPLETION_MARKER}\n", False),
+    (f"{COMPLETION_MARKER}\ncomplete -F _dispatch dispatch\n", True),
+    (f"#compdef dispatch\n{COMPLETION_MARKER}\n_dispatch \"$@\"\n", True),
+    (f"#compdef dispatch\n# more\n{COMPLETION_MARKER}\n", True),
+    (f"#compdef dispatch\n# more\n# and more\n{COMPLETION_MARKER}\n", False),
+    (f"# {COMPLETION_MARKER}\n", False),
     ("complete -F _my_dispatch dispatch\n", False),
     ("", False),
 ])
 def test_is_our_completion(text, ours):
-    assert inst.is_our_completion(text) is ours
+    assert is_our_completion(text) is ours
 
 
 def test_install_completions_writes_the_venvs_files_and_uninstall_removes_them(scratch):
@@ -876,11 +899,11 @@ def test_install_completions_writes_the_venvs_files_and_uninstall_removes_them(s
     # The venv's copies differ from this checkout's: the venv's are the ones written.
     venv_text = {}
     for name, first in (("dispatch.bash", ""), ("_dispatch", "#compdef dispatch\n")):
-        venv_text[name] = f"{first}{inst.COMPLETION_MARKER}\n# the venv's {name}\n"
+        venv_text[name] = f"{first}{COMPLETION_MARKER}\n# the venv's {name}\n"
         _venv_completion(prefix, name).write_text(venv_text[name])
     assert not paths.bash_completion.parent.exists()  # created as needed
 
-    inst.install_completions(prefix, host)
+    install_completions(prefix, host)
     for dest, name in ((paths.bash_completion, "dispatch.bash"), (paths.zsh_completion, "_dispatch")):
         assert dest.read_text() == venv_text[name]
         assert stat.S_IMODE(dest.stat().st_mode) == 0o644
@@ -890,18 +913,18 @@ def test_install_completions_writes_the_venvs_files_and_uninstall_removes_them(s
                for line in lines)
 
     lines.clear()
-    inst.remove_completions(host)
+    remove_completions(host)
     assert not os.path.lexists(paths.bash_completion) and not os.path.lexists(paths.zsh_completion)
     assert f"hpc-batch-install: removed {paths.bash_completion}" in lines
     assert f"hpc-batch-install: removed {paths.zsh_completion}" in lines
     lines.clear()
-    inst.remove_completions(host)  # nothing left: nothing said
+    remove_completions(host)  # nothing left: nothing said
     assert lines == []
 
 
 def test_install_completions_falls_back_to_this_package(scratch):
     root, paths, _, host, _ = scratch
-    inst.install_completions(root / "no-venv", host)
+    install_completions(root / "no-venv", host)
     assert paths.bash_completion.read_bytes() == (COMPLETION_SOURCE / "dispatch.bash").read_bytes()
     assert paths.zsh_completion.read_bytes() == (COMPLETION_SOURCE / "_dispatch").read_bytes()
 
@@ -909,8 +932,8 @@ def test_install_completions_falls_back_to_this_package(scratch):
 def test_an_upgrade_replaces_the_file_an_older_version_wrote(scratch):
     root, paths, _, host, _ = scratch
     paths.bash_completion.parent.mkdir(parents=True)
-    paths.bash_completion.write_text(f"{inst.COMPLETION_MARKER}\n# version 0.0.1\n")
-    inst.install_completions(fake_prefix(root), host)
+    paths.bash_completion.write_text(f"{COMPLETION_MARKER}\n# version 0.0.1\n")
+    install_completions(fake_prefix(root), host)
     assert paths.bash_completion.read_bytes() == (COMPLETION_SOURCE / "dispatch.bash").read_bytes()
 
 
@@ -923,10 +946,10 @@ def test_completion_files_not_ours_are_left_alone(scratch):
     # A link to a file with our marker is not ours either: it was not written here.
     paths.zsh_completion.parent.mkdir(parents=True)
     target = root / "elsewhere"
-    target.write_text(f"#compdef dispatch\n{inst.COMPLETION_MARKER}\n")
+    target.write_text(f"#compdef dispatch\n{COMPLETION_MARKER}\n")
     paths.zsh_completion.symlink_to(target)
 
-    inst.install_completions(prefix, host)
+    install_completions(prefix, host)
     assert paths.bash_completion.read_text() == theirs
     assert paths.zsh_completion.is_symlink() and os.readlink(paths.zsh_completion) == str(target)
     for dest, shell in ((paths.bash_completion, "bash"), (paths.zsh_completion, "zsh")):
@@ -935,7 +958,7 @@ def test_completion_files_not_ours_are_left_alone(scratch):
     assert not any(line.startswith("hpc-batch-install: wrote") for line in lines)
 
     lines.clear()
-    inst.remove_completions(host)
+    remove_completions(host)
     assert paths.bash_completion.read_text() == theirs
     assert paths.zsh_completion.is_symlink() and target.exists()
     assert lines == [f"hpc-batch-install: left {paths.bash_completion} alone: it was not written by "
@@ -948,10 +971,10 @@ def test_a_foreign_file_for_one_shell_does_not_stop_the_other(scratch):
     root, paths, _, host, _ = scratch
     paths.bash_completion.parent.mkdir(parents=True)
     paths.bash_completion.mkdir()  # not even a file
-    inst.install_completions(fake_prefix(root), host)
+    install_completions(fake_prefix(root), host)
     assert paths.bash_completion.is_dir()
     assert paths.zsh_completion.read_bytes() == (COMPLETION_SOURCE / "_dispatch").read_bytes()
-    inst.remove_completions(host)
+    remove_completions(host)
     assert paths.bash_completion.is_dir() and not paths.zsh_completion.exists()
 
 
@@ -960,7 +983,7 @@ def test_a_packaged_file_without_the_marker_is_not_installed(scratch):
     root, paths, _, host, lines = scratch
     prefix = fake_prefix(root)
     _venv_completion(prefix, "_dispatch").write_text("#compdef dispatch\n_dispatch() { :; }\n")
-    inst.install_completions(prefix, host)
+    install_completions(prefix, host)
     assert not paths.zsh_completion.exists()
     assert any("lacks the line" in line and str(paths.zsh_completion) in line for line in lines)
     assert paths.bash_completion.exists()
@@ -972,14 +995,14 @@ def test_a_read_only_completion_dir_does_not_fail_the_install(scratch, monkeypat
     def refuse(path, text, mode=0o644):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-    monkeypatch.setattr(inst, "write_atomic", refuse)
-    inst.install_completions(fake_prefix(root), host)
+    monkeypatch.setattr("hpc_batch.install.steps.write_atomic", refuse)   # the one install_completions calls
+    install_completions(fake_prefix(root), host)
     assert f"hpc-batch-install: could not write {paths.bash_completion}: Read-only file system" in lines
     assert not paths.bash_completion.exists()
 
 
 def test_paths_default_to_debians_completion_dirs():
-    paths = inst.Paths()
+    paths = Paths()
     assert paths.bash_completion == Path("/usr/share/bash-completion/completions/dispatch")
     assert paths.zsh_completion == Path("/usr/share/zsh/vendor-completions/_dispatch")
 
@@ -1057,7 +1080,7 @@ def test_non_root_is_refused(world_readable_tmp):
         ["runuser", "-u", user, "--", "env", f"PYTHONPATH={copy}", python,
          "-m", "hpc_batch.install", "--no-pip"],
         capture_output=True, text=True, cwd=copy)
-    assert run.returncode == inst.EX_NOPERM
+    assert run.returncode == EX_NOPERM
     assert run.stderr.strip() == "hpc-batch-install: must be run as root (try: sudo hpc-batch-install)"
     # --help needs no root.
     helped = subprocess.run(

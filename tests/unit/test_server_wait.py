@@ -1,4 +1,4 @@
-"""The server's side of ``dispatch wait`` and of the reply budget, with a stand-in engine.
+"""The server's side of ``dispatch wait`` (its streams) and of the reply budget, with a stand-in engine.
 
 A real Server on a socketpair: what is checked is how much work a wait
 costs (each distinct ref looked up once, each end a count down, one answer)
@@ -40,7 +40,7 @@ def server(n, budget=32 << 20):
                  min_job_mem=0, keep_finished=1, list_is_public=False, admin_group="root", schedule="fifo-strict",
                  cgroups=False, max_reply_bytes_per_user=budget)
     srv = Server(cfg, socket.socket(socket.AF_UNIX))
-    srv.engine = FakeEngine(n)   # type: ignore[assignment]
+    srv.engine = srv.streams.engine = FakeEngine(n)   # type: ignore[assignment]
     return srv
 
 
@@ -69,9 +69,9 @@ def test_a_wait_resolves_each_distinct_ref_once_and_counts_down():
     srv = server(n)
     conn, peer = connect(srv)
     answers = []
-    real = srv._answer_wait
-    srv._answer_wait = lambda c: (answers.append(c), real(c))
-    srv._wait(conn, protocol.WaitJobs(ids=("j7",) * 100_000 + tuple(range(1, n + 1))))
+    real = srv.streams.answer_wait
+    srv.streams.answer_wait = lambda c: (answers.append(c), real(c))
+    srv.streams.wait(conn, protocol.WaitJobs(ids=("j7",) * 100_000 + tuple(range(1, n + 1))))
     assert srv.engine.lookups == n + 1          # 100,000 copies of a name: one lookup
     assert conn.wait_left == n and answers == []
     for i in range(1, n + 1):                   # each end: a count down, no rescan

@@ -154,8 +154,8 @@ def test_attach_end_events_have_the_documented_fields():
     end = views.end_fields(_finished())
     assert set(end) == documented("end")
     assert (end["state"], end["exit"]) == (FINISHED, "3")
-    removed = views.removed_end(9)
-    assert set(removed) <= documented("end") and removed["state"] == "removed"
+    forgotten = views.forgotten_end(9)
+    assert set(forgotten) <= documented("end") and forgotten["state"] == "unknown"
 
 
 def test_a_history_line_has_the_documented_fields_and_the_record_verdict():

@@ -1,0 +1,279 @@
+"""The streaming verbs: attach, wait and watch, the connections the daemon speaks on next.
+
+A request is answered at once; these three are not. ``attach`` streams a
+job's output buffer as it grows (woken by inotify on the buffer, or a short
+poll where inotify is missing) and ends with the job's end; ``wait`` is
+answered once every job it names has ended; ``watch`` sends one event per
+change to any of its user's jobs. Each is woken by the engine's job events,
+never by polling the jobs.
+
+The server owns the connections, their I/O and the reply budget: it gives
+this object ``reply`` (queue a message, sent after the turn's commit if
+needed), ``flush`` (send what a connection holds), ``close`` and
+``held_back`` (a user over the reply budget: the connection is stalled,
+answered later). What is kept here is which connection follows which job
+or user, and the inotify watches on the buffers.
+"""
+
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from shepherd import records
+
+from ..core import views
+from ..core.jobs import FINISHED, QUEUED, WAITING, Job
+from ..wire import framing, protocol
+from .ratelog import RateLimited
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .server import Conn
+
+log = logging.getLogger("hpc-batchd")
+rlog = RateLimited(log)
+
+CHUNK = 64 << 10             # attach reads and sends output in chunks this big
+FALLBACK_POLL = 0.05         # attach wake-up when inotify is unavailable
+WATCH_BACKLOG = 1 << 20      # unsent watch events one connection may hold before it is dropped
+
+
+@dataclass
+class AttachState:
+    """Where an attach stream stands."""
+
+    job: int
+    fd: int | None        # the job's output buffer, open once the job has started
+    offset: int           # how far the client has it
+    ending: bool = False  # the job has ended: send the rest, then the end event
+    done: bool = False    # the end event is queued: close once it is sent
+
+
+class Streams:
+    """Who attaches to, waits for or watches which jobs; woken by the engine's job events."""
+
+    def __init__(self, reply: Callable[..., None], flush: Callable[["Conn"], None],
+                 close: Callable[["Conn"], None], held_back: Callable[["Conn"], bool]):
+        self.reply = reply            # reply(conn, msg, close=False)
+        self.flush = flush
+        self.close = close
+        self.held_back = held_back    # true: its user is over the reply budget, the conn now waits
+        self.engine: Engine | None = None     # set by the server's start(), before the loop runs
+        self.attached: dict[int, set[Conn]] = {}  # job id -> conns streaming it
+        self.waiters: dict[int, set[Conn]] = {}   # job id -> conns waiting for it to end
+        self.watchers: dict[int, set[Conn]] = {}  # uid -> conns watching that user's jobs
+        self.wds: dict[int, int] = {}         # inotify wd -> job id
+        self.job_wd: dict[int, int] = {}      # job id -> inotify wd
+        try:
+            from .inotify import Inotify
+            self.inotify: Inotify | None = Inotify()
+        except (OSError, AttributeError) as exc:
+            log.warning("inotify unavailable (%s); attach falls back to polling", exc)
+            self.inotify = None
+
+    # -- what the server calls ----------------------------------------------------
+    def job_event(self, job_id: int, kind: str) -> None:
+        """A job was submitted, started or finished: answer waits, tell watchers, feed attaches."""
+        if kind == "submitted":
+            return   # counted; a submitter already knows (and a watch streams starts and ends)
+        if kind == "finished":
+            for conn in list(self.waiters.pop(job_id, ())):
+                conn.wait_left -= 1   # a count, not a rescan: a wait on n jobs costs O(n) over all their ends
+                if conn.wait_left <= 0:
+                    self.answer_wait(conn)
+        self._tell_watchers(job_id)
+        for conn in list(self.attached.get(job_id, ())):
+            if kind == "started":
+                self._open_stream(conn)
+            elif kind == "finished":
+                assert conn.attach is not None  # every conn in attached streams
+                conn.attach.ending = True
+            self.pump(conn)
+
+    def on_inotify(self) -> None:
+        """Buffers grew: send the new output to whoever is attached to them."""
+        assert self.inotify is not None  # registered only with one
+        for wd in self.inotify.read():
+            for conn in list(self.attached.get(self.wds.get(wd, 0), ())):  # 0: no job
+                self.pump(conn)
+
+    @property
+    def polling(self) -> bool:
+        """Attached clients and no inotify: the loop must wake every FALLBACK_POLL and call poll()."""
+        return self.inotify is None and bool(self.attached)
+
+    def poll(self) -> None:
+        """Without inotify: look at every attached buffer."""
+        if self.inotify is None:
+            for conns in list(self.attached.values()):
+                for conn in list(conns):
+                    self.pump(conn)
+
+    def forget(self, conn: "Conn") -> None:
+        """A connection closed: it streams, waits for and watches nothing any more."""
+        if conn.attach is not None:
+            self._detach(conn)
+        for job_id in conn.waiting or ():
+            waiters = self.waiters.get(job_id)
+            if waiters is not None:
+                waiters.discard(conn)
+                if not waiters:
+                    del self.waiters[job_id]
+        if conn.watching:
+            watchers = self.watchers.get(conn.caller.uid)
+            if watchers is not None:
+                watchers.discard(conn)
+                if not watchers:
+                    del self.watchers[conn.caller.uid]
+
+    # -- wait ---------------------------------------------------------------------
+    def wait(self, conn: "Conn", req: protocol.WaitJobs) -> None:
+        """dispatch wait: answer once every named job has ended; woken by their ends, never by polling."""
+        assert self.engine is not None
+        # Each distinct ref is resolved once (100,000 copies of one name are one lookup), then
+        # each distinct job counted once: the wait is answered when the count of those
+        # still to end reaches 0, so its cost is O(refs) in all, never refs x ends.
+        ids = [self.engine.lookup(conn.caller, ref).id for ref in dict.fromkeys(req.ids)]
+        conn.waiting = list(dict.fromkeys(ids))
+        left = 0
+        for job_id in conn.waiting:
+            if self.engine.jobs[job_id].state != FINISHED:
+                self.waiters.setdefault(job_id, set()).add(conn)
+                left += 1
+        conn.wait_left = left
+        if left == 0:
+            self.answer_wait(conn)
+
+    def answer_wait(self, conn: "Conn") -> None:
+        """Reply to a wait whose jobs have all ended (or wait for its user's replies to drain)."""
+        assert self.engine is not None and conn.waiting is not None
+        if self.held_back(conn):
+            return   # answered when its user's unread replies drop below the budget
+        conn.last = time.monotonic()   # the idle clock for reading the answer starts now
+        # A job forgotten (--keep-finished) while we waited is None: its entry says so rather than guess.
+        done = [views.wait_entry(job_id, self.engine.jobs.get(job_id)) for job_id in conn.waiting]
+        self.reply(conn, protocol.ok(jobs=done), close=True)
+
+    # -- watch --------------------------------------------------------------------
+    def watch(self, conn: "Conn") -> None:
+        """A stream of the caller's job changes: "watching" at once, then one "job" event per change.
+
+        A client learns of a start and an end as they happen, over one
+        connection however many jobs it follows, instead of asking again and
+        again. Only changes are sent: a client that (re)connects reads the
+        current state with show or list.
+        """
+        conn.watching = True
+        self.watchers.setdefault(conn.caller.uid, set()).add(conn)
+        self.reply(conn, protocol.event("watching"))
+
+    def _tell_watchers(self, job_id: int) -> None:
+        assert self.engine is not None
+        job = self.engine.jobs.get(job_id)
+        conns = self.watchers.get(job.uid) if job is not None else None
+        if job is None or not conns:
+            return
+        frame = framing.encode(protocol.event("job", job=views.watch_job(job, self.engine.machine)), framing.MAX_REPLY)
+        for conn in list(conns):
+            if len(conn.out) > WATCH_BACKLOG:
+                # It stopped reading: drop it rather than buffer without end; it asks afresh on reconnecting.
+                rlog.warning(f"watch-{conn.caller.uid}", "uid %d does not read its watch events; dropped",
+                             conn.caller.uid)
+                self.close(conn)
+                continue
+            conn.out += frame
+            self.flush(conn)
+
+    # -- attach -----------------------------------------------------------------
+    def attach(self, conn: "Conn", req: protocol.Attach, now: float) -> None:
+        """dispatch attach: the job's output so far, then as it comes, then its end."""
+        assert self.engine is not None  # start() first
+        job = self.engine.lookup(conn.caller, req.id)
+        if job.state == FINISHED:
+            self.reply(conn, self._end_event(job), close=True)
+            return
+        conn.attach = AttachState(job=job.id, fd=None, offset=req.offset)
+        self.attached.setdefault(job.id, set()).add(conn)
+        self.reply(conn, protocol.event("attached", id=job.id, state=job.state))
+        if job.state not in (QUEUED, WAITING):
+            self._open_stream(conn)
+            self.pump(conn)
+
+    def _open_stream(self, conn: "Conn") -> None:
+        st = conn.attach
+        assert st is not None and self.engine is not None  # only for an attached conn, after start()
+        if st.fd is not None:
+            return
+        path = os.path.join(self.engine.store.job_dir(st.job), records.OUTPUT)
+        try:
+            # Non-blocking: a lease (or anything else a user set up) refuses instead of stalling us.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError:
+            return
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            os.close(fd)
+            return
+        st.fd = fd
+        if self.inotify and st.job not in self.job_wd:
+            try:
+                wd = self.inotify.add(path)
+                self.job_wd[st.job] = wd
+                self.wds[wd] = st.job
+            except OSError:
+                pass
+
+    def pump(self, conn: "Conn") -> None:
+        """Send what the job wrote since the last look; finish the stream at job end."""
+        st = conn.attach
+        if st is None or st.done:
+            return
+        if st.fd is not None:
+            while len(conn.out) < CHUNK * 4:
+                try:
+                    data = os.pread(st.fd, CHUNK, st.offset)
+                except OSError:
+                    data = b""   # a buffer that cannot be read ends the stream, not the daemon
+                if not data:
+                    break
+                st.offset += len(data)
+                conn.out += framing.encode(protocol.event(
+                    "output", data=data.decode("utf-8", "surrogateescape"), offset=st.offset))
+            else:
+                self.flush(conn)  # the client is behind: continue when it drains
+                return
+        if st.ending:
+            assert self.engine is not None  # start() first
+            job = self.engine.jobs.get(st.job)
+            if job is None:   # forgotten (--keep-finished) while a slow client read the rest: as wait says it
+                end = protocol.event("end", **views.forgotten_end(st.job))
+            else:
+                end = self._end_event(job)
+            conn.out += framing.encode(end)
+            st.done = True
+            conn.closing = True
+        self.flush(conn)
+
+    def _end_event(self, job: Job) -> dict[str, Any]:
+        return protocol.event("end", **views.end_fields(job))
+
+    def _detach(self, conn: "Conn") -> None:
+        st = conn.attach
+        assert st is not None  # called only for an attached conn
+        conns = self.attached.get(st.job)
+        if conns is not None:
+            conns.discard(conn)
+            if not conns:
+                del self.attached[st.job]
+                wd = self.job_wd.pop(st.job, None)
+                if wd is not None:
+                    assert self.inotify is not None  # watches exist only with one
+                    self.wds.pop(wd, None)
+                    self.inotify.remove(wd)
+        if st.fd is not None:
+            os.close(st.fd)
+            st.fd = None
