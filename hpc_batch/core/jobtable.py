@@ -402,6 +402,11 @@ class JobTable:
         self.waiting.discard(job.id)
         self._hold(job.uid, -1)
         for dep_id in job.after:
+            named = self.dependents.get(dep_id)
+            if named is not None:
+                named.discard(job.id)
+                if not named:
+                    del self.dependents[dep_id]
             left = self.followers[dep_id] - 1
             if left:
                 self.followers[dep_id] = left
