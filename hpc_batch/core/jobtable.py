@@ -3,14 +3,20 @@
 The rule (h11's, for its state machine): everything that changes a job's
 state, or anything derived from it, happens here. The engine decides and
 acts (starts shepherds, writes records, asks for stops); the table only
-records (Flux's split of a job-manager's update from its actions). It has
-three writers, and nothing else changes a job's state or an index:
+records (Flux's split of a job-manager's update from its actions). Three
+writers change what a job is, and nothing else does:
 
 * :meth:`JobTable.add` takes in a job, submitted or loaded, in its state;
 * :meth:`JobTable.move` changes a state through ``jobs.move`` (the life-cycle
   table, which refuses a move it does not list before anything changes)
   and every index with it;
 * :meth:`JobTable.forget` lets jobs go: evicted, or their submit refused.
+
+The other writers touch one index each, for the engine's actions: the
+handles of a running job found at start-up (``attach``) or given up
+when the engine can no longer act on it (``detach``), a
+queued job's changed max time (``refresh``), and the hand-outs of the
+dependents of an ended job and of the finished jobs past ``--keep-finished``.
 
 The indexes, so that no event costs a scan of every job (a daemon may hold
 100,000): the queue in submission order with what the scheduler reads of
@@ -35,9 +41,8 @@ lists until they are half dead, then they are compacted, which costs each
 removal O(1) amortised.
 """
 
-import bisect
 import heapq
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -225,7 +230,7 @@ class JobTable:
         if job.name is not None:
             ids = self.names.setdefault((job.uid, job.name), [])
             if ids and ids[-1] > job.id:
-                bisect.insort(ids, job.id)
+                insort(ids, job.id)
             else:
                 ids.append(job.id)
         if job.state == QUEUED:
@@ -322,7 +327,7 @@ class JobTable:
             if job.name is not None:
                 ids = self.names.get((job.uid, job.name))
                 if ids is not None:
-                    i = bisect.bisect_left(ids, job.id)
+                    i = bisect_left(ids, job.id)
                     if i < len(ids) and ids[i] == job.id:
                         del ids[i]
                     if not ids:

@@ -1,8 +1,10 @@
 """The daemon's core: the queue, the running jobs and their life cycle.
 
-The engine owns the job records and decides; it does no socket I/O. The
-server feeds it requests and kernel events (a shepherd's pidfd became
-readable, a timer fired) and the engine persists every change before it is
+The engine decides and acts; its ``JobTable`` (core/jobtable.py) records
+the jobs, their states and every index derived from them, each change of
+state one ``JobTable.move``. The engine does no socket I/O. The server
+feeds it requests and kernel events (a shepherd's pidfd became readable, a
+timer fired) and the engine persists every change before it is
 acknowledged: a submit that cannot be written is refused, never accepted and
 then forgotten. Scheduling itself is the pure ``scheduler`` module; starting
 shepherds and asking them to stop jobs is ``launcher``; cgroups are
