@@ -1,7 +1,8 @@
 """The job record: what the daemon persists about a job, and its life cycle.
 
-The life cycle is one table (``TRANSITIONS``), and the engine moves a job
-only through :func:`move`, which refuses anything the table does not list::
+The life cycle is one table (``TRANSITIONS``), and a job moves only through
+:func:`move`, which refuses anything the table does not list (the engine
+calls it through ``JobTable.move``, which moves the indexes with it)::
 
     waiting  -- its --after jobs ended ------------------> queued
     waiting  -- cancelled / dependency-failed / error ---> finished

@@ -1,8 +1,10 @@
 """The daemon's core: the queue, the running jobs and their life cycle.
 
-The engine owns the job records and decides; it does no socket I/O. The
-server feeds it requests and kernel events (a shepherd's pidfd became
-readable, a timer fired) and the engine persists every change before it is
+The engine decides and acts; its ``JobTable`` (core/jobtable.py) records
+the jobs, their states and every index derived from them, each change of
+state one ``JobTable.move``. The engine does no socket I/O. The server
+feeds it requests and kernel events (a shepherd's pidfd became readable, a
+timer fired) and the engine persists every change before it is
 acknowledged: a submit that cannot be written is refused, never accepted and
 then forgotten. Scheduling itself is the pure ``scheduler`` module; starting
 shepherds and asking them to stop jobs is ``launcher``; cgroups are
@@ -15,8 +17,6 @@ job is a line on its shepherd's control FIFO. An error while acting on one
 job ends that job (as ``error``, with the reason), never the daemon.
 """
 
-import bisect
-import heapq
 import logging
 import os
 import pwd
@@ -49,9 +49,8 @@ from ..core.jobs import (
     Job,
     Result,
     exit_column,
-    move,
 )
-from ..core.jobtable import JobTable
+from ..core.jobtable import JobTable, Running, request_of
 from ..core.sizes import format_mem
 from ..wire.protocol import JobSetting, NewJob
 from . import cgroups, devdir, jobrecord, launcher, probe, quiet
@@ -82,35 +81,20 @@ class Engine:
         self.limits = limits
         self.dev = dev
         self.hooks = hooks                  # server callbacks: watch/unwatch pidfds, job events
-        self.jobs: dict[int, Job] = JobTable()   # kept in id order, all and per user, for list pages
-        self.queued: dict[int, scheduler.QueuedJob] = {}   # insertion order = submission order
-        self.running: dict[int, dict[str, Any]] = {}  # id -> {"pid", "pidfd", "alloc", "cgroup"}
-        self.queue_sorted = True            # False once a released job was appended out of id order
-        # Every job a user holds (queued, %N-held or waiting) counts toward --max-queued-per-user.
-        self.held_by_uid: dict[int, int] = {}
+        # The jobs, their states and every index derived from them (queue, running handles, waiting,
+        # per-user counts, names, dependencies): changed only through the table (core/jobtable.py).
+        self.table = JobTable()
+        self.jobs = self.table.jobs         # read here; in id order, all and per user, for list pages
         self.stale_cgroups: set[str] = set()  # job cgroups still busy when their job ended
-        self.waiting: set[int] = set()      # jobs held by --after / --after-ok
-        # Indexes, so that no event costs a scan of every job (a daemon may hold 100,000):
-        self.dependents: dict[int, set[int]] = {}   # job -> the waiting jobs that name it in --after
-        self.names: dict[tuple[int, str], list[int]] = {}   # (uid, name) -> its jobs' ids, ascending
-        self.user_ids: dict[str, int] = {}  # user name -> uid, for USER:NAME references
-        self.finished_by_uid: dict[int, list[int]] = {}   # uid -> heap of its finished jobs' ids
-        # uid -> finished jobs eviction passed over because a waiting job names them: out of the
-        # heap, so each is looked at once, not at every eviction; back in when none names them.
-        self.kept_back: dict[int, set[int]] = {}
         # Waiting jobs to look at again, and ended jobs whose dependents are still to be looked at:
         # settled a bounded number per turn, so releasing 10,000 dependents never stalls the loop.
         self.to_settle: deque[int] = deque()
         self.ended_deps: deque[int] = deque()
-        # job -> how many waiting jobs name it: a finished job is not forgotten (--keep-finished)
-        # while one does, so an --after-ok that exited 0 still counts when the last of them ends.
-        self.followers: dict[int, int] = {}
         # Group commit: what this turn of the loop changed is made durable at its end, in one
         # fsync (Store.commit), before replies go out and before started jobs are spawned.
         self.batch_new: set[int] = set()    # jobs submitted this turn (refused if the commit fails)
         self.to_spawn: list = []            # (job, cgroup) started this turn, spawned after the commit
-        self.capped_queued = 0              # queued elements of arrays with a %N cap
-        self.strict_queued = 0              # queued --benchmark=strict jobs: while any, the machine is watched
+        # While any --benchmark=strict job is queued, the machine is watched (swap, throttling).
         self.bench_watch = benchmark.Watch(defaults.BENCH_PROBE_INTERVAL)
         self.history = History(store.root, cfg.history_per_user)
         self.undelivered = Undelivered(store.root, UndeliveredBounds(
@@ -147,13 +131,7 @@ class Engine:
         self.next_id = max(self.saved_floor, top + 1)
         notes = list(self.store.notes)
         for job in jobs:
-            self._add(job)
-            if job.state == QUEUED:
-                self._enqueue(job)
-            elif job.state == WAITING:
-                self._wait_on(job)
-            elif job.state == FINISHED:
-                heapq.heappush(self.finished_by_uid.setdefault(job.uid, []), job.id)
+            self.table.add(job)
             if job.state in (QUEUED, WAITING):
                 self.dev.add(job.id, job.uid, self.store.job_dir(job.id))
         for job in jobs:   # first every benchmark job with changes to undo, so an end hands them over
@@ -168,14 +146,15 @@ class Engine:
                     notes.append(self._readopt(job))
                 except Exception as exc:  # one record the daemon cannot act on must not stop it
                     log.exception("job %d: cannot re-adopt it", job.id)
-                    self.running.pop(job.id, None)
+                    self.table.detach(job.id)
                     self._fail(job, f"the daemon could not re-adopt it: {exc}", time.time())
         # The jobs they wait for may have ended meanwhile: look at every waiting job again, a
         # bounded number per turn (start-up never works through them all before serving).
-        self.to_settle.extend(sorted(self.waiting))
-        self.dev.prune(set(self.queued) | set(self.running) | self.waiting)
+        table = self.table
+        self.to_settle.extend(sorted(table.waiting))
+        self.dev.prune(set(table.queued) | set(table.running) | table.waiting)
         if self.cfg.cgroups:
-            gone = cgroups.prune(self.cfg.cgroup_root, set(self.running))
+            gone = cgroups.prune(self.cfg.cgroup_root, set(table.running))
             if gone:
                 notes.append(f"pruned leftover cgroups: {', '.join(gone)}")
         return [n for n in notes if n]
@@ -188,23 +167,23 @@ class Engine:
         cg = cgroups.job_path(self.cfg.cgroup_root, job.id) if self.cfg.cgroups else None
         if found:
             pid, fd = found
-            self.running[job.id] = {"pid": pid, "pidfd": fd, "alloc": alloc, "cgroup": cg}
+            self.table.attach(job, Running(alloc, cgroup=cg, pid=pid, pidfd=fd))
             self.hooks.watch_pidfd(fd, job.id)
             if job.quiet and job.quiet.get("irqbalance_banned"):
                 self.irq_banned[job.id] = set(job.quiet["irqbalance_banned"])
             # A change of max time the last daemon could not pass on before it died.
             self._send_deadline(job, time.time())
             return f"job {job.id}: re-adopted shepherd pid {pid}"
+        running = Running(alloc, cgroup=cg)
+        self.table.attach(job, running)
         if os.path.exists(os.path.join(jdir, records.EXIT)):
-            self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": cg}
             self._collect(job.id)
             return f"job {job.id}: ended while the daemon was down; collected its exit record"
-        self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": cg}
         if records.read_pidfile(jdir) is None and os.path.exists(os.path.join(jdir, records.LAUNCH)):
             # Its launch spec is unread: either the shepherd never started, or it
             # is starting right now. Look again shortly before deciding, so a
             # second shepherd is never started beside a first.
-            self.running[job.id]["recheck"] = time.time() + defaults.SHEPHERD_START_GRACE
+            running.recheck_at = time.time() + defaults.SHEPHERD_START_GRACE
             return f"job {job.id}: its shepherd has not started yet; checking again shortly"
         return self._lost(job, "its shepherd was killed or vanished while the daemon was down")
 
@@ -212,10 +191,11 @@ class Engine:
         """Second look at a running job whose shepherd had not started at recovery."""
         job = self.jobs[job_id]
         jdir = self.store.job_dir(job_id)
-        self.running[job_id].pop("recheck", None)
+        running = self.table.running[job_id]
+        running.recheck_at = None
         found = launcher.adopt(jdir)
         if found:
-            self.running[job_id]["pid"], self.running[job_id]["pidfd"] = found
+            running.pid, running.pidfd = found
             self.hooks.watch_pidfd(found[1], job_id)
         elif os.path.exists(os.path.join(jdir, records.EXIT)):
             self._collect(job_id)
@@ -225,7 +205,7 @@ class Engine:
                 log.info("job %d: its shepherd never started; started it now", job_id)
             except OSError as exc:
                 if records.not_now(exc):   # out of pids: look again shortly
-                    self.running[job_id]["recheck"] = time.time() + defaults.START_RETRY
+                    running.recheck_at = time.time() + defaults.START_RETRY
                     return
                 self._lost(job, f"its shepherd could not be started: {exc}")
         else:
@@ -241,8 +221,7 @@ class Engine:
         None for an id looked at and passed over (gone, or finished without *finished*), so a
         caller can bound what one page looks at. Costs what it yields, not a scan of all jobs."""
         uid = None if all_users else caller.uid
-        assert isinstance(self.jobs, JobTable)
-        for job_id in self.jobs.ids_after(after, uid):
+        for job_id in self.table.ids_after(after, uid):
             job = self.jobs.get(job_id)
             if job is None or (job.state == FINISHED and not finished) or (uid is not None and job.uid != uid):
                 yield job_id, None
@@ -259,7 +238,7 @@ class Engine:
             return None, dependencies.evaluate(job, self.jobs.get)[1]
         if job.state != QUEUED:
             return None, None
-        order = list(self._in_order())
+        order = list(self.table.in_order())
         position = order.index(job.id) + 1
         if job.request.get("benchmark") == "strict" and self.bench_watch.hold is not None:
             return position, self.bench_watch.hold
@@ -267,9 +246,8 @@ class Engine:
                 self._array_room().get(job.array["first"], 1) <= 0:
             return position, (f"{job.array['limit']} of its array (jobs from {job.array['first']}) "
                               f"already run, the most it may run at once (--array ...%{job.array['limit']})")
-        free = resources.Free.of(resources.capacity(self.machine, self.limits),
-                                 [r["alloc"] for r in self.running.values()])
-        q = self.queued[job.id]
+        free = resources.Free.of(resources.capacity(self.machine, self.limits), self.table.allocs())
+        q = self.table.queued[job.id]
         return position, report.why_waiting(q.request, q.budget, position, order[0], free, self.cfg.schedule,
                                             self.policy_state)
 
@@ -277,8 +255,9 @@ class Engine:
         """``dispatch show``: everything about one job (never its environment; views.show)."""
         job = self.lookup(caller, ref)
         position, why = self.why(job)
+        running = self.table.running.get(job.id)
         return views.show(job, self.machine, position=position, why=why,
-                          cgroup=self.running.get(job.id, {}).get("cgroup"), now=now)
+                          cgroup=running.cgroup if running is not None else None, now=now)
 
     def record(self, caller: Caller, ref: int | str) -> dict[str, Any]:
         """``dispatch show --record``: the job's reproducibility record (partial while it runs)."""
@@ -295,13 +274,13 @@ class Engine:
     def status(self, now: float, caller: Caller | None = None) -> dict[str, Any]:
         """``dispatch status``: the machine at a glance (another's head job by id only, unless the list is public)."""
         head = None
-        if self.queued:
-            job = self.jobs[next(iter(self._in_order()))]
+        if self.table.queued:
+            job = self.jobs[next(iter(self.table.in_order()))]
             head = {"id": job.id, "user": job.user, "name": job.name, "why": self.why(job)[1]}
             if caller is not None and not (caller.is_admin or caller.uid == job.uid or self.cfg.list_is_public):
                 head.update(user=None, name=None, why=None)   # its request would say whose it may be
-        return report.status(self.machine, self.limits, [r["alloc"] for r in self.running.values()],
-                             self.cfg.schedule, len(self.queued), len(self.waiting), head)
+        return report.status(self.machine, self.limits, self.table.allocs(),
+                             self.cfg.schedule, len(self.table.queued), len(self.table.waiting), head)
 
     def lookup(self, caller: Caller, ref: int | str) -> Job:
         """The job *caller* names by id, NAME or USER:NAME, or Refused.
@@ -316,8 +295,8 @@ class Engine:
             if split is None:
                 raise Refused(f"no job named {ref!r}", "not_found")
             user, name = split
-            uid = caller.uid if user is None else self.user_ids.get(user)
-            ids = self.names.get((uid, name)) if uid is not None else None
+            uid = caller.uid if user is None else self.table.user_ids.get(user)
+            ids = self.table.names.get((uid, name)) if uid is not None else None
             if not ids:
                 raise Refused(f"no job named {ref!r}", "not_found")
             job = self.jobs[ids[-1]]
@@ -352,7 +331,7 @@ class Engine:
         if short is not None:   # compaction, and the jobs already taken, keep room to finish
             raise Refused(short, "busy")
         elements = req.elements()
-        held = self.held_by_uid.get(caller.uid, 0)
+        held = self.table.held_by_uid.get(caller.uid, 0)
         if held + len(elements) > self.cfg.max_queued_per_user:
             many = f"these {len(elements)} jobs would make {held + len(elements)}" if len(elements) > 1 else \
                 f"you already have {held}"
@@ -364,7 +343,7 @@ class Engine:
                   "benchmark": req.benchmark, "whole_l3": req.whole_l3, "aslr": req.aslr, "thp": req.thp}
         if req.record_to is not None or req.record_env:   # (kept out of the usual job's record)
             wanted.update(record_to=req.record_to, record_is_dir=req.record_is_dir, record_env=req.record_env)
-        request = _request(wanted)
+        request = request_of(wanted)
         try:
             budget = resources.check_request(request, self.machine, self.limits)
         except resources.RequestError as exc:
@@ -402,7 +381,7 @@ class Engine:
         # otherwise they wait, and the first end among their dependencies looks at them.
         look = any(self.jobs[dep].state == FINISHED for dep in after)
         for job in made:
-            self._add(job)
+            self.table.add(job)
             jdir = self.store.job_dir(job.id)
             try:
                 devdir.create_output(jdir, job.uid, self.cfg.admin_gid)
@@ -410,12 +389,8 @@ class Engine:
             except OSError:
                 pass
             self.dev.add(job.id, job.uid, jdir)
-            if job.state == WAITING:
-                self._wait_on(job)
-                if look:
-                    self.to_settle.append(job.id)
-            else:
-                self._enqueue(job)
+            if job.state == WAITING and look:
+                self.to_settle.append(job.id)
         if bulk:
             log.info("jobs %d-%d %s for %s (%d in one submit): %s", first, first + len(made) - 1,
                      made[0].state, made[0].user, len(made), made[0].shown[0])
@@ -459,96 +434,18 @@ class Engine:
         if decision is not None:
             self.apply(decision, now)
 
-    def _add(self, job: Job) -> None:
-        """A job the engine now knows (submitted or loaded): into its indexes."""
-        self.jobs[job.id] = job
-        self.user_ids[job.user] = job.uid
-        if job.name is not None:
-            ids = self.names.setdefault((job.uid, job.name), [])
-            if ids and ids[-1] > job.id:
-                bisect.insort(ids, job.id)
-            else:
-                ids.append(job.id)
+    def _move(self, job: Job, to: str, now: float, result: Result | None = None,
+              running: Running | None = None) -> Running | None:
+        """The table records the move; then what the engine does about the queue it leaves behind."""
+        was = job.state
+        gone = self.table.move(job, to, now, result, running)
+        if was == QUEUED:
+            self._left_queue()
+        return gone
 
-    def _forget(self, job: Job) -> None:
-        """A job the engine no longer knows (evicted, or its submit refused): out of its indexes."""
-        self.jobs.pop(job.id, None)
-        self.dependents.pop(job.id, None)
-        if job.name is not None:
-            ids = self.names.get((job.uid, job.name))
-            if ids is not None:
-                i = bisect.bisect_left(ids, job.id)
-                if i < len(ids) and ids[i] == job.id:
-                    del ids[i]
-                if not ids:
-                    del self.names[(job.uid, job.name)]
-
-    def _hold(self, uid: int, n: int) -> None:
-        left = self.held_by_uid.get(uid, 0) + n
-        if left > 0:
-            self.held_by_uid[uid] = left
-        else:
-            self.held_by_uid.pop(uid, None)
-
-    def _wait_on(self, job: Job) -> None:
-        """Hold a job on its --after jobs: it is looked at again when one of them ends."""
-        if job.id not in self.waiting:
-            self.waiting.add(job.id)
-            self._hold(job.uid, 1)
-            for dep_id in job.after:
-                self.followers[dep_id] = self.followers.get(dep_id, 0) + 1
-        for dep_id in job.after:
-            dep = self.jobs.get(dep_id)
-            if dep is not None and dep.state != FINISHED:   # an ended one is looked at when it settles
-                self.dependents.setdefault(dep_id, set()).add(job.id)
-
-    def _unwait(self, job: Job) -> None:
-        if job.id in self.waiting:
-            self.waiting.discard(job.id)
-            self._hold(job.uid, -1)
-            for dep_id in job.after:
-                left = self.followers[dep_id] - 1
-                if left:
-                    self.followers[dep_id] = left
-                    continue
-                del self.followers[dep_id]
-                dep = self.jobs.get(dep_id)
-                if dep is not None and dep_id in self.kept_back.get(dep.uid, ()):
-                    self.kept_back[dep.uid].discard(dep_id)
-                    heapq.heappush(self.finished_by_uid.setdefault(dep.uid, []), dep_id)
-
-    def _enqueue(self, job: Job) -> None:
-        r = job.request
-        if job.id not in self.queued:
-            self._hold(job.uid, 1)
-            if job.array is not None and job.array.get("limit"):
-                self.capped_queued += 1
-            if r.get("benchmark") == "strict":
-                self.strict_queued += 1
-            if self.queued and next(reversed(self.queued)) > job.id:
-                self.queue_sorted = False   # its place is its submission order: sorted before the next use
-        self.queued[job.id] = scheduler.QueuedJob(
-            id=job.id,
-            request=_request(r),
-            budget=resources.Budget(job.budget["mem"], bool(job.budget.get("assigned"))),
-            max_time=job.max_time)
-
-    def _dequeue(self, job: Job) -> None:
-        del self.queued[job.id]
-        if job.array is not None and job.array.get("limit"):
-            self.capped_queued -= 1
-        if job.request.get("benchmark") == "strict":
-            self.strict_queued -= 1
-            if not self.strict_queued:
-                self.bench_watch.forget()
-        self._hold(job.uid, -1)
-
-    def _in_order(self) -> dict[int, scheduler.QueuedJob]:
-        """The queue in submission (id) order: sorted once after jobs were put back out of order."""
-        if not self.queue_sorted:
-            self.queued = dict(sorted(self.queued.items()))
-            self.queue_sorted = True
-        return self.queued
+    def _left_queue(self) -> None:
+        if not self.table.strict_queued:
+            self.bench_watch.forget()   # no strict benchmark job waits: the next starts from fresh readings
 
     def _info(self, job: Job) -> dict:
         """The job's /dev entry's info.json (views.dev_info)."""
@@ -564,10 +461,10 @@ class Engine:
 
     def plan(self, now: float) -> scheduler.Decision | None:
         """One scheduling pass (pure): the Decision, or None with nothing queued."""
-        if not self.queued:
+        if not self.table.queued:
             return None
-        running = [scheduler.RunningJob(jid, r["alloc"], (self.jobs[jid].deadline or now))
-                   for jid, r in self.running.items()]
+        running = [scheduler.RunningJob(jid, r.alloc, (self.jobs[jid].deadline or now))
+                   for jid, r in self.table.running.items()]
         return scheduler.schedule(self.cfg.schedule, self._eligible(now), running,
                                   self.machine, self.limits, self.policy_state, now)
 
@@ -592,10 +489,10 @@ class Engine:
         They wait without holding up the jobs behind them, as a Slurm array's
         throttled tasks do. Without capped arrays queued this is the queue as is.
         """
-        queue = self._in_order()
+        queue = self.table.in_order()
         # Strict benchmark jobs wait while the machine is not quiet, holding up nobody behind them.
-        hold = self._quiet_hold(now) if self.strict_queued else None
-        if not self.capped_queued and hold is None:
+        hold = self._quiet_hold(now) if self.table.strict_queued else None
+        if not self.table.capped_queued and hold is None:
             return list(queue.values())
         room = self._array_room()
         eligible = []
@@ -620,7 +517,7 @@ class Engine:
     def _array_room(self) -> dict[int, int]:
         """How many more of each capped array may start now (arrays not named: their whole cap)."""
         room: dict[int, int] = {}
-        for jid in self.running:
+        for jid in self.table.running:
             a = self.jobs[jid].array
             if a is not None and a.get("limit"):
                 room[a["first"]] = room.get(a["first"], a["limit"]) - 1
@@ -683,10 +580,9 @@ class Engine:
         # waits for this turn's commit (after which the store lets go of the
         # stored environment). A crash in between leaves either a queued job
         # or a launch spec the next daemon can start.
-        self._dequeue(job)
         jdir = self.store.job_dir(job.id)
-        self.running[job.id] = {"pid": None, "pidfd": None, "alloc": alloc, "cgroup": None}
-        move(job, RUNNING, now, alloc=alloc.to_dict())
+        running = Running(alloc)
+        self._move(job, RUNNING, now, running=running)
         if job.request.get("benchmark"):
             self._bench_start(job, alloc, now)
         cg = None
@@ -696,7 +592,7 @@ class Engine:
                           if self.cfg.mask_gpus else None)
                 cg = cgroups.create_job(self.cfg.cgroup_root, job.id, alloc.cpus, alloc.mems, alloc.mem,
                                         self.cfg.max_pids, minors)
-                self.running[job.id]["cgroup"] = cg
+                running.cgroup = cg
             launcher.write_launch(jdir, self._launch_spec(job, alloc, cg))
         except OSError as exc:
             self._requeue(job, cg, exc, now)
@@ -770,34 +666,20 @@ class Engine:
         """
         log.error("cannot write the journal (%s); this turn's submits are refused and its starts wait", exc)
         refused = set(self.batch_new)
-        gone_finished: dict[int, set[int]] = {}
-        for job_id in refused:
-            job = self.jobs.get(job_id)
-            if job is None:
-                continue
-            if job.state == FINISHED:   # settled in this turn (a dependency ended meanwhile)
-                gone_finished.setdefault(job.uid, set()).add(job_id)
-            self._forget(job)
-            self.running.pop(job_id, None)
-            if job_id in self.queued:
-                self._dequeue(job)
-            self._unwait(job)
-            self.dev.remove(job_id)
-            self.store.remove_job(job_id)
-        for uid, ids in gone_finished.items():
-            heap = [i for i in self.finished_by_uid.get(uid, []) if i not in ids]
-            heapq.heapify(heap)
-            self.finished_by_uid[uid] = heap
-            self.kept_back.get(uid, set()).difference_update(ids)
+        # In whatever state this turn left them (one may have ended already: a dependency ended).
+        withdrawn = [job for job in map(self.jobs.get, refused) if job is not None]
+        self.table.forget(withdrawn)
+        self._left_queue()
+        for job in withdrawn:
+            self.dev.remove(job.id)
+            self.store.remove_job(job.id)
         self.store.forget(refused)
         for job, cg in self.to_spawn:
             if job.id in refused:
                 self._drop_cgroup(cg)
                 continue
             self._drop_cgroup(cg)
-            del self.running[job.id]
-            move(job, QUEUED, now)
-            self._enqueue(job)
+            self._move(job, QUEUED, now)
             try:
                 os.unlink(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
                 self.store.save_job(job)   # queued again: the store keeps its environment
@@ -826,18 +708,18 @@ class Engine:
             devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
         except OSError:
             pass
-        alloc = self.running[job.id]["alloc"]
+        alloc = self.table.running[job.id].alloc
         log.info("job %d started: cpus %s, mem %d, gpus %s", job.id, list(alloc.cpus), alloc.mem, list(alloc.gpus))
         self.hooks.job_event(job.id, "started")
 
     def _quiet(self, job: Job, jdir: str, cg) -> None:
         """Quiet a benchmark job's CPUs (its record is durable as running, so any later daemon
         undoes this when the job ends). A shortfall is recorded, never a reason not to run."""
-        alloc = self.running[job.id]["alloc"]
+        alloc = self.table.running[job.id].alloc
         hk = self.cfg.housekeeping or self.housekeeping_default   # --housekeeping-cpus none: the reserve
         self.benchmarks[job.id] = alloc.held
         try:
-            job.quiet = quiet.begin(jdir, alloc.cpus, alloc.held, hk, self.quiet, len(self.running) > 1,
+            job.quiet = quiet.begin(jdir, alloc.cpus, alloc.held, hk, self.quiet, len(self.table.running) > 1,
                                     cg if self.cfg.cgroups else None)
             if self.quiet.irqbalance_ban:
                 self.irq_banned[job.id] = set(alloc.held)
@@ -895,7 +777,7 @@ class Engine:
     def _record_spec(self, job: Job, alloc) -> dict:
         """What the shepherd needs from the daemon for the job's reproducibility record."""
         return jobrecord.spec(
-            job, alloc, self.machine, {i: h["alloc"] for i, h in self.running.items()},
+            job, alloc, self.machine, {i: r.alloc for i, r in self.table.running.items()},
             housekeeping=self.cfg.housekeeping or self.housekeeping_default,
             thresholds=self.cfg.record_thresholds, nvidia_smi=self.nvidia_smi, root=probe.root(),
             cgroups=self.cfg.cgroups, cpu_unit=self.cfg.cpu_unit)
@@ -908,9 +790,7 @@ class Engine:
             self._finish(job, Result(ERROR, note=f"cannot start: {exc}"), now)
             return
         log.error("job %d: cannot start it yet (%s); it stays queued and is retried", job.id, exc)
-        del self.running[job.id]
-        move(job, QUEUED, now)
-        self._enqueue(job)
+        self._move(job, QUEUED, now)
         self.retry_at = now + 2.0
 
     def _not_now(self, job: Job, cg, why: str, now: float) -> None:
@@ -931,9 +811,7 @@ class Engine:
         if job.id in self.benchmarks:
             self._unquiet(job)     # its cores are quieted afresh at its next start
         log.warning("job %d: %s; it is queued again", job.id, why)
-        del self.running[job.id]
-        move(job, QUEUED, now)
-        self._enqueue(job)
+        self._move(job, QUEUED, now)
         try:
             self.store.unstart(job, env)
             self.store.save_job(job)
@@ -953,8 +831,8 @@ class Engine:
     def _watch(self, job_id: int, pid: int, start: int | None = None) -> None:
         # A forked shepherd is not our child: its start time guards the pid against reuse.
         fd = launcher.open_pidfd(pid, start)
-        self.running[job_id]["pid"] = pid
-        self.running[job_id]["pidfd"] = fd
+        running = self.table.running[job_id]
+        running.pid, running.pidfd = pid, fd
         if fd is None:  # already gone and reaped: collect at once
             self._collect(job_id)
         else:
@@ -970,19 +848,19 @@ class Engine:
             self._fail(self.jobs[job_id], f"the daemon could not collect its end: {exc}", time.time())
 
     def _collect(self, job_id: int, shepherd_gone: str | None = None, kind: str = KILLED) -> None:
-        handle = self.running.get(job_id)
+        handle = self.table.running.get(job_id)
         job = self.jobs[job_id]
         if handle is None:
             return
-        if handle.get("pidfd") is not None:
-            self.hooks.unwatch_pidfd(handle["pidfd"])
-            os.close(handle["pidfd"])
-            handle["pidfd"] = None
-        if handle.get("pid"):
-            launcher.reap(handle["pid"])
+        if handle.pidfd is not None:
+            self.hooks.unwatch_pidfd(handle.pidfd)
+            os.close(handle.pidfd)
+            handle.pidfd = None
+        if handle.pid:
+            launcher.reap(handle.pid)
         jdir = self.store.job_dir(job_id)
         rec = records.read_record(os.path.join(jdir, records.EXIT), records.ExitRecord)
-        cg = handle.get("cgroup")
+        cg = handle.cgroup
         now = time.time()
         kept = os.path.join(jdir, records.OUTPUT)
         if rec is None and shepherd_gone is None:
@@ -992,7 +870,7 @@ class Engine:
             if found is not None:
                 log.warning("job %d: its shepherd is pid %d (the one started for it found it taken)",
                             job_id, found[0])
-                handle["pid"], handle["pidfd"] = found
+                handle.pid, handle.pidfd = found
                 self.hooks.watch_pidfd(found[1], job_id)
                 return
         if rec is None:
@@ -1063,13 +941,9 @@ class Engine:
         """End one job: its record, its files, its indexes. Never looks at other jobs' dependencies."""
         if job.state == RUNNING and os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT)):
             self._delivery(job)
-        if job.id in self.queued:
-            self._dequeue(job)
-        self._unwait(job)
         if job.bench_start is not None and job.state == RUNNING:
             self._bench_end(job, now)
-        move(job, FINISHED, now, result)
-        handle = self.running.pop(job.id, None)
+        handle = self._move(job, FINISHED, now, result)
         if handle is not None:
             self._unquiet(job)
         try:
@@ -1095,7 +969,6 @@ class Engine:
                  f" ({result.note})" if result.note else "")
         self.history.record(job)
         self.hooks.job_event(job.id, "finished")
-        heapq.heappush(self.finished_by_uid.setdefault(job.uid, []), job.id)
         self._evict(job.uid)
         if handle is not None:
             self.resched = True  # freed resources: the next tick schedules (never re-entrantly)
@@ -1122,7 +995,7 @@ class Engine:
             if not self.to_settle:
                 if not self.ended_deps:
                     return
-                self.to_settle.extend(sorted(self.dependents.pop(self.ended_deps.popleft(), ())))
+                self.to_settle.extend(sorted(self.table.take_dependents(self.ended_deps.popleft())))
                 continue
             job_id = self.to_settle.popleft()
             job = self.jobs.get(job_id)
@@ -1134,36 +1007,34 @@ class Engine:
                 self._end(job, Result(DEPENDENCY_FAILED, note=why), now)
                 self.ended_deps.append(job.id)
             elif verdict == dependencies.READY:
-                self._unwait(job)
-                move(job, QUEUED, now)
+                self._move(job, QUEUED, now)
                 try:
                     self.store.save_job(job)
                 except OSError as exc:
                     log.error("job %d: cannot record that it is queued (%s); will retry", job.id, exc)
                     self.unsaved.add(job.id)
-                self._enqueue(job)
                 self.resched = True
 
     def _fail(self, job: Job, why: str, now: float) -> None:
         """End one job as ``error`` after something went wrong acting on it."""
         if job.state == FINISHED:
             return
-        handle = self.running.get(job.id) or {}
-        if handle.get("pidfd") is not None:
-            self.hooks.unwatch_pidfd(handle["pidfd"])
-            os.close(handle["pidfd"])
-            handle["pidfd"] = None
+        handle = self.table.running.get(job.id)
+        if handle is not None and handle.pidfd is not None:
+            self.hooks.unwatch_pidfd(handle.pidfd)
+            os.close(handle.pidfd)
+            handle.pidfd = None
         if job.state == RUNNING:
             try:  # best effort: whatever failed may fail again here
                 launcher.request_stop(self.store.job_dir(job.id), KILLED)
-                self._drop_cgroup(handle.get("cgroup"))
+                self._drop_cgroup(handle.cgroup if handle is not None else None)
             except Exception:
                 log.exception("job %d: cannot stop it after an error; its shepherd may run on", job.id)
         try:
             self._finish(job, Result(ERROR, note=why), now)
         except Exception:
             log.exception("job %d: cannot even record its failure", job.id)
-            self.running.pop(job.id, None)
+            self.table.detach(job.id)
 
     def retry_unsaved(self) -> None:
         """Retry records whose write failed (a full disk)."""
@@ -1181,32 +1052,18 @@ class Engine:
 
     def _evict(self, uid: int) -> None:
         """Forget the user's oldest finished jobs past --keep-finished (a heap: no scan of all jobs)."""
-        done = self.finished_by_uid.get(uid)
-        if done is None:
-            return
-        kept = self.kept_back.setdefault(uid, set())
-        extra = len(done) + len(kept) - self.cfg.keep_finished
-        victims: list[Job] = []
-        while done and len(victims) < extra:
-            job_id = heapq.heappop(done)
-            if job_id in self.followers:   # a waiting job is still to see how it ended: it stays
-                kept.add(job_id)
-            else:
-                victims.append(self.jobs[job_id])
-        if not victims:
+        ids = self.table.take_evictable(uid, self.cfg.keep_finished)
+        if not ids:
             return
         # The persisted id floor must outlive the records it replaces; it usually already does.
-        if max(j.id for j in victims) >= self.saved_floor and not self.save_meta():
-            for job in victims:
-                heapq.heappush(done, job.id)
+        if max(ids) >= self.saved_floor and not self.save_meta():
+            self.table.put_back(uid, ids)
             return
-        if not done:
-            del self.finished_by_uid[uid]
-        for job in victims:
+        for job in [self.jobs[i] for i in ids]:
             if job.output_error:
                 self._keep_undelivered(job)
             self.store.remove_job(job.id)
-            self._forget(job)
+            self.table.forget([job])
 
     def _keep_undelivered(self, job: Job) -> None:
         self.undelivered.keep(job.id, job.user, os.path.join(self.store.job_dir(job.id), records.OUTPUT), time.time())
@@ -1233,8 +1090,8 @@ class Engine:
                 raise Refused(f"cannot store the change ({exc.strerror}); nothing changed, try again later",
                               "busy") from None
             if job.state == QUEUED:
-                self._enqueue(job)
-            elif job.id in self.running:
+                self.table.refresh(job)
+            elif job.id in self.table.running:
                 self._send_deadline(job, now)
             if self.cfg.schedule == "strict-backfill":
                 self.policy_state = {}   # the head's reserved start rests on every running job's deadline
@@ -1245,9 +1102,8 @@ class Engine:
 
     def _send_deadline(self, job: Job, now: float) -> None:
         """Tell the job's shepherd its new deadline; retried from the tick until it is heard."""
-        handle = self.running[job.id]
         sent = job.deadline is not None and launcher.send_deadline(self.store.job_dir(job.id), job.deadline)
-        handle["deadline_at"] = None if sent else now + STOP_RETRY
+        self.table.running[job.id].deadline_resend_at = None if sent else now + STOP_RETRY
 
     # -- kill and timeouts ------------------------------------------------------
     def kill(self, caller: Caller, ref: int | str, now: float) -> dict[str, Any]:
@@ -1272,9 +1128,11 @@ class Engine:
             except OSError as exc:
                 log.error("job %d: cannot record the stop (%s)", job.id, exc)
             log.info("job %d: %s, asking its shepherd to stop it", job.id, reason)
-        handle = self.running.get(job.id, {})
-        handle["asked"] = launcher.request_stop(self.store.job_dir(job.id), job.stop_reason or reason)
-        handle["ask_at"] = now + (defaults.KILL_GRACE if handle["asked"] else STOP_RETRY)
+        heard = launcher.request_stop(self.store.job_dir(job.id), job.stop_reason or reason)
+        handle = self.table.running.get(job.id)
+        if handle is not None:
+            handle.stop_heard = heard
+            handle.next_stop_at = now + (defaults.KILL_GRACE if heard else STOP_RETRY)
 
     def tick(self, now: float) -> float | None:
         """Schedule if needed, enforce --max-time, retry what failed; returns when to call again."""
@@ -1282,16 +1140,16 @@ class Engine:
             self.retry_at, self.resched = None, True
         if self.unsettled:
             self._settle(now)
-        if self.strict_queued and now >= self.bench_watch.due(now):
+        if self.table.strict_queued and now >= self.bench_watch.due(now):
             if self.bench_watch.feed(probe.read(now, probe.root())):
                 self.resched = True   # quiet now (or no longer): strict benchmark jobs are looked at again
         if self.resched:
             self.resched = False
             self.schedule(now)
         wake = self.retry_at
-        if self.strict_queued:
+        if self.table.strict_queued:
             wake = self.bench_watch.due(now) if wake is None else min(wake, self.bench_watch.due(now))
-        for job_id in list(self.running):
+        for job_id in list(self.table.running):
             try:
                 due = self._tick_job(job_id, now)
             except Exception as exc:  # one job's trouble ends that job, not the daemon
@@ -1315,43 +1173,35 @@ class Engine:
 
     def _tick_job(self, job_id: int, now: float) -> float | None:
         """Deadline and stop bookkeeping for one running job; returns its next due time."""
-        handle = self.running[job_id]
-        if "recheck" in handle:
-            if now >= handle["recheck"]:
+        handle = self.table.running[job_id]
+        if handle.recheck_at is not None:
+            if now >= handle.recheck_at:
                 self._recheck(job_id)
                 return None
-            return float(handle["recheck"])
-        if handle.get("deadline_at") is not None and now >= handle["deadline_at"]:
+            return handle.recheck_at
+        if handle.deadline_resend_at is not None and now >= handle.deadline_resend_at:
             self._send_deadline(self.jobs[job_id], now)
         due = self._stop_due(job_id, now)
-        retry = handle.get("deadline_at")
+        retry = handle.deadline_resend_at
         return retry if due is None or (retry is not None and retry < due) else due
 
     def _stop_due(self, job_id: int, now: float) -> float | None:
         job = self.jobs[job_id]
-        handle = self.running[job_id]
+        handle = self.table.running[job_id]
         if job.stop_sent is not None:
             # Repeat the request: the shepherd may not have made its FIFO yet.
-            due = handle.get("ask_at") or now
-            if now >= due:
+            again = handle.next_stop_at or now
+            if now >= again:
                 self._stop(job, job.stop_reason or KILLED, now)
-                due = handle["ask_at"]
-            return due
-        due = job.deadline
-        if due is not None and now >= due:
+                again = handle.next_stop_at or now
+            return again
+        deadline = job.deadline
+        if deadline is not None and now >= deadline:
             self._stop(job, TIMEOUT, now)
-            return handle["ask_at"]
-        return due
+            return handle.next_stop_at
+        return deadline
 
 
 STOP_RETRY = 0.5   # seconds between stop requests while no shepherd reads its FIFO yet
 SETTLE_BATCH = 100   # waiting jobs settled per call of Engine._settle (the rest: next turn); each may
 SETTLE_SLICE = 0.02  # write a record (1 to 20 ms on a busy disk): a call also stops after this long
-
-
-def _request(r: dict[str, Any]) -> resources.Request:
-    """A job record's ``request`` as the resource model's Request (one place, for submit and queue)."""
-    return resources.Request(cpus=r.get("cpus"), mem=r.get("mem"), gpus=r.get("gpus", 0),
-                             exclusive=bool(r.get("exclusive")), numa_local=bool(r.get("numa_local")),
-                             numa_local_gpu=bool(r.get("numa_local_gpu")), gpu_link=r.get("gpu_link"),
-                             benchmark=r.get("benchmark"), whole_l3=bool(r.get("whole_l3")))

@@ -215,7 +215,7 @@ class MetricsFile:
         """The engine's state now, as metrics.take sees it."""
         from ..core.metrics import take
         eng = self.engine
-        return take(eng.jobs.values(), eng.machine, eng.limits, [r["alloc"] for r in eng.running.values()],
+        return take(eng.jobs.values(), eng.machine, eng.limits, eng.table.allocs(),
                     self.tally, __version__)
 
     def tick(self, now: float) -> float | None:

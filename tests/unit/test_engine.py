@@ -97,7 +97,7 @@ def test_queued_jobs_per_user_are_capped(world):
         submit(eng)
     assert info.value.code == "queue_full" and "--max-queued-per-user" in str(info.value)
     # A queued job removed makes room again.
-    queued = [j for j in eng.queued]
+    queued = [j for j in eng.table.queued]
     eng.kill(ROOT, queued[0], T0)
     submit(eng)
 
@@ -192,7 +192,7 @@ def test_a_full_disk_at_start_requeues(world):
     submit(eng, cpus=1)
     store.fail_writes = True
     start_pending(eng)
-    assert fake.spawned == [] and list(eng.queued) == [1] and eng.retry_at == T0 + 2.0
+    assert fake.spawned == [] and list(eng.table.queued) == [1] and eng.retry_at == T0 + 2.0
     store.fail_writes = False
     eng.tick(T0 + 2.5)
     assert fake.spawned == [1]
@@ -247,7 +247,7 @@ def test_max_time_of_a_queued_job_moves_its_place_in_the_plan(world):
     start_pending(eng)
     queued = submit(eng, max_time=600)["id"]
     eng.job_setting(ROOT, NewJobSetting(queued, "set", 1200), T0)
-    assert eng.queued[queued].max_time == 1200 and eng.held_by_uid[0] == 1
+    assert eng.table.queued[queued].max_time == 1200 and eng.table.held_by_uid[0] == 1
 
 
 def test_an_unheard_deadline_is_sent_again(world):
@@ -259,7 +259,7 @@ def test_an_unheard_deadline_is_sent_again(world):
     assert eng.tick(T0 + 0.1) == pytest.approx(T0 + engine_mod.STOP_RETRY)
     fake.listening = True
     eng.tick(T0 + 1)
-    assert len(fake.deadlines) == 2 and eng.running[job]["deadline_at"] is None
+    assert len(fake.deadlines) == 2 and eng.table.running[job].deadline_resend_at is None
 
 
 def test_strict_backfill_reservation_is_worked_out_afresh(world):
@@ -288,7 +288,7 @@ def test_a_failed_commit_refuses_the_turns_submits_and_holds_back_its_starts(wor
     records.write_json(os.path.join(store.job_dir(a), records.EXIT), {"ended": T0 + 1, "code": 0})
     Engine.shepherd_exited(eng, a)                  # a ends: queued would start in this same turn
     assert eng.flush(T0 + 1) == {new}               # the submit is refused: its reply says so
-    assert new not in eng.jobs and new not in eng.queued
+    assert new not in eng.jobs and new not in eng.table.queued
     assert eng.jobs[queued].state == jobs.QUEUED and fake.spawned == [a]   # its start waits
     assert eng.retry_at == T0 + 3
     store.commit_error = None
@@ -303,7 +303,7 @@ def test_a_shepherd_that_found_its_job_taken_hands_it_to_the_one_that_holds_it(w
     # The shepherd we watch exits without an exit record; another one holds the job's lock.
     fake.adoptable = (43210, os.open(os.devnull, os.O_RDONLY))
     eng.shepherd_exited(job)
-    assert eng.jobs[job].state == jobs.RUNNING and eng.running[job]["pid"] == 43210
+    assert eng.jobs[job].state == jobs.RUNNING and eng.table.running[job].pid == 43210
     assert fake.orphans_killed == []
     end(eng, store, job, code=0)               # that one ends the job as usual
     assert eng.jobs[job].get_result().kind == jobs.EXITED
@@ -355,8 +355,8 @@ def test_a_failed_dependency_fails_thousands_of_dependents_without_recursion(wor
     settle(eng)
     doomed = list(range(bulk["id"], bulk["last"] + 1)) + chain[1:]
     assert {eng.jobs[j].get_result().kind for j in doomed} == {jobs.DEPENDENCY_FAILED}
-    assert not eng.waiting and not eng.dependents.get(prep)
-    assert eng.held_by_uid.get(0, 0) == 0
+    assert not eng.table.waiting and not eng.table.dependents.get(prep)
+    assert eng.table.held_by_uid.get(0, 0) == 0
     # Each call did a bounded share of the work: the loop was never held for all of it.
     assert engine_mod.SETTLE_BATCH < len(doomed)
 
@@ -375,7 +375,7 @@ def test_a_restart_with_thousands_of_doomed_dependents_serves_and_fails_them(wor
     again.recover()
     settle(again)
     kinds = {again.jobs[j].get_result().kind for j in range(bulk["id"], bulk["last"] + 1)}
-    assert kinds == {jobs.DEPENDENCY_FAILED} and not again.waiting
+    assert kinds == {jobs.DEPENDENCY_FAILED} and not again.table.waiting
 
 
 def test_waiting_jobs_count_toward_the_per_user_cap(world):
@@ -392,8 +392,8 @@ def test_waiting_jobs_count_toward_the_per_user_cap(world):
     # Released, they keep counting until they start.
     end(eng, store, hold, code=0)
     settle(eng)
-    assert eng.held_by_uid[0] == len(eng.queued) + len(eng.waiting) - sum(
-        1 for j in eng.queued if j in eng.running)
+    assert eng.table.held_by_uid[0] == len(eng.table.queued) + len(eng.table.waiting) - sum(
+        1 for j in eng.table.queued if j in eng.table.running)
 
 
 def test_released_jobs_take_their_submission_order(world):
@@ -403,11 +403,11 @@ def test_released_jobs_take_their_submission_order(world):
     start_pending(eng)
     waits = submit(eng, cpus=2, after=(first,), array=(1, 2))      # ids 2, 3
     later = submit(eng, cpus=2)["id"]                                  # id 4, queued now
-    assert list(eng.queued) == [later]
+    assert list(eng.table.queued) == [later]
     end(eng, store, first, code=0)
     settle(eng)
-    assert eng.running and waits["id"] in eng.running   # the released head started first
-    assert list(eng._in_order()) == [waits["last"], later]
+    assert eng.table.running and waits["id"] in eng.table.running   # the released head started first
+    assert list(eng.table.in_order()) == [waits["last"], later]
 
 
 def test_a_name_means_the_callers_own_job_for_admins_too(world, users):
@@ -457,9 +457,9 @@ def test_names_follow_eviction_and_stay_indexed(world):
         end(eng, store, ids[-1], code=0)
         settle(eng)
     assert sorted(eng.jobs) == ids[-2:]
-    assert eng.names[(0, "step")] == ids[-2:]
+    assert eng.table.names[(0, "step")] == ids[-2:]
     assert eng.lookup(ROOT, "step").id == ids[-1]
-    assert sorted(eng.finished_by_uid[0]) == ids[-2:]
+    assert sorted(eng.table.finished_by_uid[0]) == ids[-2:]
 
 
 def test_a_job_is_remembered_until_its_dependents_have_seen_how_it_ended(world):
@@ -473,7 +473,7 @@ def test_a_job_is_remembered_until_its_dependents_have_seen_how_it_ended(world):
     # Meanwhile other jobs of the same user end, which evicts finished ones (--keep-finished 1).
     for _ in range(3):
         eng.tick(T0 + 2)                # starts the next released job
-        running = list(eng.running)
+        running = list(eng.table.running)
         assert running
         for job_id in running:
             records.write_json(os.path.join(store.job_dir(job_id), records.EXIT), {"ended": T0 + 2, "code": 0})
@@ -482,7 +482,7 @@ def test_a_job_is_remembered_until_its_dependents_have_seen_how_it_ended(world):
     for job_id in range(bulk["id"], bulk["last"] + 1):
         job = eng.jobs.get(job_id)
         assert job is None or job.result is None or job.get_result().kind != jobs.DEPENDENCY_FAILED, job_id
-    assert not eng.waiting and not eng.followers and len(eng.queued) + len(eng.running) > 1000
+    assert not eng.table.waiting and not eng.table.followers and len(eng.table.queued) + len(eng.table.running) > 1000
 
 
 def test_a_submit_after_jobs_that_already_ended_is_settled_at_once(world):
@@ -501,7 +501,7 @@ def test_a_submit_after_jobs_that_already_ended_is_settled_at_once(world):
     for job_id in (doomed["id"], doomed["last"]):
         assert eng.jobs[job_id].get_result().kind == jobs.DEPENDENCY_FAILED
         assert f"job {bad}" in eng.jobs[job_id].get_result().note
-    assert not eng.waiting and eng.held_by_uid.get(0, 0) == len(eng.queued)
+    assert not eng.table.waiting and eng.table.held_by_uid.get(0, 0) == len(eng.table.queued)
 
 
 def test_a_running_job_from_a_daemon_that_did_not_know_cores_is_readopted_and_its_core_kept(world):
@@ -522,7 +522,7 @@ def test_a_running_job_from_a_daemon_that_did_not_know_cores_is_readopted_and_it
     again = TurnEngine(eng.cfg, store, machine, eng.limits, devdir.DevDir(None, 0), hooks)
     again.root_mode = True
     again.recover()
-    assert 5 in again.running and again.jobs[5].state == jobs.RUNNING
+    assert 5 in again.table.running and again.jobs[5].state == jobs.RUNNING
     ids = []
     for _ in range(4):
         ids.append(submit(again, cpus=1, mem=1 << 20)["id"])
@@ -567,7 +567,7 @@ def test_a_strict_benchmark_job_waits_while_the_machine_swaps_and_holds_up_nobod
     _counters(root, 70)                     # it swapped while it ran: recorded when it ends
     end(eng, store, strict["id"], code=0)
     assert "while it ran, the machine is swapping (0 pages swapped in, 20 out" in " ".join(job.shortfalls)
-    assert eng.strict_queued == 0 and eng.bench_watch.last is None
+    assert eng.table.strict_queued == 0 and eng.bench_watch.last is None
 
 
 def test_the_launch_spec_and_the_record_carry_aslr_and_thp(world):

@@ -89,7 +89,8 @@ def test_after_a_restart_an_unstarted_shepherd_waits_for_a_pid(world):  # noqa: 
     fake.spawn_error = OSError(errno.EAGAIN, "Resource temporarily unavailable")
     now = T0 + defaults.SHEPHERD_START_GRACE + 100
     eng.tick(now)                                                  # the second look: no pid for its shepherd
-    assert eng.jobs[5].state == jobs.RUNNING and "recheck" in eng.running[5]   # (recovery's clock is the real one)
+    # (recovery's clock is the real one)
+    assert eng.jobs[5].state == jobs.RUNNING and eng.table.running[5].recheck_at is not None
     fake.spawn_error = None
     eng.tick(now + defaults.START_RETRY)
     assert fake.spawned == [5] and eng.jobs[5].state == jobs.RUNNING

@@ -109,20 +109,24 @@ class Indexes:
     counted: dict            # uid -> the count --max-queued-per-user is checked against
     counted_states: tuple    # the states that count covers
     capped_queued: int | None   # queued elements of arrays with a %N cap, where kept
+    strict_queued: int | None   # queued --benchmark=strict jobs, where kept
     names: dict | None       # (uid, name) -> its jobs' ids, ascending, where kept
     finished: dict | None    # uid -> list of its finished jobs' ids kept, where kept
     dependents: dict | None  # job id -> ids of waiting jobs that follow it, where kept
+    followers: dict | None   # job id -> how many waiting jobs name it, where kept
     pending: int             # waiting jobs and ended jobs still to be looked at (0 once settled)
 
 
 def indexes(eng: Engine) -> Indexes:
-    """Read the engine's indexes (follow renames here, nowhere else)."""
-    return Indexes(queue=list(eng.queued), queue_in_order=eng.queue_sorted, waiting=set(eng.waiting),
-                   running=set(eng.running), counted=dict(eng.held_by_uid), counted_states=(QUEUED, WAITING),
-                   capped_queued=eng.capped_queued, names={k: list(v) for k, v in eng.names.items()},
-                   finished={u: list(eng.finished_by_uid.get(u, ())) + sorted(eng.kept_back.get(u, ()))
-                             for u in set(eng.finished_by_uid) | set(eng.kept_back)},
-                   dependents={k: set(v) for k, v in eng.dependents.items()},
+    """Read the engine's indexes, all kept by its JobTable (follow renames here, nowhere else)."""
+    t = eng.table
+    return Indexes(queue=list(t.queued), queue_in_order=t.queue_sorted, waiting=set(t.waiting),
+                   running=set(t.running), counted=dict(t.held_by_uid), counted_states=(QUEUED, WAITING),
+                   capped_queued=t.capped_queued, strict_queued=t.strict_queued,
+                   names={k: list(v) for k, v in t.names.items()},
+                   finished={u: list(t.finished_by_uid.get(u, ())) + sorted(t.kept_back.get(u, ()))
+                             for u in set(t.finished_by_uid) | set(t.kept_back)},
+                   dependents={k: set(v) for k, v in t.dependents.items()}, followers=dict(t.followers),
                    pending=len(eng.to_settle) + len(eng.ended_deps))
 
 
@@ -301,10 +305,10 @@ class EngineStates(RuleBasedStateMachine):
 
     def _close_pidfds(self) -> None:
         if self.eng is not None:
-            for handle in self.eng.running.values():
-                if handle.get("pidfd") is not None:
-                    os.close(handle["pidfd"])
-                    handle["pidfd"] = None
+            for handle in self.eng.table.running.values():
+                if handle.pidfd is not None:
+                    os.close(handle.pidfd)
+                    handle.pidfd = None
 
     # -- the model -----------------------------------------------------------------------------------
     def _resolve(self, caller: Caller, ref) -> tuple:
@@ -542,7 +546,8 @@ class EngineStates(RuleBasedStateMachine):
         held = [dict() for _ in cfg_caps]
         done: dict[int, set] = {}
         named: dict = {}
-        capped = 0
+        capped = strict = 0
+        followers: dict[int, int] = {}
         records = self.store.records
         for job_id, job in eng.jobs.items():
             state, uid = job.state, job.uid
@@ -555,8 +560,12 @@ class EngineStates(RuleBasedStateMachine):
                     n[uid] = n.get(uid, 0) + 1
             if state == FINISHED:
                 done.setdefault(uid, set()).add(job_id)
-            elif state == QUEUED and job.array is not None and job.array.get("limit"):
-                capped += 1
+            elif state == QUEUED:
+                capped += bool(job.array is not None and job.array.get("limit"))
+                strict += job.request.get("benchmark") == "strict"
+            elif state == WAITING:
+                for dep in job.after:
+                    followers[dep] = followers.get(dep, 0) + 1
             if job.name is not None:
                 named.setdefault((uid, job.name), []).append(job_id)
             # The store holds what the engine holds (a record whose write failed is retried: eng.unsaved).
@@ -578,6 +587,10 @@ class EngineStates(RuleBasedStateMachine):
         assert ix.counted == counted, f"per-user counts {ix.counted}, jobs say {counted}"
         if ix.capped_queued is not None:
             assert ix.capped_queued == capped, f"capped queued {ix.capped_queued}, jobs say {capped}"
+        if ix.strict_queued is not None:
+            assert ix.strict_queued == strict, f"strict queued {ix.strict_queued}, jobs say {strict}"
+        if ix.followers is not None:
+            assert ix.followers == followers, f"followers {ix.followers}, waiting jobs say {followers}"
         if ix.names is not None:
             named = {key: sorted(ids) for key, ids in named.items()}
             assert ix.names == named, f"the name index disagrees with the jobs: {ix.names} vs {named}"
@@ -638,7 +651,7 @@ class EngineStates(RuleBasedStateMachine):
         cpus: list = []
         per_array: dict[int, int] = {}
         for job_id in running:
-            cpus += list(self.eng.running[job_id]["alloc"].cpus)
+            cpus += list(self.eng.table.running[job_id].alloc.cpus)
             k = self.known[job_id]
             if k.limit:
                 per_array[k.first] = per_array.get(k.first, 0) + 1

@@ -191,7 +191,7 @@ def test_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
 def fake_engine():
     jobs, _ = state()
     return SimpleNamespace(jobs={j.id: j for j in jobs}, machine=MACHINE, limits=LIMITS,
-                           running={1: {"alloc": A1}, 5: {"alloc": B1}})
+                           table=SimpleNamespace(allocs=lambda: [A1, B1]))
 
 
 def test_writes_are_coalesced_and_only_on_change(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from test_engine import ROOT, submit, world  # noqa: F401 (world is a fixture)
 
 from hpc_batch.core.cut import COMMAND_CUT, MARK, cut_command
-from hpc_batch.core.jobtable import COMPACT_FLOOR, JobTable
+from hpc_batch.core.jobtable import COMPACT_FLOOR, JobsById
 from hpc_batch.daemon import handlers
 from hpc_batch.daemon.access import Caller
 from hpc_batch.wire import protocol
@@ -40,7 +40,7 @@ def test_the_memo_never_answers_for_another_argv():
     assert cut_command(list(a)) == cut_command(a)
 
 
-# -- the table -------------------------------------------------------------------------
+# -- the id-ordered jobs ----------------------------------------------------------------
 
 class J:
     def __init__(self, uid):
@@ -48,7 +48,7 @@ class J:
 
 
 def test_table_ids_after_a_cursor_all_and_per_user():
-    t = JobTable()
+    t = JobsById()
     for i in range(1, 11):
         t[i] = J(i % 2)
     assert list(t.ids_after(4)) == [5, 6, 7, 8, 9, 10]
@@ -60,7 +60,7 @@ def test_table_ids_after_a_cursor_all_and_per_user():
 
 
 def test_table_sweeps_dead_ids_so_removal_is_amortised():
-    t = JobTable()
+    t = JobsById()
     n = 10 * COMPACT_FLOOR
     for i in range(1, n + 1):
         t[i] = J(0)
@@ -73,7 +73,7 @@ def test_table_sweeps_dead_ids_so_removal_is_amortised():
 
 
 def test_table_an_id_refused_and_made_again_is_listed_once():
-    t = JobTable()
+    t = JobsById()
     t[1], t[2] = J(0), J(0)
     t.pop(2)
     t[2] = J(5)                      # the same id, made again for another user
@@ -83,7 +83,7 @@ def test_table_an_id_refused_and_made_again_is_listed_once():
 
 def test_table_refuses_bulk_changes():
     with pytest.raises(TypeError):
-        JobTable().update({1: J(0)})
+        JobsById().update({1: J(0)})
 
 
 # -- the protocol ----------------------------------------------------------------------

@@ -43,7 +43,7 @@ def test_benchmark_start_quiets_and_end_restores(bench):
     eng, store, fake, root = bench
     before = irqsteer.read_affinities(root)
     job = _submit(eng)
-    held = eng.running[job]["alloc"].held
+    held = eng.table.running[job].alloc.held
     rec = eng.jobs[job].quiet
     assert fake.spawned == [job] and quiet.pending(store.job_dir(job))
     assert rec["irqs"]["to"] == "1" and held == (0,)
