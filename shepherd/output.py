@@ -25,9 +25,10 @@ import signal
 import stat
 
 try:
-    from shepherd import identity
+    from shepherd import identity, records
 except ImportError:  # run as a file: siblings are on sys.path
     import identity  # type: ignore[no-redef]  # the same module, found as a top-level one
+    import records  # type: ignore[no-redef]
 
 CHUNK = 1 << 20          # bytes moved per splice, and the pipe's size
 _SPLICE_FALLBACK = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
@@ -159,7 +160,7 @@ class _Finish(Exception):
     """SIGTERM in the relay: the job has ended, take what is left and stop."""
 
 
-def deliver_as_user(spec: dict, buf: int, pipe_r, report: int) -> None:
+def deliver_as_user(spec: records.LaunchSpec, buf: int, pipe_r, report: int) -> None:
     """In a forked child: become the user, write the buffer to the log, then relay the pipe.
 
     With *pipe_r* None this is the final copy. With a pipe it is the relay
@@ -181,10 +182,11 @@ def deliver_as_user(spec: dict, buf: int, pipe_r, report: int) -> None:
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
-    dest, code, dst, created = spec["output"], 1, None, False
+    dest, code, dst, created = spec.output, 1, None, False
+    assert dest is not None   # called only for a job with a log (the caller exits 1 if not)
     try:
-        identity.become(spec["user"], spec["uid"], spec["gid"])
-        os.umask(spec.get("umask", 0o077) & 0o777)
+        identity.become(spec.user, spec.uid, spec.gid)
+        os.umask(spec.umask & 0o777)
         dst, created = open_destination(dest)
         copy_file(buf, dst)
         code = 0

@@ -140,12 +140,12 @@ class Config:
     schedule: str
     cgroups: bool
     max_queued_per_user: int = defaults.MAX_QUEUED_PER_USER
-    max_job_size: int = 1 << 20
+    max_job_size: int = parse_size(defaults.MAX_JOB_SIZE, "M")
     max_connections_per_user: int = defaults.MAX_CONNECTIONS_PER_USER
-    max_reply_bytes_per_user: int = 32 << 20
+    max_reply_bytes_per_user: int = parse_size(defaults.MAX_REPLY_BYTES_PER_USER, "M")
     max_pids: int = defaults.MAX_PIDS
-    max_output_buffer: int = 256 << 20
-    state_reserve: int = 64 << 20
+    max_output_buffer: int = parse_size(defaults.MAX_OUTPUT_BUFFER, "M")
+    state_reserve: int = parse_size(defaults.STATE_RESERVE, "M")
     gpu_mask: bool = True           # --no-gpu-mask turns it off
     mask_gpus: bool = False         # in force: asked for, and possible (cgroups, GPUs present)
     cgroup_root: str = defaults.CGROUP_ROOT
