@@ -88,7 +88,8 @@ def job_ref(text: str):
         return int(text)
     from ..core.jobnames import split_ref
     if split_ref(text) is None:
-        raise UsageError(f"{text!r} is neither a job id nor a job name (letters, digits, '.', '_', '-'; "
+        from ..core.jobnames import NAME_RULE
+        raise UsageError(f"{text!r} is neither a job id nor a job name ({NAME_RULE}; "
                          f"USER:NAME for another user's)")
     return text
 
@@ -211,13 +212,10 @@ def cmd_new(conn, a) -> int:
         args["gpu_link"] = a["--gpu-link"]
     args.update(_bench_args(a))
     if a["--name"] is not None:
-        from ..core.arrays import is_range
-        if a["--name"].isdigit() or is_range(a["--name"]):
-            raise UsageError(f"--name {a['--name']!r}: a name cannot be only digits, nor FIRST-LAST digits "
-                             f"(those are job ids and ranges)")
-        if ":" in a["--name"]:
-            raise UsageError(f"--name {a['--name']!r}: a name is letters, digits, '.', '_' and '-' only")
-        args["name"] = job_ref(a["--name"])
+        from ..core.jobnames import NAME_RULE, valid_name
+        if not valid_name(a["--name"]):
+            raise UsageError(f"--name {a['--name']!r}: {NAME_RULE}")
+        args["name"] = a["--name"]
     if a["--after"] is not None and a["--after-ok"] is not None:
         raise UsageError("give --after or --after-ok, not both")
     deps = a["--after"] if a["--after"] is not None else a["--after-ok"]

@@ -25,8 +25,8 @@ removes it too, after which any choice may be made afresh.
 
 This module must run when the rest of the package is broken (that is when
 an upgrade is needed most), so it imports only the standard library and,
-guarded, the package version. Paths and defaults below mirror
-``hpc_batch/defaults.py`` for that reason.
+guarded, the package version, and ``hpc_batch/defaults.py``, a leaf with no
+imports of its own, for the paths and defaults it shares with the daemon.
 """
 
 from __future__ import annotations
@@ -53,8 +53,12 @@ try:
     from hpc_batch import __version__
 except Exception:  # a broken package must not stop its own repair
     __version__ = "unknown"
-# A leaf module with no imports: one list of admin groups for the installer and the daemon.
+# A leaf module with no imports: one list of admin groups, and one of each path, for the installer
+# and the daemon.
 from hpc_batch.defaults import ADMIN_GROUP_CANDIDATES
+from hpc_batch.defaults import DEV_DIR as DEFAULT_DEV_DIR
+from hpc_batch.defaults import SOCKET as DEFAULT_SOCKET
+from hpc_batch.defaults import STATE_DIR as DEFAULT_STATE_DIR
 
 PROG = "hpc-batch-install"
 SERVICE = "hpc-batch"
@@ -69,11 +73,6 @@ DEFAULT_SPEC = PACKAGE
 ENTRY_POINTS = ("dispatch", "hpc-batchd", "hpc-batch-install", "hpc-batch-shepherd")
 REQUIRED_ENTRY_POINTS = ("dispatch", "hpc-batchd", "hpc-batch-install")
 SHEPHERD = "hpc-batch-shepherd"
-
-# The daemon's own defaults (hpc_batch/defaults.py), for --purge.
-DEFAULT_SOCKET = "/run/hpc-batch/hpc-batch.sock"
-DEFAULT_STATE_DIR = "/var/lib/hpc-batch"
-DEFAULT_DEV_DIR = "/dev/hpc-batch"
 
 UNIT_DATA = ("hpc_batch", "data", "hpc-batch.service")
 PROFILE_MARKER = "# Written by hpc-batch-install"
