@@ -45,7 +45,7 @@ import sys
 import time
 
 try:
-    from shepherd import acl, cgroup, control, identity, output, process, record, records
+    from shepherd import acl, cgroup, control, identity, output, process, record, records, sizes
 except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py): siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
     import acl  # type: ignore[no-redef]
@@ -56,6 +56,7 @@ except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py)
     import process  # type: ignore[no-redef]
     import record  # type: ignore[no-redef]
     import records  # type: ignore[no-redef]
+    import sizes  # type: ignore[no-redef]
 
 HOLD_OFF = 0.02          # a trickle of output is batched: at most this often a wake-up
 HELD = 0.25              # out of pids past the buffer bound: how often the relay's fork is tried again
@@ -418,7 +419,7 @@ class Supervisor:
         waits on it), then the rest is discarded, with a note saying why.
         """
         dest = self.spec.output
-        size = _size(self.buffered)
+        size = sizes.format_size(self.buffered)
         if dest:
             try:
                 self._start_relay()
@@ -726,13 +727,6 @@ def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int) -> None:
             except OSError:
                 pass
     os._exit(127)
-
-
-def _size(n: int) -> str:
-    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size}{unit}"
-    return f"{n} bytes"
 
 
 def _persist(write, what: str) -> None:
