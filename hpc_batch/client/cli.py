@@ -11,11 +11,12 @@ import sys
 
 from .. import __version__
 from ..core.jobnames import env_word
+from ..wire.messages import CLIENT_FAILURES  # (no imports of its own: free for dispatch's start-up)
 from .argscan import scan
 from .cli_usage import SUBCOMMANDS, USAGE
 
-EX_USAGE = 2
-EX_UNAVAILABLE = 69
+EX_USAGE = CLIENT_FAILURES["usage"]
+EX_UNAVAILABLE = CLIENT_FAILURES["unreachable"]
 BULK_BYTES = 4 << 20    # a --commands file: what one request can carry
 
 

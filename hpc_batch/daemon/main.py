@@ -4,7 +4,8 @@ Start-up refuses rather than runs half-configured (exit 78, EX_CONFIG, which
 the unit's RestartPreventExitStatus= turns into a clean stop): each refusal
 names what is missing and the flag that opts out of it. SIGHUP re-execs the
 daemon in place (state is on disk after every change, the listening socket
-and the state lock are handed across), so running jobs stay its children.
+and the state lock are handed across); running jobs are not its children
+(their shepherds are init's) and are re-adopted from their pidfiles.
 """
 
 import logging

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from shepherd import records
 
-from ..core.jobs import FINISHED, QUEUED, WAITING, Job, exit_column, wait_status
+from ..core.jobs import FINISHED, LOST, QUEUED, WAIT_STATUS, WAITING, Job, exit_column, wait_status
 from ..wire import framing, protocol
 from . import access
 from .engine import Engine, Refused
@@ -93,7 +93,7 @@ class Conn:
         self.wait_left = 0                        # ... how many of them are still to end
         self.stalled = False                      # its user is over --max-reply-bytes-per-user: not read
         self.unsent = False                       # a reply held until this turn's commit
-        self.submitted: set[int] = set()          # jobs that held reply acknowledges
+        self.submitted: set[int] = set()          # jobs whose submission its held reply acknowledges
         self.watching = False                     # a watch: told of each of its user's job changes
 
     def may_take_request(self) -> bool:
@@ -609,7 +609,8 @@ class Server:
         for job_id in conn.waiting:
             job = self.engine.jobs.get(job_id)
             if job is None:   # forgotten (--keep-finished) while we waited: say so rather than guess
-                done.append({"id": job_id, "state": "unknown", "exit": None, "wait_status": 246, "note": None})
+                done.append({"id": job_id, "state": "unknown", "exit": None, "wait_status": WAIT_STATUS[LOST],
+                             "note": None})
             else:
                 res = job.get_result()
                 done.append({"id": job.id, "name": job.name, "state": job.state, "result": res.kind if res else None,
