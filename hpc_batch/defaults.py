@@ -66,8 +66,7 @@ SHEPHERD_START_GRACE = 2.0
 # exists, and the daemon suggests those that do when --admin-group names none.
 ADMIN_GROUP_CANDIDATES = ("wheel", "sudo", "adm")
 
-# The clean environment a job gets without --env.
-CLEAN_ENV_KEYS = ("PATH", "HOME", "USER", "SHELL", "LANG")
+# The PATH of the clean environment a job gets without --env (the rest: Engine._job_env).
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # sysexits.h EX_CONFIG: refusal to start half-configured.

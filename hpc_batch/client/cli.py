@@ -17,7 +17,6 @@ from .cli_usage import SUBCOMMANDS, USAGE
 
 EX_USAGE = CLIENT_FAILURES["usage"]
 EX_UNAVAILABLE = CLIENT_FAILURES["unreachable"]
-BULK_BYTES = 4 << 20    # a --commands file: what one request can carry
 
 
 class UsageError(Exception):
@@ -115,6 +114,7 @@ def _bulk(a) -> dict:
     if a.get("--commands") is None and a.get("--array") is None:
         return {}
     from ..core import arrays
+    from ..wire.framing import MAX_FRAME as BULK_BYTES  # a --commands file: what one request can carry
     if a.get("--commands") is not None and a.get("--array") is not None:
         raise UsageError("give --array or --commands, not both")
     if a.get("--commands") is not None:

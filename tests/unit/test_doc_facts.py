@@ -64,6 +64,11 @@ def _exit_statuses() -> dict[int, str]:
     return {0: "", **{status: code for code, status in {**REFUSALS, **CLIENT_FAILURES}.items()}}
 
 
+def test_the_psij_bridge_sorts_only_codes_dispatch_gives():
+    from hpc_batch.psij import mapping
+    assert mapping.INVALID | mapping.TRANSIENT <= {*REFUSALS, *CLIENT_FAILURES}
+
+
 def test_the_codes_never_share_a_status():
     statuses = [*REFUSALS.values(), *CLIENT_FAILURES.values()]
     assert len(set(statuses)) == len(statuses) and 0 not in statuses
