@@ -13,12 +13,19 @@ KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
 TiB = 1 << 40
-_UNITS = (("T", TiB), ("G", GiB), ("M", MiB), ("K", KiB))
 
 
 def format_size(n: int) -> str:
-    """*n* bytes in the largest unit it reaches: whole (``256M``) or to one decimal (``1.5G``)."""
-    for unit, size in _UNITS:
+    """*n* bytes in the largest unit it reaches: ``64G``, ``1.5G``; below a GiB rounded to whole units.
+
+    Gigabytes keep a decimal (a memory budget of 1.5G is a choice); megabytes
+    and kilobytes are rounded (``77M`` of peak memory), which keeps the
+    listing's columns short.
+    """
+    if n >= GiB:
+        unit, size = ("T", TiB) if n >= TiB else ("G", GiB)
+        return f"{n // size}{unit}" if n % size == 0 else f"{n / size:.1f}{unit}"
+    for unit, size in (("M", MiB), ("K", KiB)):
         if n >= size:
-            return f"{n // size}{unit}" if n % size == 0 else f"{n / size:.1f}{unit}"
+            return f"{round(n / size)}{unit}"
     return f"{n} bytes"

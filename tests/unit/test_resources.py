@@ -332,6 +332,7 @@ def test_allocation_properties():
 @pytest.mark.parametrize(
     "n, text",
     [(32 * GiB, "32G"), (GiB + GiB // 2, "1.5G"), (512 << 20, "512M"), (4096, "4K"), (0, "0 bytes"),
+     ((77 << 20) + (1 << 19) - 1, "77M"), (1500, "1K"),
      (3 << 40, "3T")],
 )
 def test_format_size(n, text):
