@@ -53,16 +53,11 @@ STATE_RESERVE = "64M"
 # waits: "rising" means they rose between two readings this far apart.
 BENCH_PROBE_INTERVAL = 1.0
 
-# Seconds a shepherd gives the copy of a job's output to the user's log file.
-DELIVERY_LIMIT = 600.0
-
-# Seconds a shepherd retries a fork that fails for want of pids or memory (EAGAIN, ENOMEM) before
-# it gives up: a job it could not fork goes back to the queue, retried every START_RETRY seconds.
-FORK_RETRY = 10.0
+# The shepherd's own limits (the grace between SIGTERM and SIGKILL, the time a delivery may
+# take, how long a fork that fails for want of pids is retried) are the launch spec's
+# defaults: shepherd/records.py's LaunchSpec, since the shepherd cannot import this package.
+# A job its shepherd could not fork goes back to the queue, retried every START_RETRY seconds.
 START_RETRY = 2.0
-
-# Seconds between SIGTERM and SIGKILL when a job is timed out or killed.
-KILL_GRACE = 5.0
 
 # Seconds a recovering daemon waits before it decides an unstarted shepherd never ran.
 SHEPHERD_START_GRACE = 2.0
@@ -71,8 +66,7 @@ SHEPHERD_START_GRACE = 2.0
 # exists, and the daemon suggests those that do when --admin-group names none.
 ADMIN_GROUP_CANDIDATES = ("wheel", "sudo", "adm")
 
-# The clean environment a job gets without --env.
-CLEAN_ENV_KEYS = ("PATH", "HOME", "USER", "SHELL", "LANG")
+# The PATH of the clean environment a job gets without --env (the rest: Engine._job_env).
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # sysexits.h EX_CONFIG: refusal to start half-configured.

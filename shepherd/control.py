@@ -9,6 +9,11 @@ read end, carries it out:
     stop timeout    --max-time ran out (the shepherd also keeps the deadline)
     deadline T      an admin changed the job's max time: stop it at T (epoch s)
 
+This module owns that grammar: the daemon writes with :func:`stop` and
+:func:`deadline` (which encode with :func:`encode_stop` and
+:func:`encode_deadline`), the shepherd reads with :class:`Reader`, which
+decodes each line with :func:`parse`.
+
 A write shorter than PIPE_BUF is atomic, so commands never interleave. The
 shepherd holds a write end of its own, so the FIFO never reports EOF
 between writers. Opening the FIFO for writing without a reader fails
@@ -23,6 +28,43 @@ try:
     from shepherd import records
 except ImportError:  # run as a file: siblings are on sys.path
     import records  # type: ignore[no-redef]  # the same module, found as a top-level one
+
+STOP = "stop"
+DEADLINE = "deadline"
+
+
+def encode_stop(reason: str) -> str:
+    """The line that asks for a stop: *reason* is one of ``records.STOP_REASONS``."""
+    if reason not in records.STOP_REASONS:
+        raise ValueError(f"not a stop reason: {reason!r}")
+    return f"{STOP} {reason}"
+
+
+def encode_deadline(when: float) -> str:
+    """The line that gives the job a new --max-time deadline, *when* in epoch seconds."""
+    return f"{DEADLINE} {when:.3f}"
+
+
+def parse(line: str) -> tuple | None:
+    """One line as ``(STOP, reason)`` or ``(DEADLINE, epoch seconds)``; None if it is neither.
+
+    A stop with a reason this shepherd does not know is still a stop
+    (``killed``): a request to end a job is never dropped. A deadline that
+    is not a finite time is ignored.
+    """
+    words = line.split()
+    if not words:
+        return None
+    if words[0] == STOP:
+        return STOP, words[1] if len(words) > 1 and words[1] in records.STOP_REASONS else records.KILLED
+    if words[0] == DEADLINE and len(words) == 2:
+        try:
+            when = float(words[1])
+        except ValueError:
+            return None
+        if when == when and abs(when) < 1e12:   # finite (NaN is not equal to itself), and a time
+            return DEADLINE, when
+    return None
 
 
 def create(job_dir: str):
@@ -39,14 +81,14 @@ def create(job_dir: str):
 
 
 class Reader:
-    """Splits what arrives on the FIFO into commands (lists of words)."""
+    """Splits what arrives on the FIFO into commands, each as :func:`parse` gives it."""
 
     def __init__(self, fd: int):
         self.fd = fd
         self._rest = b""
 
     def commands(self) -> list:
-        """Every complete command waiting on the FIFO."""
+        """Every complete command waiting on the FIFO (lines that are none are dropped)."""
         data = self._rest
         while True:
             try:
@@ -58,7 +100,18 @@ class Reader:
             data += chunk
         *lines, self._rest = data.split(b"\n")
         self._rest = self._rest[-4096:]
-        return [line.decode("ascii", "replace").split() for line in lines if line.strip()]
+        parsed = (parse(line.decode("ascii", "replace")) for line in lines)
+        return [command for command in parsed if command is not None]
+
+
+def stop(job_dir: str, reason: str) -> bool:
+    """Ask the job's shepherd to stop it for *reason*; False if no shepherd is reading."""
+    return send(job_dir, encode_stop(reason))
+
+
+def deadline(job_dir: str, when: float) -> bool:
+    """Give the job's shepherd a new deadline (epoch seconds); False if no shepherd is reading."""
+    return send(job_dir, encode_deadline(when))
 
 
 def send(job_dir: str, command: str) -> bool:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 def deliver(sup: "Supervisor") -> None:
     """Get the output to the user's log file (or drop it), and record the outcome."""
     path = os.path.join(sup.job_dir, records.OUTPUT)
-    dest = sup.spec.get("output")
+    dest = sup.spec.output
     rec = records.DeliveryRecord(True, dest, None, sup.out.note)
     if sup.out.relay is not None:
         pid, pidfd, report = sup.out.relay
@@ -64,7 +64,7 @@ def deliver(sup: "Supervisor") -> None:
 
 def deliver_record(sup: "Supervisor") -> str | None:
     """``dispatch new --record FILE``: copy record.json there as the user; why not, or None."""
-    to = (sup.spec.get("record") or {}).get("to")
+    to = (sup.spec.record or {}).get("to")
     if not to or sup.recorder is None or sup.pid is None:
         return None
     if sup.abandon:
@@ -75,7 +75,7 @@ def deliver_record(sup: "Supervisor") -> str | None:
         return f"the record was not written to {to}: it could not be made ({exc.strerror})"
     try:
         pid, report_r = output.fork_as_user(
-            lambda: sup.fork_retrying(lambda: bool(sup.abandon), sup.delivery_limit), dict(sup.spec, output=to), src)
+            lambda: sup.fork_retrying(lambda: bool(sup.abandon), sup.delivery_limit), sup.spec.replace(output=to), src)
     except OSError as exc:
         os.close(src)
         return f"the record was not written to {to}: cannot fork ({exc.strerror})"

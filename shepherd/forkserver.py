@@ -41,6 +41,7 @@ except ImportError:  # run as a file: siblings are top-level modules
     import records  # type: ignore[no-redef]
 
 PADDING = 320     # bytes of argv kept free for a shepherd's own command line
+ERROR = "error"   # the first word of an answer that carries no shepherd
 _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP, signal.SIGTERM, signal.SIGCHLD, signal.SIGINT)
 
 
@@ -64,12 +65,68 @@ def serve(sock_fd: int = 3) -> int:
             os.write(sock_fd, (_fork_one(line, sock_fd) + "\n").encode())
 
 
-def _fork_one(line: bytes, sock_fd: int) -> str:
+# -- the line protocol: the daemon's launcher.ForkServer asks, this server answers ------------
+
+def encode_request(job_id: int, user: str, job_dir: str) -> bytes:
+    """The daemon's request for one shepherd: ``JOB_ID USER JOB_DIR``, a line."""
+    return f"{job_id} {user} {job_dir}\n".encode()
+
+
+def parse_request(line: bytes) -> tuple[int, str, str] | None:
+    """``(job_id, user, job_dir)`` from a request line (without its newline), or None."""
     try:
         job_text, user, job_dir = line.decode().split(" ", 2)
-        job_id = int(job_text)
-    except ValueError:
-        return "error malformed request"
+        return int(job_text), user, job_dir
+    except ValueError:   # (a UnicodeDecodeError is one too)
+        return None
+
+
+def encode_answer(pid: int, start: int | None) -> str:
+    """The answer for a forked shepherd: ``PID STARTTIME`` (``None``: it is already gone)."""
+    return f"{pid} {start}"
+
+
+def fork_error(exc: OSError) -> str:
+    """The answer for a fork that failed: ``error ERRNO-NAME text``, e.g. ``error EAGAIN ...``.
+
+    The daemon reads the name: EAGAIN or ENOMEM means "not now" (the job waits
+    and is retried), anything else that this server is of no use.
+    """
+    name = errno.errorcode.get(exc.errno or 0, "EIO")
+    return f"{ERROR} {name} cannot fork: {exc.strerror or exc}"
+
+
+class ForkFailed(Exception):
+    """An ``error`` answer: *name* is the errno's name (``EAGAIN``) or "", *text* the rest."""
+
+    def __init__(self, name: str, text: str):
+        super().__init__(f"{name} {text}" if name else text)
+        self.name, self.text = name, text
+
+
+def parse_answer(line: bytes) -> tuple[int, int]:
+    """The daemon's reading of an answer: ``(pid, starttime)``.
+
+    A start time of ``None`` (the shepherd was gone before it could be read)
+    reads as 0, which matches no process. An ``error`` answer raises
+    :class:`ForkFailed`; a line that is neither answer, ValueError.
+    """
+    words = line.decode().split()
+    if not words:
+        raise ValueError("an empty answer")
+    if words[0] == ERROR:
+        name = words[1] if len(words) > 1 and words[1].isupper() and words[1].startswith("E") else ""
+        raise ForkFailed(name, " ".join(words[2:] if name else words[1:]))
+    if len(words) < 2:
+        raise ValueError(f"a malformed answer: {line!r}")
+    return int(words[0]), 0 if words[1] == "None" else int(words[1])
+
+
+def _fork_one(line: bytes, sock_fd: int) -> str:
+    request = parse_request(line)
+    if request is None:
+        return f"{ERROR} malformed request"
+    job_id, user, job_dir = request
     try:
         r, w = os.pipe()
     except OSError as exc:
@@ -93,7 +150,7 @@ def _fork_one(line: bytes, sock_fd: int) -> str:
             if shepherd == 0:
                 os.close(w)
                 _become_shepherd(job_id, user, job_dir)
-            os.write(w, f"{shepherd} {records.proc_starttime(shepherd)}".encode())
+            os.write(w, encode_answer(shepherd, records.proc_starttime(shepherd)).encode())
         finally:
             os._exit(0)
     os.close(w)
@@ -102,17 +159,7 @@ def _fork_one(line: bytes, sock_fd: int) -> str:
     finally:
         os.close(r)
         os.waitpid(pid, 0)
-    return answer or "error the shepherd could not be forked"
-
-
-def fork_error(exc: OSError) -> str:
-    """The answer for a fork that failed: ``error ERRNO-NAME text``, e.g. ``error EAGAIN ...``.
-
-    The daemon reads the name: EAGAIN or ENOMEM means "not now" (the job waits
-    and is retried), anything else that this server is of no use.
-    """
-    name = errno.errorcode.get(exc.errno or 0, "EIO")
-    return f"error {name} cannot fork: {exc.strerror or exc}"
+    return answer or f"{ERROR} the shepherd could not be forked"
 
 
 def _become_shepherd(job_id: int, user: str, job_dir: str) -> None:

@@ -58,8 +58,6 @@ except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py)
     import record  # type: ignore[no-redef]
     import records  # type: ignore[no-redef]
 
-STOP_REASONS = ("killed", "timeout")
-FORK_RETRY = 10.0        # seconds a fork is retried (the launch spec's fork_retry, from the daemon)
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _ALL_CPUS = 8192         # CPU ids a mask may name (the kernel keeps those of the cpuset)
 
@@ -80,11 +78,11 @@ def main(argv=None) -> int:
     spec = _read_launch(job_dir)
     if spec is None:
         return 1
-    if spec.get("shepherd_cgroup"):
+    if spec.shepherd_cgroup:
         try:  # beside the job, never inside its limits: an OOM kill must not take us
-            cgroup.join(spec["shepherd_cgroup"])
+            cgroup.join(spec.shepherd_cgroup)
         except OSError as exc:
-            sys.stderr.write(f"hpc-batch-shepherd: cannot join {spec['shepherd_cgroup']}: {exc}\n")
+            sys.stderr.write(f"hpc-batch-shepherd: cannot join {spec.shepherd_cgroup}: {exc}\n")
     sup = Supervisor(job_dir, spec, lock_fd)
     result = sup.run_job()
     _finish(job_dir, result)
@@ -112,10 +110,10 @@ def _take_lock(job_dir: str) -> int | None:
     return fd
 
 
-def _read_launch(job_dir: str) -> dict | None:
+def _read_launch(job_dir: str) -> records.LaunchSpec | None:
     path = os.path.join(job_dir, records.LAUNCH)
-    spec = records.read_json(path)
-    if not isinstance(spec, dict) or not spec.get("argv"):
+    spec = records.read_record(path, records.LaunchSpec)
+    if spec is None:
         _finish(job_dir, records.ExitRecord(error=f"cannot read the launch spec {path}", ended=time.time()))
         return None
     return spec   # deleted once the job is forked: until then the daemon may need it to queue the job again
@@ -124,15 +122,15 @@ def _read_launch(job_dir: str) -> dict | None:
 class Supervisor:
     """One job from fork to delivery; all waiting is one poll() with deadlines."""
 
-    def __init__(self, job_dir: str, spec: dict, lock_fd: int):
+    def __init__(self, job_dir: str, spec: records.LaunchSpec, lock_fd: int):
         self.job_dir = job_dir
         self.spec = spec
         self.lock_fd = lock_fd
-        self.grace = float(spec.get("kill_grace", 5.0))
-        self.deadline = None if spec.get("deadline") is None else float(spec["deadline"])
-        self.delivery_limit = float(spec.get("delivery_limit", 600.0))
-        self.fork_retry = float(spec.get("fork_retry", FORK_RETRY))
-        self.cgroup = spec.get("cgroup")
+        self.grace = spec.kill_grace
+        self.deadline = spec.deadline
+        self.delivery_limit = spec.delivery_limit
+        self.fork_retry = spec.fork_retry
+        self.cgroup = spec.cgroup
         self.stop_reason: str | None = None
         self.stop_note: str | None = None
         self.kill_at: float | None = None
@@ -143,7 +141,7 @@ class Supervisor:
         self.watched: dict = {}
         self.failure = b""
         # The reproducibility record (shepherd/record.py), unless the daemon runs with --records none.
-        self.recorder = record.Recorder(job_dir, spec, fork=_fork) if spec.get("record") else None
+        self.recorder = record.Recorder(job_dir, spec, fork=_fork) if spec.record else None
         self.record_fds: list[int] = []
         ctl_r, self._ctl_keeper = control.create(job_dir)
         self.control = control.Reader(ctl_r)
@@ -181,7 +179,7 @@ class Supervisor:
         spec = self.spec
         # Output: buffer until the bound, then relay (as the user) or discard.
         self.out = output.OutputPump(spec, _open_buffer(os.path.join(self.job_dir, records.OUTPUT), spec),
-                                     int(spec.get("max_output_buffer") or (256 << 20)), self.fork_retry,
+                                     spec.max_output_buffer, self.fork_retry,
                                      _fork, self.watch, self.unwatch)
         pipe_r, pipe_w = output.make_pipe()
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -225,7 +223,7 @@ class Supervisor:
         try:
             self.record_fds = self.recorder.after_start()
         except Exception as exc:   # the record must never cost the job anything
-            sys.stderr.write(f"hpc-batch-shepherd: job {self.spec.get('id')}: cannot start its record: {exc}\n")
+            sys.stderr.write(f"hpc-batch-shepherd: job {self.spec.id}: cannot start its record: {exc}\n")
             self.recorder.record["error"] = str(exc)
             return
         for fd in self.record_fds:
@@ -245,7 +243,7 @@ class Supervisor:
         try:
             return self.recorder.at_end(usage)
         except Exception as exc:
-            sys.stderr.write(f"hpc-batch-shepherd: job {self.spec.get('id')}: cannot finish its record: {exc}\n")
+            sys.stderr.write(f"hpc-batch-shepherd: job {self.spec.id}: cannot finish its record: {exc}\n")
             return None
 
     def fork_retrying(self, interrupted, limit: float | None = None) -> int:
@@ -296,7 +294,7 @@ class Supervisor:
                 self.unwatch(fd)
             self.recorder.cut_short()   # type: ignore[union-attr]
         if self.stop_reason is None and self.deadline is not None and now >= self.deadline:
-            self.stop("timeout")
+            self.stop(records.TIMEOUT)
         if self.kill_at is not None and now >= self.kill_at:
             self.kill_at = None
             self._signal_job(signal.SIGKILL)
@@ -325,17 +323,11 @@ class Supervisor:
             cgroup.kill(self.cgroup)
 
     def _on_control(self, fd: int) -> None:
-        for words in self.control.commands():
-            if words[0] == "deadline" and len(words) == 2:
-                try:
-                    when = float(words[1])
-                except ValueError:
-                    continue
-                if when == when and abs(when) < 1e12:   # finite, and a time
-                    self.deadline = when
-            elif words[0] == "stop":
-                reason = words[1] if len(words) > 1 and words[1] in STOP_REASONS else "killed"
-                self.stop(reason)
+        for kind, value in self.control.commands():
+            if kind == control.DEADLINE:
+                self.deadline = value
+            elif kind == control.STOP:
+                self.stop(value)
                 if self.reaped:
                     self.abandon = self.abandon or "delivery was interrupted by dispatch kill"
 
@@ -347,7 +339,7 @@ class Supervisor:
         for num in data:
             if num in _STOP_SIGNALS:
                 name = signal.Signals(num).name
-                self.stop("killed", f"its shepherd was killed ({name}); the job was stopped")
+                self.stop(records.KILLED, f"its shepherd was killed ({name}); the job was stopped")
                 self.abandon = self.abandon or f"its shepherd was stopped by {name} before delivering"
 
     def _on_exec_report(self, fd: int) -> None:
@@ -405,13 +397,12 @@ class Supervisor:
                  "the delivery record")
 
 
-def _open_buffer(path: str, spec: dict) -> int:
+def _open_buffer(path: str, spec: records.LaunchSpec) -> int:
     """The output buffer: root's, readable by the job's user and the admin group."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o640)
     os.ftruncate(fd, 0)
     os.set_blocking(fd, True)
-    admin_gid = spec.get("admin_gid")
-    acl.share_with(fd, spec["uid"], admin_gid if admin_gid is not None else -1)
+    acl.share_with(fd, spec.uid, spec.admin_gid if spec.admin_gid is not None else -1)
     return fd
 
 
@@ -436,7 +427,7 @@ def _fork() -> int:
     return pid
 
 
-def _child(spec: dict, pipe_w: int, err_w: int) -> None:
+def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int) -> None:
     """In the forked child: confine, drop privileges, exec. Never returns."""
     stage = "setup"
     try:
@@ -449,34 +440,34 @@ def _child(spec: dict, pipe_w: int, err_w: int) -> None:
         os.dup2(pipe_w, 1)
         os.dup2(pipe_w, 2)
         process.keep_only(err_w)  # a job starts with 0, 1 and 2 only (err_w closes at exec)
-        if spec.get("cgroup"):
+        if spec.cgroup:
             stage = "joining the job's cgroup"
-            cgroup.join(spec["cgroup"])
+            cgroup.join(spec.cgroup)
             # The shepherd runs on the housekeeping CPUs; a mask it was pinned to would survive the
             # move (the kernel keeps the pinned mask within the new cpuset): widen it to the cpuset.
             os.sched_setaffinity(0, range(_ALL_CPUS))
-        if spec.get("cpus"):
+        if spec.cpus:
             stage = "pinning CPUs"
-            os.sched_setaffinity(0, spec["cpus"])
-        if spec.get("aslr") == "off":
+            os.sched_setaffinity(0, spec.cpus)
+        if spec.aslr == "off":
             stage = "turning address space randomisation off (--aslr off)"
             process.no_aslr()
-        if spec.get("thp") == "off":
+        if spec.thp == "off":
             stage = "turning transparent huge pages off (--thp off)"
             process.no_thp()
-        stage = f"dropping privileges to {spec['user']}"
-        identity.become(spec["user"], spec["uid"], spec["gid"])
-        os.umask(spec.get("umask", 0o077) & 0o777)
-        stage = f"entering {spec['cwd']}"
-        os.chdir(spec["cwd"])
-        stage = f"running {spec['argv'][0]!r}"
-        os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
+        stage = f"dropping privileges to {spec.user}"
+        identity.become(spec.user, spec.uid, spec.gid)
+        os.umask(spec.umask & 0o777)
+        stage = f"entering {spec.cwd}"
+        os.chdir(spec.cwd)
+        stage = f"running {spec.argv[0]!r}"
+        os.execvpe(spec.argv[0], spec.argv, spec.env)
     except BaseException as exc:  # report everything: the job must never run half-set-up
         if isinstance(exc, OSError) and exc.errno:
             why = f"{exc.strerror} (errno {exc.errno}, {errno.errorcode.get(exc.errno, '?')})"
         else:
             why = str(exc) or exc.__class__.__name__
-        msg = f"hpc-batch: job {spec.get('id')} failed while {stage}: {why}\n"
+        msg = f"hpc-batch: job {spec.id} failed while {stage}: {why}\n"
         for fd in (2, err_w):
             try:
                 os.write(fd, msg.encode("utf-8", "backslashreplace"))

@@ -33,12 +33,13 @@ import stat
 import time
 
 try:
-    from shepherd import identity, process, records
+    from shepherd import identity, process, records, sizes
 except ImportError:  # run as a file: siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
     import identity  # type: ignore[no-redef]
     import process  # type: ignore[no-redef]
     import records  # type: ignore[no-redef]
+    import sizes  # type: ignore[no-redef]
 
 CHUNK = 1 << 20          # bytes moved per splice, and the pipe's size
 HOLD_OFF = 0.02          # a trickle of output is batched: at most this often a wake-up
@@ -173,7 +174,7 @@ class _Finish(Exception):
     """SIGTERM in the relay: the job has ended, take what is left and stop."""
 
 
-def deliver_as_user(spec: dict, buf: int, pipe_r, report: int) -> None:
+def deliver_as_user(spec: records.LaunchSpec, buf: int, pipe_r, report: int) -> None:
     """In a forked child: become the user, write the buffer to the log, then relay the pipe.
 
     With *pipe_r* None this is the final copy. With a pipe it is the relay
@@ -195,10 +196,11 @@ def deliver_as_user(spec: dict, buf: int, pipe_r, report: int) -> None:
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
-    dest, code, dst, created = spec["output"], 1, None, False
+    dest, code, dst, created = spec.output, 1, None, False
+    assert dest is not None   # called only for a job with a log (the caller exits 1 if not)
     try:
-        identity.become(spec["user"], spec["uid"], spec["gid"])
-        os.umask(spec.get("umask", 0o077) & 0o777)
+        identity.become(spec.user, spec.uid, spec.gid)
+        os.umask(spec.umask & 0o777)
         dst, created = open_destination(dest)
         copy_file(buf, dst)
         code = 0
@@ -253,8 +255,8 @@ def _say(fd: int, line: str) -> None:
         pass
 
 
-def fork_as_user(fork, spec: dict, src: int, pipe_r: int | None = None) -> tuple[int, int]:
-    """Fork a child that writes *src*, then the pipe *pipe_r* if given, to ``spec["output"]`` as the user.
+def fork_as_user(fork, spec: records.LaunchSpec, src: int, pipe_r: int | None = None) -> tuple[int, int]:
+    """Fork a child that writes *src*, then the pipe *pipe_r* if given, to ``spec.output`` as the user.
 
     *fork* makes the child (the shepherd's fork, or one retried while the
     machine is out of pids); its OSError is the caller's. The child keeps
@@ -286,7 +288,7 @@ class OutputPump:
     to and take it from the poll set, *fork* is the shepherd's fork.
     """
 
-    def __init__(self, spec: dict, buf: int, limit: int, fork_retry: float, fork, watch, unwatch):
+    def __init__(self, spec: records.LaunchSpec, buf: int, limit: int, fork_retry: float, fork, watch, unwatch):
         self.spec = spec
         self.buf = buf            # the output buffer (<job dir>/output)
         self.limit = limit        # --max-output-buffer
@@ -364,8 +366,8 @@ class OutputPump:
         fork_retry (mode "held": the pipe is not read meanwhile, so the job
         waits on it), then the rest is discarded, with a note saying why.
         """
-        dest = self.spec.get("output")
-        size = _size(self.buffered)
+        dest = self.spec.output
+        size = sizes.format_size(self.buffered)
         if dest:
             try:
                 self._start_relay()
@@ -420,8 +422,3 @@ class OutputPump:
                 pass
 
 
-def _size(n: int) -> str:
-    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size}{unit}"
-    return f"{n} bytes"

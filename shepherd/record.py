@@ -72,15 +72,15 @@ def env_block(env: dict) -> bytes:
     return b"".join(f"{k}={env[k]}".encode("utf-8", "surrogateescape") + b"\0" for k in sorted(env))
 
 
-def software(spec: dict, env_values: bool) -> dict:
+def software(spec: records.LaunchSpec, env_values: bool) -> dict:
     """argv, cwd, libc, rlimits and the environment (values only when the user asked)."""
-    env = spec.get("env") or {}
+    env = spec.env or {}
     block = env_block(env)
     keys = sorted(env)
     out = {
-        "argv": sysread.field([cap(a) for a in spec["argv"][:LIST_CAP]], "launch spec"),
-        "argc": sysread.field(len(spec["argv"]), "launch spec"),
-        "cwd": sysread.field(cap(spec["cwd"]), "launch spec"),
+        "argv": sysread.field([cap(a) for a in spec.argv[:LIST_CAP]], "launch spec"),
+        "argc": sysread.field(len(spec.argv), "launch spec"),
+        "cwd": sysread.field(cap(spec.cwd), "launch spec"),
         "libc": _libc(),
         "rlimits": _rlimits(),
         "environment": {
@@ -216,15 +216,15 @@ class _Side:
 class Recorder:
     """One job's record, from the shepherd's first look to the end (see the module's text)."""
 
-    def __init__(self, job_dir: str, spec: dict, fork=os.fork):
+    def __init__(self, job_dir: str, spec: records.LaunchSpec, fork=os.fork):
         self.fork = fork    # the shepherd's, which holds its stop signals back from the child
         self.job_dir = job_dir
         self.spec = spec
-        self.conf = spec.get("record") or {}
+        self.conf = spec.record or {}
         self.src = sysread.Source(self.conf.get("root") or "/")
         self.cpus = list(self.conf.get("cpus") or [])
-        self.cgroup = spec.get("cgroup")
-        self.record: dict = {"schema": collect.SCHEMA, "job": spec.get("id"), "complete": False}
+        self.cgroup = spec.cgroup
+        self.record: dict = {"schema": collect.SCHEMA, "job": spec.id, "complete": False}
         self.start_snap: dict | None = None
         self.sides: dict[str, _Side] = {}
         self.side_deadline: float | None = None
@@ -243,7 +243,7 @@ class Recorder:
         """The static sections and the side tasks; returns the side tasks' fds to watch."""
         rec, src, conf = self.record, self.src, self.conf
         for name, make in (
-                ("collector", lambda: collect.collector(src, int(self.spec.get("id") or 0), conf.get("version", "?"),
+                ("collector", lambda: collect.collector(src, int(self.spec.id or 0), conf.get("version", "?"),
                                                         conf.get("commit"))),
                 ("kernel", lambda: collect.kernel(src)),
                 ("cpu", lambda: collect.cpu(src)),
@@ -359,14 +359,14 @@ class Recorder:
     def _hash_executable(self) -> dict:
         """In a child, as the job's user: resolve argv[0] as execvpe does, and hash that file."""
         spec = self.spec
-        identity.become(spec["user"], spec["uid"], spec["gid"])
-        os.chdir(spec["cwd"])
-        name = spec["argv"][0]
+        identity.become(spec.user, spec.uid, spec.gid)
+        os.chdir(spec.cwd)
+        name = spec.argv[0]
         path = None
         if "/" in name:
             path = name
         else:
-            for d in ((spec.get("env") or {}).get("PATH") or os.defpath).split(os.pathsep):
+            for d in ((spec.env or {}).get("PATH") or os.defpath).split(os.pathsep):
                 candidate = os.path.join(d or ".", name)
                 if os.access(candidate, os.X_OK) and os.path.isfile(candidate):
                     path = candidate
@@ -480,7 +480,7 @@ class Recorder:
     def write(self) -> bytes:
         """Replace record.json (root's, 0640, readable by the job's user); returns what was written."""
         data = bounded(self.record)
-        uid, gid = self.spec.get("uid"), self.spec.get("admin_gid")
+        uid, gid = self.spec.uid, self.spec.admin_gid
 
         def share(fd: int) -> None:
             if isinstance(uid, int):

@@ -3,13 +3,14 @@
 The s6 way: an admin can understand a job with ``cat`` and ``jq``, and the
 daemon learns everything it needs after a restart from these files alone.
 
-    launch.json    spec written once by the daemon (holds the environment, so
-                   root-only); the shepherd reads and deletes it before the
-                   job runs
+    launch.json    spec written once by the daemon (:class:`LaunchSpec`; holds
+                   the environment, so root-only); the shepherd reads it and
+                   deletes it once the job is forked
     shepherd.pid   "<pid> <starttime>"; flock-held for the shepherd's life, so
                    a failed try-lock means the shepherd is alive
     control        a FIFO the shepherd reads: one command a line ("stop
-                   killed", "stop timeout"); how the daemon asks for a job to
+                   killed", "stop timeout", "deadline T"; shepherd/control.py
+                   writes and parses them); how the daemon asks for a job to
                    end without ever signalling a process itself
     status.json    the job's pid and start time, replaced atomically
     exit.json      the exit record, written once, atomically, as the job ends
@@ -17,6 +18,8 @@ daemon learns everything it needs after a restart from these files alone.
     output         the first --max-output-buffer bytes of the job's combined
                    stdout/stderr, for attach; root-owned, readable by the
                    job's user (an ACL) and the admin group
+    info.json      the job's summary for its /dev/hpc-batch entry (the daemon's)
+    record.json    the reproducibility record (shepherd/record.py)
 
 Records are root-only (0600): a job's pid, status and exit are its owner's
 business, and the daemon answers for them through ``dispatch``.
@@ -48,6 +51,11 @@ EXIT = "exit.json"
 DELIVERY = "delivery.json"
 OUTPUT = "output"
 INFO = "info.json"
+# Why a shepherd stopped a job (exit.json's "stopped", the control FIFO's "stop REASON"): dispatch
+# kill (or its shepherd was killed), and --max-time. The daemon's results of the same names are these.
+KILLED = "killed"
+TIMEOUT = "timeout"
+STOP_REASONS = (KILLED, TIMEOUT)
 VERDICTS = ("clean", "noisy", "unknown")   # a record's verdict: was the machine quiet while the job ran?
 RECORD = "record.json"     # the reproducibility record (shepherd/record.py), root's, readable by the user
 
@@ -248,8 +256,6 @@ class ExitRecord(_Record):
               "oom_kill", "oom_group_kill", "peak_mem", "cpu_time", "not_started", "verdict", "record_digest")
     _OPTIONAL = ("not_started", "verdict", "record_digest")   # on disk only when set
     __slots__ = (*FIELDS, "old_format")    # old_format lives in memory only
-    STOP_REASONS = ("killed", "timeout")
-
     def __init__(self, status: int | None = None, ended: float | None = None, code: int | None = None,
                  signal: int | None = None, error: str | None = None, stopped: str | None = None,
                  stop_note: str | None = None, oom_kill: int = 0, oom_group_kill: int = 0,
@@ -273,7 +279,7 @@ class ExitRecord(_Record):
     def from_dict(cls, d: dict) -> "ExitRecord":
         stopped = _text(d, "stopped")
         rec = cls(_int(d, "status"), _num(d, "ended"), _int(d, "code"), _int(d, "signal"), _text(d, "error"),
-                  stopped if stopped in cls.STOP_REASONS else None, _text(d, "stop_note"),
+                  stopped if stopped in STOP_REASONS else None, _text(d, "stop_note"),
                   _int(d, "oom_kill") or 0, _int(d, "oom_group_kill") or 0, _int(d, "peak_mem"),
                   _num(d, "cpu_time"))
         rec.not_started = _text(d, "not_started")
@@ -298,7 +304,79 @@ class DeliveryRecord(_Record):
         return cls(d.get("ok") is True, _text(d, "path"), _text(d, "error"), _text(d, "note"))
 
 
+def _list(d: dict, key: str, kind: type) -> list | None:
+    v = d.get(key)
+    if isinstance(v, list) and all(isinstance(x, kind) and not isinstance(x, bool) for x in v):
+        return v
+    return None
+
+
+def _dict(d: dict, key: str) -> dict | None:
+    v = d.get(key)
+    return v if isinstance(v, dict) else None
+
+
+class LaunchSpec(_Record):
+    """launch.json: everything the shepherd needs, since it can ask the daemon nothing later.
+
+    The daemon builds one per start (``Engine._launch_spec``) and writes it;
+    the shepherd reads it back with :meth:`from_dict`. The defaults below are
+    the only definition of these values: the daemon writes them into every
+    spec, and a spec from an older daemon that lacks a key gets the same.
+    ``record`` stays a plain dict: it is the daemon's part of the
+    reproducibility record (hpc_batch/daemon/jobrecord.py), handed through
+    to shepherd/record.py as it is; None with ``--records none``.
+    """
+
+    KILL_GRACE = 5.0              # seconds between SIGTERM and SIGKILL when a job is stopped
+    DELIVERY_LIMIT = 600.0        # seconds the copy of the output to the user's log may take
+    FORK_RETRY = 10.0             # seconds a fork failing for want of pids or memory is retried
+    MAX_OUTPUT_BUFFER = 256 << 20  # the daemon's --max-output-buffer default (hpc_batch.defaults, "256M")
+    UMASK = 0o077                 # a spec without the submitter's umask: the strictest
+
+    FIELDS = __slots__ = ("id", "user", "uid", "gid", "cwd", "argv", "env", "output", "umask", "admin_gid",
+                          "cpus", "cgroup", "shepherd_cgroup", "deadline", "kill_grace", "delivery_limit",
+                          "max_output_buffer", "fork_retry", "aslr", "thp", "record")
+
+    def __init__(self, *, user: str, uid: int, gid: int, cwd: str, argv: list, env: dict,
+                 id: int | None = None, output: str | None = None, umask: int = UMASK,
+                 admin_gid: int | None = None, cpus: list | None = None, cgroup: str | None = None,
+                 shepherd_cgroup: str | None = None, deadline: float | None = None,
+                 kill_grace: float = KILL_GRACE, delivery_limit: float = DELIVERY_LIMIT,
+                 max_output_buffer: int = MAX_OUTPUT_BUFFER, fork_retry: float = FORK_RETRY,
+                 aslr: str = "on", thp: str = "on", record: dict | None = None):
+        self.id, self.user, self.uid, self.gid, self.cwd = id, user, uid, gid, cwd
+        self.argv, self.env, self.output, self.umask, self.admin_gid = argv, env, output, umask, admin_gid
+        self.cpus, self.cgroup, self.shepherd_cgroup = cpus, cgroup, shepherd_cgroup
+        self.deadline, self.kill_grace, self.delivery_limit = deadline, kill_grace, delivery_limit
+        self.max_output_buffer, self.fork_retry = max_output_buffer, fork_retry
+        self.aslr, self.thp, self.record = aslr, thp, record
+
+    def replace(self, **changes) -> "LaunchSpec":
+        """A copy with *changes* (e.g. another ``output`` for the record's delivery)."""
+        return LaunchSpec(**{**self.to_dict(), **changes})
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LaunchSpec | None":   # type: ignore[override]
+        """The spec in *d*, or None when what a job cannot run without is missing or mistyped."""
+        user, uid, gid, cwd = _text(d, "user"), _int(d, "uid"), _int(d, "gid"), _text(d, "cwd")
+        argv, env = _list(d, "argv", str), _dict(d, "env")
+        if user is None or uid is None or gid is None or cwd is None or not argv or env is None:
+            return None
+        aslr, thp, grace = _text(d, "aslr"), _text(d, "thp"), _num(d, "kill_grace")
+        limit, retry, umask = _num(d, "delivery_limit"), _num(d, "fork_retry"), _int(d, "umask")
+        return cls(user=user, uid=uid, gid=gid, cwd=cwd, argv=argv, env=env, id=_int(d, "id"),
+                   output=_text(d, "output"), umask=cls.UMASK if umask is None else umask,
+                   admin_gid=_int(d, "admin_gid"), cpus=_list(d, "cpus", int), cgroup=_text(d, "cgroup"),
+                   shepherd_cgroup=_text(d, "shepherd_cgroup"), deadline=_num(d, "deadline"),
+                   kill_grace=cls.KILL_GRACE if grace is None else grace,
+                   delivery_limit=cls.DELIVERY_LIMIT if limit is None else limit,
+                   max_output_buffer=_int(d, "max_output_buffer") or cls.MAX_OUTPUT_BUFFER,
+                   fork_retry=cls.FORK_RETRY if retry is None else retry,
+                   aslr=aslr or "on", thp=thp or "on", record=_dict(d, "record"))
+
+
 def read_record(path: str, kind):
-    """The typed record at *path* (a StatusRecord, ExitRecord or DeliveryRecord class), or None."""
+    """The typed record at *path* (a StatusRecord, ExitRecord, DeliveryRecord or LaunchSpec class), or None."""
     d = read_json(path)
     return kind.from_dict(d) if isinstance(d, dict) else None

@@ -11,12 +11,12 @@ import sys
 
 from .. import __version__
 from ..core.jobnames import env_word
+from ..wire.messages import CLIENT_FAILURES  # (no imports of its own: free for dispatch's start-up)
 from .argscan import scan
 from .cli_usage import SUBCOMMANDS, USAGE
 
-EX_USAGE = 2
-EX_UNAVAILABLE = 69
-BULK_BYTES = 4 << 20    # a --commands file: what one request can carry
+EX_USAGE = CLIENT_FAILURES["usage"]
+EX_UNAVAILABLE = CLIENT_FAILURES["unreachable"]
 
 
 class UsageError(Exception):
@@ -88,7 +88,8 @@ def job_ref(text: str):
         return int(text)
     from ..core.jobnames import split_ref
     if split_ref(text) is None:
-        raise UsageError(f"{text!r} is neither a job id nor a job name (letters, digits, '.', '_', '-'; "
+        from ..core.jobnames import NAME_RULE
+        raise UsageError(f"{text!r} is neither a job id nor a job name ({NAME_RULE}; "
                          f"USER:NAME for another user's)")
     return text
 
@@ -113,6 +114,7 @@ def _bulk(a) -> dict:
     if a.get("--commands") is None and a.get("--array") is None:
         return {}
     from ..core import arrays
+    from ..wire.framing import MAX_FRAME as BULK_BYTES  # a --commands file: what one request can carry
     if a.get("--commands") is not None and a.get("--array") is not None:
         raise UsageError("give --array or --commands, not both")
     if a.get("--commands") is not None:
@@ -211,13 +213,10 @@ def cmd_new(conn, a) -> int:
         args["gpu_link"] = a["--gpu-link"]
     args.update(_bench_args(a))
     if a["--name"] is not None:
-        from ..core.arrays import is_range
-        if a["--name"].isdigit() or is_range(a["--name"]):
-            raise UsageError(f"--name {a['--name']!r}: a name cannot be only digits, nor FIRST-LAST digits "
-                             f"(those are job ids and ranges)")
-        if ":" in a["--name"]:
-            raise UsageError(f"--name {a['--name']!r}: a name is letters, digits, '.', '_' and '-' only")
-        args["name"] = job_ref(a["--name"])
+        from ..core.jobnames import NAME_RULE, valid_name
+        if not valid_name(a["--name"]):
+            raise UsageError(f"--name {a['--name']!r}: {NAME_RULE}")
+        args["name"] = a["--name"]
     if a["--after"] is not None and a["--after-ok"] is not None:
         raise UsageError("give --after or --after-ok, not both")
     deps = a["--after"] if a["--after"] is not None else a["--after-ok"]

@@ -1,6 +1,13 @@
-"""The text of every ``dispatch`` usage (docopt reads the Usage and Options sections)."""
+"""The text of every ``dispatch`` usage (docopt reads the Usage and Options sections).
 
-USAGE = """dispatch: submit and manage hpc-batch jobs.
+The exit statuses are written out here and checked against ``messages.REFUSALS``
+and ``jobs.WAIT_STATUS`` by tests/unit/test_doc_facts.py (importing the job record
+here would cost every ``dispatch`` start).
+"""
+
+from ..defaults import SOCKET, SOCKET_ENV
+
+USAGE = f"""dispatch: submit and manage hpc-batch jobs.
 
 Usage:
   dispatch new [options] [--] <command>...
@@ -31,7 +38,7 @@ A <job> is its id, or the --name it was given (your newest job of that name,
 admins too), or USER:NAME for another user's (admins);
 list, kill and wait also take a range of ids, FIRST-LAST (a bulk submit's).
 Run 'dispatch <command> --help' for a command's options. The daemon's socket
-is $HPC_BATCH_SOCKET, or /run/hpc-batch/hpc-batch.sock.
+is ${SOCKET_ENV}, or {SOCKET}.
 
 Exit status: 0 success; 1 refused (the message says why); 2 usage; 3 no such
 job; 4 not yours (or admins only); 5 invalid request; 6 can never fit here;

@@ -7,6 +7,7 @@ and what a good value looks like.
 from __future__ import annotations
 
 from .. import bounds
+from .jobnames import is_range as is_range  # FIRST-LAST: the job-name rule's, re-exported for the range users
 
 ARRAY_FORMS = "e.g. 1-100, 0-98:2, 1,4,9 or 1-1000%8 (at most 8 at once)"
 
@@ -60,12 +61,6 @@ def parse_commands(text: str, source: str) -> list[str]:
     if any("\0" in c for c in commands):
         raise ValueError(f"--commands {source}: a line holds a NUL byte")
     return commands
-
-
-def is_range(text: str) -> bool:
-    """True for ``A-B`` with A and B job ids (a name cannot look like this)."""
-    low, dash, high = text.partition("-")
-    return bool(dash) and low.isascii() and low.isdigit() and high.isascii() and high.isdigit()
 
 
 def parse_range(text: str, most: int) -> list[int]:

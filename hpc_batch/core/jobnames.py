@@ -1,12 +1,27 @@
 """The job-name rule, and job references by name (pure; cheap to import for ``dispatch``)."""
 
 MAX_NAME = 64
+NAME_PUNCTUATION = "._-"   # besides ASCII letters and digits, all a name may hold
+# The rule in words, for every message that refuses a name (client, daemon, PSI/J).
+NAME_RULE = (f"a job name is 1-{MAX_NAME} letters, digits, '.', '_' or '-', and neither only digits "
+             f"nor FIRST-LAST digits (those are job ids and ranges)")
+
+
+def name_char(c: str) -> bool:
+    """True for a character a job name may hold."""
+    return c.isascii() and (c.isalnum() or c in NAME_PUNCTUATION)
+
+
+def is_range(text: str) -> bool:
+    """True for ``A-B`` with A and B job ids (a name cannot look like this)."""
+    low, dash, high = text.partition("-")
+    return bool(dash) and low.isascii() and low.isdigit() and high.isascii() and high.isdigit()
 
 
 def valid_name(name: object) -> bool:
-    """A --name: 1-64 letters, digits, '.', '_' or '-', not all digits (those are ids)."""
-    return (isinstance(name, str) and 0 < len(name) <= MAX_NAME and name.isascii() and not name.isdigit()
-            and all(c.isalnum() or c in "._-" for c in name))
+    """A --name, by :data:`NAME_RULE`: the one definition the client, daemon and PSI/J bridge share."""
+    return (isinstance(name, str) and 0 < len(name) <= MAX_NAME and not name.isdigit()
+            and all(name_char(c) for c in name) and not is_range(name))
 
 
 MAX_USER = 32          # a login name in a qualified <job> reference (useradd's own limit)
@@ -22,7 +37,7 @@ def split_ref(text: str) -> tuple[str | None, str] | None:
     if not colon:
         return (None, name) if valid_name(name) else None
     if not (0 < len(user) <= MAX_USER and user.isascii() and user[0] != "-"
-            and all(c.isalnum() or c in "._-" for c in user.removesuffix("$"))):
+            and all(name_char(c) for c in user.removesuffix("$"))):
         return None
     return (user, name) if valid_name(name) else None
 

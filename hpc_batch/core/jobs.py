@@ -24,6 +24,9 @@ older and newer state files keep loading.
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from shepherd.records import KILLED as KILLED  # the shepherd's stop reasons are these two results
+from shepherd.records import TIMEOUT as TIMEOUT
+
 from .. import bounds
 from .jobnames import valid_name
 
@@ -36,8 +39,8 @@ STATES = (WAITING, QUEUED, RUNNING, FINISHED)
 # How a job ended. EXITED carries an exit code, SIGNALLED a signal number.
 EXITED = "exited"
 SIGNALLED = "signalled"
-TIMEOUT = "timeout"     # --max-time ran out and the daemon stopped it
-KILLED = "killed"       # dispatch kill, or its shepherd was killed
+# TIMEOUT: --max-time ran out and the shepherd stopped it; KILLED: dispatch kill, or its
+# shepherd was killed. Both are the shepherd's stop reasons, defined in shepherd/records.py.
 ERROR = "error"         # it never ran: exec failed, privileges, confinement, can never fit
 OOM = "oom"             # exceeded its memory budget
 CANCELLED = "cancelled"                 # dispatch kill before it started

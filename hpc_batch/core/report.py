@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import gputopo
-from .resources import Allocation, Budget, Free, Limits, Machine, Request, capacity, format_bytes
+from .resources import Allocation, Budget, Free, Limits, Machine, Request, capacity
+from .sizes import format_size
 
 
 def why_waiting(req: Request, budget: Budget, position: int, head: int | None, free: Free, policy: str,
@@ -42,8 +43,8 @@ def why_waiting(req: Request, budget: Budget, position: int, head: int | None, f
                      f"on one is {most_text}")
     if budget.mem > free.mem_max(local):
         where = " on one NUMA node" if local else ""
-        lacks.append(f"it needs {format_bytes(budget.mem)} of memory{where}; "
-                     f"{format_bytes(max(0, free.mem_max(local)))} is free")
+        lacks.append(f"it needs {format_size(budget.mem)} of memory{where}; "
+                     f"{format_size(max(0, free.mem_max(local)))} is free")
     if req.gpus > len(free.gpus):
         lacks.append(f"it needs {req.gpus} GPUs; {len(free.gpus)} are free")
     elif req.gpus and (req.gpu_link or req.numa_local_gpu):

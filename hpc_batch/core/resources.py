@@ -45,8 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import cputopo, gputopo
-
-GiB = 1 << 30
+from .sizes import GiB, format_size
 
 # Key of the single machine-wide memory pool in Free.mem (per_node_memory off).
 POOL = -1
@@ -378,15 +377,6 @@ def describe_unit(machine: Machine, limits: Limits) -> str:
     return f"CPU allocation: {unit}; reserved for the OS (--reserve-cpu {limits.reserve_cpu}): CPUs {held}"
 
 
-def format_bytes(n: int) -> str:
-    """Human form used in messages: '32 GiB', '1.5 GiB', '512 MiB'."""
-    if n >= GiB or n == 0:
-        v = n / GiB
-        return f"{v:.0f} GiB" if n % GiB == 0 else f"{v:.1f} GiB"
-    mib = n / (1 << 20)
-    return f"{mib:.0f} MiB" if n % (1 << 20) == 0 else f"{mib:.1f} MiB"
-
-
 def default_share(cpus: int, machine: Machine) -> int:
     """Memory ``cpus`` CPUs represent: CPUs/node CPUs x node memory.
 
@@ -454,8 +444,8 @@ def check_request(req: Request, machine: Machine, limits: Limits) -> Budget:
     if req.mem is not None:
         if req.mem > ceiling:
             raise RequestError(
-                f"--max-mem {format_bytes(req.mem)}{flag} can never fit: "
-                f"{what} {format_bytes(ceiling)} to jobs"
+                f"--max-mem {format_size(req.mem)}{flag} can never fit: "
+                f"{what} {format_size(ceiling)} to jobs"
             )
         return Budget(req.mem, assigned=False)
     if ceiling < 1:
@@ -556,8 +546,8 @@ def why_never_fits(req: Request, budget: Budget, machine: Machine, limits: Limit
     ceiling, what = _mem_ceiling(req, _job_cpus(req, cap), cap)
     if budget.mem > ceiling:
         return (
-            f"its memory budget of {format_bytes(budget.mem)} can never fit: "
-            f"{what} {format_bytes(ceiling)} to jobs"
+            f"its memory budget of {format_size(budget.mem)} can never fit: "
+            f"{what} {format_size(ceiling)} to jobs"
         )
     return None
 

@@ -2,13 +2,17 @@
 
 One parser for every size the client and the daemon accept (``--max-mem``,
 ``--reserve-mem``, ``--min-job-mem``, ``--max-job-size``,
-``--max-output-buffer``), so they all take the same forms.
+``--max-output-buffer``), so they all take the same forms; and one formatter,
+shepherd/sizes.py's, which writes them back in the same form.
 """
 
+from shepherd.sizes import GiB as GiB
+from shepherd.sizes import KiB, TiB
+from shepherd.sizes import MiB as MiB
+from shepherd.sizes import format_size as format_size  # the one formatter (the shepherd's too: see there)
+
 _SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?"
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-GiB = 1 << 30
-MiB = 1 << 20
+UNITS = {"K": KiB, "M": MiB, "G": GiB, "T": TiB}
 
 
 class SizeError(ValueError):
@@ -29,9 +33,5 @@ def parse_size(text: str, default_unit: str = "G", allow_zero: bool = False) -> 
 
 
 def format_mem(n: int | None) -> str:
-    """Compact memory size: ``32G``, ``1.5G``, ``512M`` (``-`` for none)."""
-    if n is None:
-        return "-"
-    if n >= GiB:
-        return f"{n // GiB}G" if n % GiB == 0 else f"{n / GiB:.1f}G"
-    return f"{max(1, round(n / MiB))}M"
+    """A size for a listing: :func:`format_size`, or ``-`` for none."""
+    return "-" if n is None else format_size(n)

@@ -19,7 +19,8 @@ import subprocess
 
 from ..core import cputopo, gputopo
 from ..core.cputopo import format_cpulist, parse_cpulist
-from ..core.resources import Machine, Node, format_bytes
+from ..core.resources import Machine, Node
+from ..core.sizes import format_size
 
 NVIDIA_SMI_TIMEOUT = 10.0  # seconds; a wedged driver must not stall startup
 
@@ -281,7 +282,7 @@ def discover(
     nodes = read_numa(sysfs_root, allowed_cpus, proc_root)
     log = [f"NUMA: {len(nodes)} node{'s' if len(nodes) != 1 else ''} with usable CPUs"]
     log += [
-        f"NUMA node {n.id}: cpus {format_cpulist(n.cpus)} ({len(n.cpus)}), memory {format_bytes(n.mem)}"
+        f"NUMA node {n.id}: cpus {format_cpulist(n.cpus)} ({len(n.cpus)}), memory {format_size(n.mem)}"
         for n in nodes
     ]
     cpu_topo, more = read_cpu_topology(sysfs_root, [c for n in nodes for c in n.cpus])

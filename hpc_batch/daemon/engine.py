@@ -757,22 +757,24 @@ class Engine:
                  job.id, undone["restored"], undone.get("handed", 0),
                  f"; left alone: {'; '.join(undone['left'])}" if undone["left"] else "")
 
-    def _launch_spec(self, job: Job, alloc, cg) -> dict:
-        """What the shepherd needs, all of it: it cannot ask the daemon anything later."""
-        return {
-            "id": job.id, "user": job.user, "uid": job.uid, "gid": job.gid, "cwd": job.cwd,
-            "argv": job.argv, "env": self._job_env(job), "output": job.output, "umask": job.umask,
-            "admin_gid": self.cfg.admin_gid,
-            "cpus": None if self.cfg.cgroups else list(alloc.cpus),
-            "cgroup": cg,
-            "shepherd_cgroup": cgroups.shepherds_path(self.cfg.cgroup_root) if self.cfg.cgroups else None,
+    def _launch_spec(self, job: Job, alloc, cg) -> records.LaunchSpec:
+        """What the shepherd needs, all of it: it cannot ask the daemon anything later.
+
+        The grace, delivery limit and fork retry are the spec's own defaults
+        (one definition, in shepherd/records.py, which the shepherd can read).
+        """
+        return records.LaunchSpec(
+            id=job.id, user=job.user, uid=job.uid, gid=job.gid, cwd=job.cwd,
+            argv=job.argv, env=self._job_env(job), output=job.output, umask=job.umask,
+            admin_gid=self.cfg.admin_gid,
+            cpus=None if self.cfg.cgroups else list(alloc.cpus),
+            cgroup=cg,
+            shepherd_cgroup=cgroups.shepherds_path(self.cfg.cgroup_root) if self.cfg.cgroups else None,
             # The shepherd keeps the deadline itself, so it holds while the daemon is down.
-            "deadline": job.deadline, "kill_grace": defaults.KILL_GRACE,
-            "delivery_limit": defaults.DELIVERY_LIMIT, "max_output_buffer": self.cfg.max_output_buffer,
-            "fork_retry": defaults.FORK_RETRY,
-            "aslr": job.request.get("aslr", "on"), "thp": job.request.get("thp", "on"),
-            "record": self._record_spec(job, alloc) if self.cfg.records == "all" else None,
-        }
+            deadline=job.deadline, max_output_buffer=self.cfg.max_output_buffer,
+            aslr=job.request.get("aslr", "on"), thp=job.request.get("thp", "on"),
+            record=self._record_spec(job, alloc) if self.cfg.records == "all" else None,
+        )
 
     def _record_spec(self, job: Job, alloc) -> dict:
         """What the shepherd needs from the daemon for the job's reproducibility record."""
@@ -801,9 +803,9 @@ class Engine:
         spec stays until the next start replaces it, so a crash before this
         turn's commit leaves a running job whose shepherd the next daemon starts.
         """
-        spec = records.read_json(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
-        env = spec.get("env") if isinstance(spec, dict) else None
-        if not isinstance(env, dict):
+        spec = records.read_record(os.path.join(self.store.job_dir(job.id), records.LAUNCH), records.LaunchSpec)
+        env = spec.env if spec is not None else None
+        if env is None:
             self._drop_cgroup(cg)
             self._finish(job, Result(ERROR, note=f"{why}, and its launch spec is gone"), now)
             return
@@ -1132,7 +1134,7 @@ class Engine:
         handle = self.table.running.get(job.id)
         if handle is not None:
             handle.stop_heard = heard
-            handle.next_stop_at = now + (defaults.KILL_GRACE if heard else STOP_RETRY)
+            handle.next_stop_at = now + (records.LaunchSpec.KILL_GRACE if heard else STOP_RETRY)
 
     def tick(self, now: float) -> float | None:
         """Schedule if needed, enforce --max-time, retry what failed; returns when to call again."""

@@ -1,9 +1,9 @@
 """One handler per verb: the daemon's side of each ``dispatch`` command.
 
 Each takes the engine, the caller (from SO_PEERCRED) and the validated
-payload, and returns a reply message. ``attach`` and ``wait`` are not here:
-they hold their connection until the daemon has something to say, so the
-server owns them.
+payload, and returns a reply message. ``attach``, ``wait`` and ``watch``
+are not here: they hold their connection until the daemon has something to
+say, so the server owns them.
 """
 
 from collections.abc import Callable

@@ -42,12 +42,16 @@ def shepherd_argv(job_id: int, user: str, job_dir: str) -> tuple:
     environment and the user's site): it starts fast and nothing a user
     controls can change what root runs.
     """
-    script = os.path.join(os.path.dirname(os.path.abspath(shepherd.__file__)), SHEPHERD + ".py")
     args = ["--job", str(job_id), "--user", user, job_dir]
-    return sys.executable, [sys.executable, "-E", "-s", "-S", script, *args], dict(SHEPHERD_ENV)
+    return sys.executable, [sys.executable, "-E", "-s", "-S", shepherd_script(), *args], dict(SHEPHERD_ENV)
 
 
-def write_launch(job_dir: str, launch: dict) -> None:
+def shepherd_script() -> str:
+    """The shepherd's file, run for an exec'd shepherd and for the fork server alike."""
+    return os.path.join(os.path.dirname(os.path.abspath(shepherd.__file__)), SHEPHERD + ".py")
+
+
+def write_launch(job_dir: str, launch: records.LaunchSpec) -> None:
     """Write the shepherd's spec (root-only: it holds the job's environment).
 
     A job started before (queued again because its shepherd could not fork
@@ -63,7 +67,7 @@ def write_launch(job_dir: str, launch: dict) -> None:
             pass
     if stale:
         records.fsync_dir(job_dir)
-    records.write_json(os.path.join(job_dir, records.LAUNCH), launch, 0o600, durable=False)
+    launch.write(os.path.join(job_dir, records.LAUNCH), durable=False)
 
 
 _SIGDEF = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP, signal.SIGTERM, signal.SIGCHLD)
@@ -112,9 +116,9 @@ class ForkServer:
 
     def _start(self) -> bool:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        script = os.path.join(os.path.dirname(os.path.abspath(shepherd.__file__)), SHEPHERD + ".py")
         try:
-            pid = _posix_spawn(sys.executable, forkserver.server_argv(sys.executable, script), dict(SHEPHERD_ENV),
+            pid = _posix_spawn(sys.executable, forkserver.server_argv(sys.executable, shepherd_script()),
+                               dict(SHEPHERD_ENV),
                                extra=[(os.POSIX_SPAWN_DUP2, child.fileno(), 3)])
             self.pidfd = os.pidfd_open(pid)
         except OSError as exc:
@@ -171,24 +175,23 @@ class ForkServer:
     def _ask(self, job_id: int, user: str, job_dir: str) -> tuple[int, int | None] | None:
         assert self.sock is not None
         try:
-            self.sock.sendall(f"{job_id} {user} {job_dir}\n".encode())
+            self.sock.sendall(forkserver.encode_request(job_id, user, job_dir))
             reply = b""
             while not reply.endswith(b"\n"):
                 data = self.sock.recv(256)
                 if not data:
                     raise OSError("it exited")
                 reply += data
-            words = reply.decode().split()
-            if words[0] == "error":
-                if len(words) > 1 and words[1] in records.NOT_NOW_NAMES:
+            try:
+                pid, start = forkserver.parse_answer(reply)
+            except forkserver.ForkFailed as failed:
+                if failed.name in records.NOT_NOW_NAMES:
                     # It could not fork, and is fine: the job waits, the server stays.
-                    raise _NotNow(getattr(errno, words[1]), " ".join(words[2:]))
-                raise OSError(" ".join(words[1:]))
-            pid = int(words[0])
-            start = 0 if words[1] == "None" else int(words[1])   # None: already gone; 0 matches no process
+                    raise _NotNow(getattr(errno, failed.name), failed.text) from None
+                raise OSError(str(failed)) from None
         except _NotNow:
             raise
-        except (OSError, ValueError, IndexError) as exc:
+        except (OSError, ValueError) as exc:
             log.error("the shepherd fork server failed (%s); starting it afresh", exc)
             self.failures += 1
             self.stop()
@@ -270,12 +273,12 @@ def exited(pidfd: int) -> bool:
 
 def request_stop(job_dir: str, reason: str) -> bool:
     """Ask the job's shepherd to stop it ("killed" or "timeout"); False if none is listening."""
-    return control.send(job_dir, f"stop {reason}")
+    return control.stop(job_dir, reason)
 
 
 def send_deadline(job_dir: str, deadline: float) -> bool:
     """Give the job's shepherd a new --max-time deadline (epoch seconds); False if none is listening."""
-    return control.send(job_dir, f"deadline {deadline:.3f}")
+    return control.deadline(job_dir, deadline)
 
 
 def kill_orphaned_job(job_dir: str) -> bool:

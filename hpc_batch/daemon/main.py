@@ -4,7 +4,8 @@ Start-up refuses rather than runs half-configured (exit 78, EX_CONFIG, which
 the unit's RestartPreventExitStatus= turns into a clean stop): each refusal
 names what is missing and the flag that opts out of it. SIGHUP re-execs the
 daemon in place (state is on disk after every change, the listening socket
-and the state lock are handed across), so running jobs stay its children.
+and the state lock are handed across); running jobs are not its children
+(their shepherds are init's) and are re-adopted from their pidfiles.
 """
 
 import logging
@@ -140,12 +141,12 @@ class Config:
     schedule: str
     cgroups: bool
     max_queued_per_user: int = defaults.MAX_QUEUED_PER_USER
-    max_job_size: int = 1 << 20
+    max_job_size: int = parse_size(defaults.MAX_JOB_SIZE, "M")
     max_connections_per_user: int = defaults.MAX_CONNECTIONS_PER_USER
-    max_reply_bytes_per_user: int = 32 << 20
+    max_reply_bytes_per_user: int = parse_size(defaults.MAX_REPLY_BYTES_PER_USER, "M")
     max_pids: int = defaults.MAX_PIDS
-    max_output_buffer: int = 256 << 20
-    state_reserve: int = 64 << 20
+    max_output_buffer: int = parse_size(defaults.MAX_OUTPUT_BUFFER, "M")
+    state_reserve: int = parse_size(defaults.STATE_RESERVE, "M")
     gpu_mask: bool = True           # --no-gpu-mask turns it off
     mask_gpus: bool = False         # in force: asked for, and possible (cgroups, GPUs present)
     cgroup_root: str = defaults.CGROUP_ROOT

@@ -10,7 +10,6 @@ becomes.
 
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,8 +177,9 @@ def job_name(name: str | None) -> str | None:
     character a name cannot hold made '_'; None when nothing usable is left."""
     if not name:
         return None
-    clean = re.sub(r"[^A-Za-z0-9._-]", "_", name.rstrip("/").rsplit("/", 1)[-1])[:jobnames.MAX_NAME]
-    if clean.isdigit():
+    last = name.rstrip("/").rsplit("/", 1)[-1]
+    clean = "".join(c if jobnames.name_char(c) else "_" for c in last)[:jobnames.MAX_NAME]
+    if clean.isdigit() or jobnames.is_range(clean):
         clean = f"job-{clean}"[:jobnames.MAX_NAME]
     return clean if jobnames.valid_name(clean) else None
 

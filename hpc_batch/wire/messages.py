@@ -25,6 +25,13 @@ REFUSALS = {
     "internal": 70,     # a bug in hpc-batchd (EX_SOFTWARE)
 }
 
+# dispatch's own failures, which never reach the daemon: with REFUSALS (and 0, success), every
+# status dispatch exits with for a request; docs and usage texts are checked against both.
+CLIENT_FAILURES = {
+    "usage": 2,         # a bad command line (docopt's, EX_USAGE)
+    "unreachable": 69,  # the daemon cannot be reached (EX_UNAVAILABLE)
+}
+
 
 def request(op: str, **args: "Any") -> "dict[str, Any]":
     """Build a request message."""

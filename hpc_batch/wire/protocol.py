@@ -17,8 +17,7 @@ from typing import Any
 from .. import bounds
 
 # Re-exported (``protocol.ok(...)`` and the rest): the redundant aliases mark them public.
-from ..core.arrays import is_range
-from ..core.jobnames import split_ref, valid_name
+from ..core.jobnames import NAME_RULE, split_ref, valid_name
 from ..core.jobs import MAX_AFTER
 from .messages import VERSION as VERSION
 from .messages import error as error
@@ -97,9 +96,8 @@ def _choice(args: Args, name: str, choices: tuple[str, ...], default: str | None
 
 def _name(args: Args) -> str | None:
     value: str | None = _get(args, "name", (str,), default=None, allow_none=True)
-    if value is not None and (not valid_name(value) or is_range(value)):
-        raise ProtocolError("field 'name' must be 1-64 letters, digits, '.', '_' or '-', and neither only "
-                            "digits nor FIRST-LAST digits (those are job ids and ranges)")
+    if value is not None and not valid_name(value):
+        raise ProtocolError(f"field 'name': {NAME_RULE}")
     return value
 
 

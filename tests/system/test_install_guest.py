@@ -2,8 +2,8 @@
 
 One scenario in steps, in order, on a guest of this module's own: the steps
 take the machine apart, so they must not share the session's guest (which
-other modules expect installed). Each step skips when the one it builds on
-failed, so the first failure is the one reported.
+other modules expect installed). Each step fails at once (never skips) when
+the one it builds on failed, naming it, so the first failure is the cause.
 
 1. a fresh install with install.sh from a wheel built on the host: the
    service is active, a new login shell finds dispatch, a job runs;

@@ -139,7 +139,7 @@ class FakeLauncher:
 
     def write_launch(self, job_dir, launch):
         self.last_launch = launch
-        records.write_json(os.path.join(job_dir, records.LAUNCH), launch)   # as the real one: it stays there
+        launch.write(os.path.join(job_dir, records.LAUNCH))   # as the real one: it stays there
 
     def spawn(self, job_id, user, job_dir):
         if self.spawn_error:

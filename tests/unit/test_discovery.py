@@ -222,7 +222,7 @@ def test_discover_intel_with_gpus(monkeypatch, smi_dir):
     assert [n.id for n in machine.nodes] == [0, 1]
     assert machine.gpus == (0, 1, 2, 3)
     assert log[0] == "NUMA: 2 nodes with usable CPUs"
-    assert log[1] == "NUMA node 0: cpus 0-19,40-59 (40), memory 187.3 GiB"
+    assert log[1] == "NUMA node 0: cpus 0-19,40-59 (40), memory 187.3G"
     assert any(line.startswith("GPUs: 4 from") for line in log)
     assert any(line.startswith("GPU topology: unknown") for line in log)   # this fake has no topo -m
     # Reserve comes off node 0, so node 1 is the widest: 40 CPUs, the two threads of 20 cores.

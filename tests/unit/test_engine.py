@@ -68,7 +68,7 @@ def test_a_job_that_fits_starts_and_one_that_does_not_queues(world):
     assert b["state"] == "queued" and fake.spawned == [a["id"]]
     assert (a["id"], "started") in hooks.events
     # The launch spec carries what the shepherd enforces on its own.
-    assert fake.last_launch["deadline"] == T0 + 3600 and fake.last_launch["kill_grace"] == defaults.KILL_GRACE
+    assert fake.last_launch.deadline == T0 + 3600 and fake.last_launch.kill_grace == records.LaunchSpec.KILL_GRACE
     end(eng, store, a["id"], code=0)
     eng.tick(T0 + 2)
     assert fake.spawned == [a["id"], b["id"]]
@@ -114,7 +114,7 @@ def test_kill_asks_the_shepherd_and_repeats_until_it_ends(world):
     fake.listening = True
     eng.tick(T0 + 2)
     assert fake.stops == [(job, "killed"), (job, "killed")]
-    assert eng.tick(T0 + 2.1) == pytest.approx(T0 + 2 + defaults.KILL_GRACE)
+    assert eng.tick(T0 + 2.1) == pytest.approx(T0 + 2 + records.LaunchSpec.KILL_GRACE)
     done = end(eng, store, job, stopped="killed", signal=15)
     assert done.get_result().kind == jobs.KILLED
 
@@ -574,7 +574,7 @@ def test_the_launch_spec_and_the_record_carry_aslr_and_thp(world):
     eng, store, fake, hooks = world
     a = submit(eng, aslr="off", thp="off")
     start_pending(eng)
-    assert (fake.last_launch["aslr"], fake.last_launch["thp"]) == ("off", "off")
+    assert (fake.last_launch.aslr, fake.last_launch.thp) == ("off", "off")
     assert (eng.jobs[a["id"]].request["aslr"], eng.jobs[a["id"]].request["thp"]) == ("off", "off")
     b = submit(eng)
     assert (eng.jobs[b["id"]].request["aslr"], eng.jobs[b["id"]].request["thp"]) == ("on", "on")

@@ -29,7 +29,7 @@ def test_a_spawn_out_of_pids_puts_the_job_back_with_its_environment(world):  # n
     fake.spawn_error = None                                          # pids free again
     eng.tick(T0 + defaults.START_RETRY)
     assert fake.spawned == [job] and eng.jobs[job].state == jobs.RUNNING
-    assert fake.last_launch["env"]["SECRET"] == "s"
+    assert fake.last_launch.env["SECRET"] == "s"
     assert end(eng, store, job, code=3).get_result().code == 3
 
 
@@ -41,9 +41,13 @@ def test_any_other_spawn_failure_still_ends_the_job(world):  # noqa: F811
     assert eng.jobs[job].get_result().kind == jobs.ERROR
 
 
+def _spec(env):
+    return records.LaunchSpec(user="root", uid=0, gid=0, cwd="/", argv=["true"], env=env)
+
+
 def _not_started(store, job, env):
     """What a shepherd that could not fork its job leaves: the spec it kept, and its record."""
-    records.write_json(os.path.join(store.job_dir(job), records.LAUNCH), {"argv": ["true"], "env": env})
+    _spec(env).write(os.path.join(store.job_dir(job), records.LAUNCH))
     return {"error": "cannot fork the job (EAGAIN: Resource temporarily unavailable)", "not_started": "EAGAIN"}
 
 
@@ -57,7 +61,7 @@ def test_a_shepherd_that_could_not_fork_the_job_puts_it_back(world):  # noqa: F8
     assert store.env[job] == {"forward": {"PATH": "/bin", "HPC_BATCH_JOB_ID": str(job), "FOO": "bar"}}
     eng.tick(T0 + defaults.START_RETRY)
     assert fake.spawned == [job, job]
-    assert fake.last_launch["env"]["FOO"] == "bar"
+    assert fake.last_launch.env["FOO"] == "bar"
     assert end(eng, store, job, code=4).get_result().code == 4
 
 
@@ -84,7 +88,7 @@ def test_after_a_restart_an_unstarted_shepherd_waits_for_a_pid(world):  # noqa: 
                    alloc={"cpus": [0], "mem_by_node": [[0, 1 << 20]], "gpus": [], "exclusive": False})
     store.records[5] = job.to_dict()
     os.mkdir(store.job_dir(5))
-    records.write_json(os.path.join(store.job_dir(5), records.LAUNCH), {"argv": ["true"], "env": {}})
+    _spec({}).write(os.path.join(store.job_dir(5), records.LAUNCH))
     eng.recover()
     fake.spawn_error = OSError(errno.EAGAIN, "Resource temporarily unavailable")
     now = T0 + defaults.SHEPHERD_START_GRACE + 100

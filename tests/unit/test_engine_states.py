@@ -178,7 +178,7 @@ class Shepherds(FakeLauncher):
 
     def write_launch(self, job_dir, launch):
         os.makedirs(job_dir, exist_ok=True)
-        records.write_json(os.path.join(job_dir, records.LAUNCH), launch, durable=False)
+        launch.write(os.path.join(job_dir, records.LAUNCH), durable=False)
 
     def spawn(self, job_id, user, job_dir):
         pid, start = super().spawn(job_id, user, job_dir)

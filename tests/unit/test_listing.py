@@ -17,7 +17,8 @@ def job(**kw):
     return base
 
 
-@pytest.mark.parametrize("n,text", [(32 << 30, "32G"), (3 << 29, "1.5G"), (512 << 20, "512M"), (None, "-")])
+@pytest.mark.parametrize("n,text", [(32 << 30, "32G"), (3 << 29, "1.5G"), (512 << 20, "512M"), (3 << 19, "2M"),
+                                    (None, "-")])
 def test_format_mem(n, text):
     assert format_mem(n) == text
 

@@ -9,14 +9,14 @@ from hpc_batch.core import resources
 from hpc_batch.core.cputopo import Cache, Cpu, CpuTopology
 from hpc_batch.core.jobs import Job
 from hpc_batch.daemon import jobrecord
-from shepherd import record, verdict
+from shepherd import record, records, verdict
 
 
 def _spec(**kw):
     spec = {"id": 7, "user": "alice", "uid": 1000, "gid": 1000, "cwd": "/home/alice",
             "argv": ["./bench", "--n", "3"], "env": {"PATH": "/usr/bin", "HOME": "/home/alice", "TOKEN": "s3cret"}}
     spec.update(kw)
-    return spec
+    return records.LaunchSpec.from_dict(spec)
 
 
 def test_the_environment_is_keys_a_digest_and_a_size_never_values_unless_asked():

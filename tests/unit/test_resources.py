@@ -18,7 +18,7 @@ from hpc_batch.core.resources import (
     capacity,
     check_request,
     default_share,
-    format_bytes,
+    format_size,
     why_never_fits,
 )
 
@@ -116,9 +116,9 @@ def test_capacity_reserve(machine, limits, node_cpus, node_mem, reserved):
         (ONE32, Request(cpus=31), Limits(),
          "--cpu 31 can never fit: the largest NUMA node offers 30 cores to jobs"),
         (ONE32, Request(mem=300 * GiB), Limits(),
-         "--max-mem 300 GiB can never fit: the machine offers 254 GiB to jobs"),
+         "--max-mem 300G can never fit: the machine offers 254G to jobs"),
         (TWO16, Request(mem=100 * GiB, numa_local=True), NO_RESERVE,
-         "--max-mem 100 GiB with --numa-local can never fit: the largest NUMA node offers 64 GiB to jobs"),
+         "--max-mem 100G with --numa-local can never fit: the largest NUMA node offers 64G to jobs"),
         (TWO16, Request(gpus=5), NO_RESERVE, "--gpu-cores 5 can never fit: this machine has 4 GPUs"),
         (ONE32, Request(gpus=1), NO_RESERVE, "--gpu-cores 1 can never fit: this machine has no GPUs"),
         (ONE32, Request(cpus=0), NO_RESERVE, "--cpu must be at least 1 (got 0)"),
@@ -154,7 +154,7 @@ def test_limits_are_inclusive(req):
 def test_why_never_fits_checks_the_fixed_budget():
     # Budget fixed on a bigger machine; the machine has since shrunk.
     reason = why_never_fits(Request(), Budget(200 * GiB, True), TWO16, NO_RESERVE)
-    assert reason == "its memory budget of 200 GiB can never fit: the machine offers 128 GiB to jobs"
+    assert reason == "its memory budget of 200G can never fit: the machine offers 128G to jobs"
     assert why_never_fits(Request(), Budget(8 * GiB, True), TWO16, NO_RESERVE) is None
     assert why_never_fits(Request(gpus=9), Budget(GiB, True), TWO16, NO_RESERVE).startswith("--gpu-cores 9")
 
@@ -331,10 +331,12 @@ def test_allocation_properties():
 
 @pytest.mark.parametrize(
     "n, text",
-    [(32 * GiB, "32 GiB"), (GiB + GiB // 2, "1.5 GiB"), (512 << 20, "512 MiB"), (0, "0 GiB")],
+    [(32 * GiB, "32G"), (GiB + GiB // 2, "1.5G"), (512 << 20, "512M"), (4096, "4K"), (0, "0 bytes"),
+     ((77 << 20) + (1 << 19) - 1, "77M"), (1500, "1K"),
+     (3 << 40, "3T")],
 )
-def test_format_bytes(n, text):
-    assert format_bytes(n) == text
+def test_format_size(n, text):
+    assert format_size(n) == text
 
 
 # Free is the per-pass view the scheduler reuses; its shortcuts must not lie.

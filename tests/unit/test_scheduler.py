@@ -276,7 +276,7 @@ def test_head_whose_budget_no_longer_fits_fails(policy):
     q = [QueuedJob(1, Request(), Budget(100 * GiB, True), 100)]
     d = schedule(policy, q, [], GPU4, LIMITS, {}, 0.0)
     assert d.starts == []
-    assert d.failures == [(1, "its memory budget of 100 GiB can never fit: the machine offers 64 GiB to jobs")]
+    assert d.failures == [(1, "its memory budget of 100G can never fit: the machine offers 64G to jobs")]
 
 
 def test_only_the_head_is_failed():
