@@ -15,7 +15,8 @@ hpc-batch-install``, linked as ``/opt/bin/hpc-batch-install``). One run:
    own code, with the new version's unit file;
 3. links the entry points into the bin dir, writes
    ``/etc/profile.d/hpc-batch.sh``, ``/etc/systemd/system/hpc-batch.service``,
-   the bash and zsh completion of ``dispatch`` and the record;
+   the bash and zsh completion of ``dispatch``, the manual pages
+   (manpages.py) and the record;
 4. ``systemctl daemon-reload``, then ``reload`` when the daemon is active
    (it re-execs in place and re-adopts running jobs) or ``enable --now``.
 
@@ -55,6 +56,7 @@ except Exception:  # a broken package must not stop its own repair
     __version__ = "unknown"
 # A leaf module with no imports: one list of admin groups for the installer and the daemon.
 from hpc_batch.defaults import ADMIN_GROUP_CANDIDATES
+from hpc_batch.install import manpages
 
 PROG = "hpc-batch-install"
 SERVICE = "hpc-batch"
@@ -537,6 +539,8 @@ class Paths:
     # fpath holds the second's directory.
     bash_completion: Path = Path("/usr/share/bash-completion/completions/dispatch")
     zsh_completion: Path = Path("/usr/share/zsh/vendor-completions/_dispatch")
+    # man-db searches it whatever PATH holds (MANDATORY_MANPATH): see manpages.py.
+    man_dir: Path = Path("/usr/local/share/man")
     cgroup: Path = Path("/sys/fs/cgroup/hpc-batch")
     proc: Path = Path("/proc")
     systemd_booted: Path = Path("/run/systemd/system")
@@ -685,6 +689,13 @@ def find_completion(prefix: Path, name: str) -> Path | None:
     return None
 
 
+def man_sources(prefix: Path) -> list[Path]:
+    """Where the packaged manual pages may be: the prefix venv's, else this package's."""
+    here = Path(__file__).resolve().parent.parent   # hpc_batch/, where data/ is
+    return [*(sp.joinpath(*manpages.DATA) for sp in reversed(site_packages(prefix))),
+            here.joinpath(*manpages.DATA[1:])]
+
+
 def completion_files(paths: Paths) -> list[tuple[str, str, Path]]:
     """(packaged name, shell, where it is installed) for each shell's completion."""
     return [("dispatch.bash", "bash", paths.bash_completion),
@@ -821,6 +832,7 @@ def install(choices: dict, recorded: dict | None, host: Host) -> None:
     write_atomic(paths.unit, unit)
     host.note(f"wrote {paths.unit} (admin group {choices['admin_group']})")
     install_completions(prefix, host)
+    manpages.install(man_sources(prefix), paths.man_dir, host.note, write_atomic)
     version = installed_version(prefix)
     write_atomic(paths.record, json.dumps(
         {**choices, "version": version, "installed": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
@@ -1035,6 +1047,7 @@ def uninstall(choices: dict, host: Host, *, purge: bool) -> None:
             path.unlink()
             host.note(f"removed {path}")
     remove_completions(host)
+    manpages.remove(paths.man_dir, host.note)
     try:
         paths.record.parent.rmdir()
     except OSError:
@@ -1087,7 +1100,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace recorded choices that this run's flags contradict")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--uninstall", action="store_true",
-                      help="remove unit, links, PATH snippet, shell completion and venv; keep "
+                      help="remove unit, links, PATH snippet, shell completion, manual pages and venv; keep "
                       f"{DEFAULT_STATE_DIR} (queued jobs and history)")
     mode.add_argument("--purge", action="store_true",
                       help="--uninstall, and also kill running jobs and remove their "
