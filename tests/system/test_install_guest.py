@@ -303,7 +303,8 @@ def test_fresh_install_with_install_sh(box):
     assert "EXIT STATUS" in r.out and "--after-ok JOBS" in r.out, r.describe()
     for page in MAN_PAGES:
         name, section = os.path.basename(page).rsplit(".", 1)
-        r = login(box, "man -w %s %s" % (section, name))
+        # Debian's manpath may name /usr/local/share/man by its link /usr/local/man.
+        r = login(box, 'readlink -e "$(man -w %s %s)"' % (section, name))
         assert r.ok and r.out.strip() == page, r.describe()
 
     job_id, _ = submit(box, "echo hello")
