@@ -1243,3 +1243,11 @@ def test_a_packaged_page_without_the_marker_is_not_installed(scratch):
     assert any("does not start with the line" in line and "dispatch.1 not written" in line for line in lines)
     assert f"hpc-batch-install: no packaged manual page hpc-batchd.8; " \
            f"{manpages.destination(paths.man_dir, 'hpc-batchd.8')} not written" in lines
+
+
+def test_uninstall_sh_removes_the_same_pages_by_the_same_marker():
+    # uninstall.sh works without the venv, so it names the pages itself: hold it to manpages.py.
+    text = (REPO / "uninstall.sh").read_text()
+    named = set(re.findall(r"/usr/local/share/man/man\d/[\w.-]+", text))
+    assert named == {str(manpages.destination(inst.Paths().man_dir, p)) for p in manpages.PAGES}
+    assert "installed by hpc-batch-install" in manpages.MARKER and "head -n 1" in text
