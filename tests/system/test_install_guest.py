@@ -83,7 +83,7 @@ def next_wheel(project_wheel, request, tmp_path_factory):
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         if os.path.exists(os.path.join(root, name)):
             shutil.copy(os.path.join(root, name), src / name)
-    for name in ("hpc_batch", "shepherd", "dist/systemd"):
+    for name in ("hpc_batch", "shepherd", "dist"):   # dist/: the unit and the PSI/J descriptor
         shutil.copytree(os.path.join(root, name), src / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     init = src / "hpc_batch" / "__init__.py"
