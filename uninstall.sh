@@ -200,6 +200,13 @@ main() {
             rm -f "$file" && say "removed $file"
         fi
     done
+    # Manual pages, the same way (the marker is their first line).
+    for file in /usr/local/share/man/man1/dispatch.1 /usr/local/share/man/man8/hpc-batchd.8 \
+        /usr/local/share/man/man8/hpc-batch-install.8 /usr/local/share/man/man8/hpc-batch-shepherd.8; do
+        if [ -f "$file" ] && [ ! -L "$file" ] && head -n 1 "$file" | grep -q 'installed by hpc-batch-install'; then
+            rm -f "$file" && say "removed $file"
+        fi
+    done
     for file in "$unit" /etc/profile.d/hpc-batch.sh "$record"; do
         if [ -e "$file" ]; then rm -f "$file" && say "removed $file"; fi
     done

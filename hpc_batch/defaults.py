@@ -1,7 +1,7 @@
 """One definition of every default the client, daemon and shepherd share.
 
 Everything that names a path, a flag default or a limit reads it from here,
-so the CLI's help text, the daemon's argument parser and the README agree.
+so the CLI's help text, the daemon's argument parser and the docs (docs/admin.md, the man pages) agree.
 """
 
 SOCKET = "/run/hpc-batch/hpc-batch.sock"

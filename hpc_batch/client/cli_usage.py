@@ -136,7 +136,7 @@ Usage:
 Options:
   --all        Every user's jobs (admins, or everyone with --list-is-public).
   --finished   Include recently finished jobs and their exit status.
-  --json       One JSON document: {"jobs": [...]} (field names in the README).
+  --json       One JSON document: {"jobs": [...]} (field names in docs/json.md).
   -h --help    Show this help.
 """
 
@@ -194,7 +194,7 @@ Usage:
   dispatch show (-h | --help)
 
 Options:
-  --json       One JSON document (field names in the README).
+  --json       One JSON document (field names in docs/json.md).
   --record     The job's reproducibility record (partial while it runs).
   -h --help    Show this help.
 """
@@ -223,7 +223,7 @@ Usage:
   dispatch status (-h | --help)
 
 Options:
-  --json       One JSON document (field names in the README).
+  --json       One JSON document (field names in docs/json.md).
   -h --help    Show this help.
 """
 

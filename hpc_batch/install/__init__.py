@@ -15,7 +15,8 @@ hpc-batch-install``, linked as ``/opt/bin/hpc-batch-install``). One run:
    own code, with the new version's unit file;
 3. links the entry points into the bin dir, writes
    ``/etc/profile.d/hpc-batch.sh``, ``/etc/systemd/system/hpc-batch.service``,
-   the bash and zsh completion of ``dispatch`` and the record;
+   the bash and zsh completion of ``dispatch``, the manual pages
+   (manpages.py) and the record;
 4. ``systemctl daemon-reload``, then ``reload`` when the daemon is active
    (it re-execs in place and re-adopts running jobs) or ``enable --now``.
 
@@ -97,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace recorded choices that this run's flags contradict")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--uninstall", action="store_true",
-                      help="remove unit, links, PATH snippet, shell completion and venv; keep "
+                      help="remove unit, links, PATH snippet, shell completion, manual pages and venv; keep "
                       f"{DEFAULT_STATE_DIR} (queued jobs and history)")
     mode.add_argument("--purge", action="store_true",
                       help="--uninstall, and also kill running jobs and remove their "

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import manpages
 from .common import DEFAULT_DEV_DIR, DEFAULT_SOCKET, DEFAULT_STATE_DIR, PROG, InstallError
 from .texts import is_our_completion
 
@@ -36,6 +37,8 @@ class Paths:
     # fpath holds the second's directory.
     bash_completion: Path = Path("/usr/share/bash-completion/completions/dispatch")
     zsh_completion: Path = Path("/usr/share/zsh/vendor-completions/_dispatch")
+    # man-db searches it whatever PATH holds (MANDATORY_MANPATH): see manpages.py.
+    man_dir: Path = Path("/usr/local/share/man")
     cgroup: Path = Path("/sys/fs/cgroup/hpc-batch")
     proc: Path = Path("/proc")
     systemd_booted: Path = Path("/run/systemd/system")
@@ -117,6 +120,13 @@ def find_unit_template(prefix: Path) -> Path:
             return path
     raise InstallError(f"no packaged unit file found (looked in {prefix} and {here}); "
                        "reinstall the package")
+
+
+def man_sources(prefix: Path) -> list[Path]:
+    """Where the packaged manual pages may be: the prefix venv's, else this package's."""
+    here = Path(__file__).resolve().parent.parent   # hpc_batch/, where data/ is
+    return [*(sp.joinpath(*manpages.DATA) for sp in reversed(site_packages(prefix))),
+            here.joinpath(*manpages.DATA[1:])]
 
 
 def find_completion(prefix: Path, name: str) -> Path | None:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from . import manpages
 from .common import SERVICE
 from .host import Host, Paths
 from .safety import safe_to_remove
@@ -201,6 +202,7 @@ def uninstall(choices: dict, host: Host, *, purge: bool) -> None:
             path.unlink()
             host.note(f"removed {path}")
     remove_completions(host)
+    manpages.remove(paths.man_dir, host.note)
     try:
         paths.record.parent.rmdir()
     except OSError:

@@ -12,6 +12,7 @@ from pathlib import Path
 # A leaf module with no imports: one list of admin groups for the installer and the daemon.
 from hpc_batch.defaults import ADMIN_GROUP_CANDIDATES
 
+from . import manpages
 from .choices import FIXED_CHOICES
 from .common import FLAGS, PROG, SERVICE, InstallError
 from .host import (
@@ -22,6 +23,7 @@ from .host import (
     find_unit_template,
     group_exists,
     installed_version,
+    man_sources,
     write_atomic,
 )
 from .safety import safe_to_remove
@@ -143,6 +145,7 @@ def install(choices: dict, recorded: dict | None, host: Host) -> None:
     write_atomic(paths.unit, unit)
     host.note(f"wrote {paths.unit} (admin group {choices['admin_group']})")
     install_completions(prefix, host)
+    manpages.install(man_sources(prefix), paths.man_dir, host.note, write_atomic)
     version = installed_version(prefix)
     write_atomic(paths.record, json.dumps(
         {**choices, "version": version, "installed": time.strftime("%Y-%m-%dT%H:%M:%S%z")},

@@ -4,7 +4,7 @@
 line that runs it, and ``statuses`` turns what the daemon says of a job (the
 ``list --json`` fields) into PSI/J states. Neither imports psij nor does any
 I/O, so both are tested without a daemon; ``psij_executor`` does the rest.
-The README's "When you outgrow one machine" has the table of what each field
+docs/psij.md ("When you outgrow one machine") has the table of what each field
 becomes.
 """
 

@@ -6,7 +6,8 @@ other modules expect installed). Each step fails at once (never skips) when
 the one it builds on failed, naming it, so the first failure is the cause.
 
 1. a fresh install with install.sh from a wheel built on the host: the
-   service is active, a new login shell finds dispatch, a job runs;
+   service is active, a new login shell finds dispatch and its manual
+   page (``man dispatch``, and the daemon's in section 8), a job runs;
 2. hpc-batch-install and the scripts refuse a normal user;
 3. an upgrade to a newer build while a job runs: the daemon is reloaded in
    place, the job survives and its exit code is reported, the recorded
@@ -44,6 +45,8 @@ UNIT = "/etc/systemd/system/hpc-batch.service"
 PROFILE = "/etc/profile.d/hpc-batch.sh"
 STATE = "/var/lib/hpc-batch"
 ENTRY_POINTS = ("dispatch", "hpc-batchd", "hpc-batch-install", "hpc-batch-shepherd")
+MAN_PAGES = ("/usr/local/share/man/man1/dispatch.1", "/usr/local/share/man/man8/hpc-batchd.8",
+             "/usr/local/share/man/man8/hpc-batch-install.8", "/usr/local/share/man/man8/hpc-batch-shepherd.8")
 USER = "carol"
 DEPENDENCIES = ("docopt-ng",)
 JOB_DEADLINE = 240
@@ -80,7 +83,7 @@ def next_wheel(project_wheel, request, tmp_path_factory):
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         if os.path.exists(os.path.join(root, name)):
             shutil.copy(os.path.join(root, name), src / name)
-    for name in ("hpc_batch", "shepherd", "dist/systemd"):
+    for name in ("hpc_batch", "shepherd", "dist"):   # dist/: the unit and the PSI/J descriptor
         shutil.copytree(os.path.join(root, name), src / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     init = src / "hpc_batch" / "__init__.py"
@@ -248,7 +251,7 @@ def assert_gone(box):
     """Nothing of hpc-batch is left: unit, links, venv, state, cgroups, jobs."""
     paths = [UNIT, PROFILE, RECORD, PREFIX, STATE, "/dev/hpc-batch", "/run/hpc-batch",
              "/sys/fs/cgroup/hpc-batch", "/etc/systemd/system/multi-user.target.wants/"
-             "hpc-batch.service"] + ["%s/%s" % (BIN, n) for n in ENTRY_POINTS]
+             "hpc-batch.service", *MAN_PAGES] + ["%s/%s" % (BIN, n) for n in ENTRY_POINTS]
     left = box.run("for p in %s; do if [ -e \"$p\" ] || [ -L \"$p\" ]; then echo \"$p\"; fi; "
                    "done" % " ".join(paths), timeout=60)
     assert left.ok and left.out.strip() == "", "left behind:\n" + left.out
@@ -293,6 +296,16 @@ def test_fresh_install_with_install_sh(box):
     assert r.ok and r.out.strip() == BIN + "/dispatch", r.describe()
     r = login(box, "bash -lc 'echo $PATH'")
     assert r.ok and r.out.strip().split(":").count(BIN) == 1, r.describe()
+
+    # man finds the pages by name and section, as a user types it (man-db, no mandb run).
+    r = login(box, "man -P cat dispatch")
+    assert r.ok and "dispatch - submit and manage hpc-batch jobs" in r.out, r.describe()
+    assert "EXIT STATUS" in r.out and "--after-ok JOBS" in r.out, r.describe()
+    for page in MAN_PAGES:
+        name, section = os.path.basename(page).rsplit(".", 1)
+        # Debian's manpath may name /usr/local/share/man by its link /usr/local/man.
+        r = login(box, 'readlink -e "$(man -w %s %s)"' % (section, name))
+        assert r.ok and r.out.strip() == page, r.describe()
 
     job_id, _ = submit(box, "echo hello")
     assert wait_exit(box, job_id) == "0"

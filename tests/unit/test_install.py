@@ -19,6 +19,7 @@ import pytest
 
 from hpc_batch import install as inst
 from hpc_batch.daemon import sdnotify
+from hpc_batch.install import manpages
 from hpc_batch.install.choices import (
     ChoiceConflict,
     check_choices,
@@ -29,7 +30,7 @@ from hpc_batch.install.choices import (
     spec_path,
 )
 from hpc_batch.install.common import EX_NOPERM, InstallError
-from hpc_batch.install.host import Host, Paths, find_unit_template, installed_version
+from hpc_batch.install.host import Host, Paths, find_unit_template, installed_version, man_sources, write_atomic
 from hpc_batch.install.purge import descendants, is_shepherd, process_table
 from hpc_batch.install.safety import Unsafe, find_unsafe, require_root_only, safe_to_remove, unsafe_message
 from hpc_batch.install.steps import ENTRY_POINTS, install_completions, reexec_argv, remove_completions
@@ -46,6 +47,7 @@ from hpc_batch.install.texts import (
 REPO = Path(__file__).resolve().parents[2]
 UNIT_TEMPLATE = REPO / "dist" / "systemd" / "hpc-batch.service"
 COMPLETION_SOURCE = REPO / "hpc_batch" / "data" / "completion"
+MAN_SOURCE = REPO.joinpath(*manpages.DATA)
 TEST_USER = "hpcbatch-test"
 
 
@@ -519,6 +521,7 @@ def fake_prefix(root: Path, version="0.1.0", exec_args="") -> Path:
         "--admin-group @ADMIN_GROUP@", f"--admin-group @ADMIN_GROUP@{exec_args}")
     (site / "hpc_batch" / "data" / "hpc-batch.service").write_text(template)
     shutil.copytree(COMPLETION_SOURCE, site / "hpc_batch" / "data" / "completion")
+    shutil.copytree(MAN_SOURCE, site.joinpath(*manpages.DATA))
     return prefix
 
 
@@ -532,6 +535,7 @@ def scratch_paths(root: Path) -> Paths:
         record=root / "etc/hpc-batch/install.json",
         bash_completion=root / "usr/share/bash-completion/completions/dispatch",
         zsh_completion=root / "usr/share/zsh/vendor-completions/_dispatch",
+        man_dir=root / "usr/local/share/man",
         cgroup=root / "cgroup/hpc-batch",
         proc=root / "proc",
         systemd_booted=booted,
@@ -581,6 +585,7 @@ def test_install_upgrade_conflict_and_uninstall(scratch, capsys):
     assert f"ExecStart={bin_dir}/hpc-batchd --admin-group adm" in paths.unit.read_text()
     assert paths.bash_completion.read_text() == (COMPLETION_SOURCE / "dispatch.bash").read_text()
     assert paths.zsh_completion.read_text() == (COMPLETION_SOURCE / "_dispatch").read_text()
+    assert man_pages(paths) == {page: (MAN_SOURCE / page).read_text() for page in manpages.PAGES}
     record = json.loads(paths.record.read_text())
     assert {k: record[k] for k in ("prefix", "bin_dir", "admin_group", "spec")} == {
         "prefix": str(prefix), "bin_dir": str(bin_dir), "admin_group": "adm",
@@ -620,6 +625,7 @@ def test_install_upgrade_conflict_and_uninstall(scratch, capsys):
     for gone in (paths.unit, paths.profile, paths.record, paths.record.parent,
                  paths.bash_completion, paths.zsh_completion, new_bin / "dispatch", prefix):
         assert not os.path.lexists(gone), gone
+    assert man_pages(paths) == {}
     assert (paths.state_dir / "queue.json").read_text() == "[]"
 
 
@@ -698,6 +704,7 @@ def test_purge_kills_shepherds_and_removes_everything(scratch):
                  paths.unit, paths.profile, paths.record, paths.bash_completion,
                  paths.zsh_completion, bin_dir, prefix):
         assert not os.path.lexists(gone), gone
+    assert man_pages(paths) == {}
     assert "disable --now hpc-batch" in systemd.calls
 
 
@@ -1162,3 +1169,108 @@ def test_notify_abstract_namespace(monkeypatch):
         assert sock.recv(4096) == b"READY=1"
     # The variable stays: the daemon re-execs and must notify again.
     assert os.environ["NOTIFY_SOCKET"] == "@" + name
+
+
+# ---------------------------------------------------------------- manual pages
+
+
+def man_pages(paths: inst.Paths) -> dict[str, str]:
+    """Page name -> text of each manual page installed under the scratch man dir."""
+    return {page: manpages.destination(paths.man_dir, page).read_text() for page in manpages.PAGES
+            if os.path.lexists(manpages.destination(paths.man_dir, page))}
+
+
+def test_man_pages_go_where_man_looks_by_section():
+    man = Path("/usr/local/share/man")
+    assert inst.Paths().man_dir == man
+    assert [manpages.destination(man, p) for p in manpages.PAGES] == [
+        man / "man1/dispatch.1", man / "man8/hpc-batchd.8", man / "man8/hpc-batch-install.8",
+        man / "man8/hpc-batch-shepherd.8"]
+
+
+def test_install_writes_the_venvs_man_pages_and_uninstall_removes_them(scratch):
+    root, paths, _, host, lines = scratch
+    prefix = fake_prefix(root)
+    venv_pages = prefix / "lib/python3.11/site-packages" / "/".join(manpages.DATA)
+    texts = {page: f"{manpages.MARKER}\n.TH the venv's {page}\n" for page in manpages.PAGES}
+    for page, text in texts.items():
+        (venv_pages / page).write_text(text)
+
+    manpages.install(man_sources(prefix), paths.man_dir, host.note, write_atomic)
+    assert man_pages(paths) == texts
+    for page in manpages.PAGES:
+        dest = manpages.destination(paths.man_dir, page)
+        assert stat.S_IMODE(dest.stat().st_mode) == 0o644
+        assert stat.S_IMODE(dest.parent.stat().st_mode) == 0o755
+        assert not [p for p in dest.parent.iterdir() if p.name.startswith(".")]  # no temporary left
+    assert lines == [f"hpc-batch-install: wrote the manual pages {', '.join(manpages.PAGES)} "
+                     f"under {paths.man_dir}"]
+
+    lines.clear()
+    manpages.remove(paths.man_dir, host.note)
+    assert man_pages(paths) == {}
+    assert lines == [f"hpc-batch-install: removed {manpages.destination(paths.man_dir, p)}"
+                     for p in manpages.PAGES]
+    lines.clear()
+    manpages.remove(paths.man_dir, host.note)  # nothing left: nothing said
+    assert lines == []
+
+
+def test_man_pages_fall_back_to_this_package_and_replace_an_older_version(scratch):
+    root, paths, _, host, _ = scratch
+    old = manpages.destination(paths.man_dir, "dispatch.1")
+    old.parent.mkdir(parents=True)
+    old.write_text(f"{manpages.MARKER}\n.TH DISPATCH 1 version 0.0.1\n")
+    manpages.install(man_sources(root / "no-venv"), paths.man_dir, host.note, write_atomic)
+    assert man_pages(paths) == {page: (MAN_SOURCE / page).read_text() for page in manpages.PAGES}
+
+
+def test_man_pages_not_ours_are_left_alone(scratch):
+    root, paths, _, host, lines = scratch
+    theirs = manpages.destination(paths.man_dir, "dispatch.1")
+    theirs.parent.mkdir(parents=True)
+    theirs.write_text(".TH DISPATCH 1 \"another dispatch\"\n")
+    # A link to a page with our marker, a marker below the first line, a directory: none is ours.
+    linked = manpages.destination(paths.man_dir, "hpc-batchd.8")
+    linked.parent.mkdir(parents=True)
+    target = root / "elsewhere.8"
+    target.write_text(f"{manpages.MARKER}\n")
+    linked.symlink_to(target)
+    late = manpages.destination(paths.man_dir, "hpc-batch-install.8")
+    late.write_text(f".TH X 8\n{manpages.MARKER}\n")
+    manpages.destination(paths.man_dir, "hpc-batch-shepherd.8").mkdir()
+
+    manpages.install(man_sources(fake_prefix(root)), paths.man_dir, host.note, write_atomic)
+    assert theirs.read_text() == ".TH DISPATCH 1 \"another dispatch\"\n"
+    assert os.readlink(linked) == str(target) and late.read_text() == f".TH X 8\n{manpages.MARKER}\n"
+    for page in manpages.PAGES:
+        dest = manpages.destination(paths.man_dir, page)
+        assert f"hpc-batch-install: left {dest} alone: it was not written by hpc-batch-install" in lines
+
+    lines.clear()
+    manpages.remove(paths.man_dir, host.note)
+    assert theirs.exists() and linked.is_symlink() and target.exists() and late.exists()
+    assert manpages.destination(paths.man_dir, "hpc-batch-shepherd.8").is_dir()
+    assert len(lines) == len(manpages.PAGES) and all("alone" in line for line in lines)
+
+
+def test_a_packaged_page_without_the_marker_is_not_installed(scratch):
+    # --uninstall could never tell it from someone else's, so it is not written.
+    root, paths, _, host, lines = scratch
+    source = root / "man"
+    shutil.copytree(MAN_SOURCE, source)
+    (source / "dispatch.1").write_text(".TH DISPATCH 1\n")
+    (source / "hpc-batchd.8").unlink()
+    manpages.install([source], paths.man_dir, host.note, write_atomic)
+    assert set(man_pages(paths)) == {"hpc-batch-install.8", "hpc-batch-shepherd.8"}
+    assert any("does not start with the line" in line and "dispatch.1 not written" in line for line in lines)
+    assert f"hpc-batch-install: no packaged manual page hpc-batchd.8; " \
+           f"{manpages.destination(paths.man_dir, 'hpc-batchd.8')} not written" in lines
+
+
+def test_uninstall_sh_removes_the_same_pages_by_the_same_marker():
+    # uninstall.sh works without the venv, so it names the pages itself: hold it to manpages.py.
+    text = (REPO / "uninstall.sh").read_text()
+    named = set(re.findall(r"/usr/local/share/man/man\d/[\w.-]+", text))
+    assert named == {str(manpages.destination(inst.Paths().man_dir, p)) for p in manpages.PAGES}
+    assert "installed by hpc-batch-install" in manpages.MARKER and "head -n 1" in text

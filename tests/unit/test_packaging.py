@@ -47,6 +47,15 @@ def test_wheel_contents(wheel):
         assert line in unit
 
 
+def test_the_manual_pages_are_in_the_wheel_as_in_the_tree(wheel):
+    # hpc-batch-install installs them from the venv's copy (hpc_batch/install/manpages.py).
+    from hpc_batch.install import manpages
+    with zipfile.ZipFile(wheel) as z:
+        for page in manpages.PAGES:
+            with open(os.path.join(ROOT, *manpages.DATA, page), "rb") as f:
+                assert z.read("/".join((*manpages.DATA, page))) == f.read(), page
+
+
 def test_the_psij_descriptor_is_where_psij_looks(wheel):
     # PSI/J imports every module of the psij-descriptors namespace package (no __init__.py) and
     # loads the class it names by path, from the same site-packages.
