@@ -11,7 +11,7 @@ import sys
 
 from .. import __version__
 from ..core.jobnames import env_word
-from .argscan import scan
+from .argscan import scan, scan_flags
 from .cli_usage import SUBCOMMANDS, USAGE
 
 EX_USAGE = 2
@@ -566,7 +566,8 @@ def main(argv=None) -> int:
     verb = args[0] if args and args[0] in COMMANDS else None
     if verb == "new" and "--benchmark" in args:
         args = bare_benchmark(args)
-    sub = scan(args, "new", SUBCOMMANDS["new"]) if verb == "new" else None
+    sub = (scan(args, "new", SUBCOMMANDS["new"]) if verb == "new" else
+           scan_flags(args, "list", SUBCOMMANDS["list"], "<job>") if verb == "list" else None)
     return run(verb, sub or _docopt(args, verb))
 
 
