@@ -6,7 +6,9 @@ daemon overflow or loop, so it is refused at the door (and a record holding
 one is quarantined at start-up, never acted on).
 """
 
-from typing import Any
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # dispatch list and kill read id ranges through arrays.py, which imports this
+    from typing import Any
 
 MAX_ID = 1 << 53              # job ids: exact in JSON numbers everywhere
 MAX_UID = (1 << 32) - 2       # uid_t, less (uid_t)-1
@@ -22,14 +24,14 @@ MAX_ARRAY = 100_000           # elements of one --array or --commands submit (th
 MAX_ARRAY_INDEX = 10_000_000  # an --array index
 
 
-def check_int(value: Any, low: int, high: int, what: str) -> int:
+def check_int(value: "Any", low: int, high: int, what: str) -> int:
     """*value* as an int in [low, high], or ValueError naming *what* and the range."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ValueError(f"{what} must be a whole number from {low} to {high}")
     return value
 
 
-def check_time(value: Any, what: str, allow_none: bool = True) -> float | None:
+def check_time(value: "Any", what: str, allow_none: bool = True) -> float | None:
     """A timestamp (seconds since the epoch) in range, or None where allowed."""
     if value is None and allow_none:
         return None

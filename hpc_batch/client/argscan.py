@@ -2,12 +2,13 @@
 
 docopt, with the ``re`` and ``typing`` it imports, is most of a ``dispatch``
 start-up, and ``dispatch new`` runs once per submitted job. For the common
-shape (known long options, then the command) this builds exactly the dict
-docopt would, from the same usage text, so the text stays the one
-definition of the flags and their defaults. Anything else (help, short
-options, abbreviations, a repeated option, an option after
-the command without ``--``) gets None, and the caller asks docopt, which
-gives the result or the usage error. Pure: no I/O.
+shapes this builds exactly the dict docopt would, from the same usage text,
+so the text stays the one definition of the flags and their defaults:
+``scan`` for ``new`` (known long options, then the command), ``scan_flags``
+for ``list`` (its flags and job words, in any order). Anything else (help,
+short options, abbreviations, a repeated option, an option after the
+command without ``--``) gets None, and the caller asks docopt, which gives
+the result or the usage error. Pure: no I/O.
 """
 
 TYPE_CHECKING = False
@@ -110,4 +111,32 @@ def scan(argv: "list[str]", verb: str, usage: str, command_key: str = "<command>
     result: dict[str, Any] = {opt.key: (given.get(opt.key, opt.default) if opt.takes_value
                                         else given.get(opt.key, False)) for opt in table}
     result.update({verb: True, "--": dashdash, command_key: command})
+    return result
+
+
+def scan_flags(argv: "list[str]", verb: str, usage: str, words_key: str) -> "dict[str, Any] | None":
+    """docopt(*usage*, argv) for ``<verb> [--flag]... [<word>...]``, or None to ask docopt.
+
+    For a usage whose options all take no value (``list``): each long flag at most once,
+    anywhere; every other word is one of *words_key*. A word that starts with ``-`` (help,
+    ``--``, an abbreviation, ``--flag=x``, a negative number) is left to docopt.
+    """
+    if not argv or argv[0] != verb:
+        return None
+    table = options(usage)
+    if any(opt.takes_value for opt in table):
+        return None
+    flags = {name: opt.key for opt in table if opt.key != "--help" for name in opt.names if name.startswith("--")}
+    given: set[str] = set()
+    words: list[str] = []
+    for word in argv[1:]:
+        if not word.startswith("-"):
+            words.append(word)
+            continue
+        key = flags.get(word)
+        if key is None or key in given:
+            return None
+        given.add(key)
+    result: dict[str, Any] = {opt.key: opt.key in given for opt in table}
+    result.update({verb: True, words_key: words})
     return result

@@ -12,7 +12,7 @@ import sys
 from .. import __version__
 from ..core.jobnames import env_word
 from ..wire.messages import CLIENT_FAILURES  # (no imports of its own: free for dispatch's start-up)
-from .argscan import scan
+from .argscan import scan, scan_flags
 from .cli_usage import SUBCOMMANDS, USAGE
 
 EX_USAGE = CLIENT_FAILURES["usage"]
@@ -291,18 +291,21 @@ def cmd_new(conn, a) -> int:
 
 
 def cmd_list(conn, a) -> int:
-    from .listing import format_rows
     out = Out(a["--json"])
     wanted = set(job_refs(a["<job>"])) if a["<job>"] else None
+    # The text form of the whole list: the daemon writes the rows of jobs that never started.
+    text = {"text": True} if not out.json and wanted is None else {}
     # The daemon answers in pages (a bounded reply each): ask on one connection until the last.
     c = conn()
     jobs: list = []
+    rows = False
     cursor: int | None = 0
     while cursor is not None:
-        reply = c.call("list", all=a["--all"], finished=a["--finished"], after=cursor)
+        reply = c.call("list", all=a["--all"], finished=a["--finished"], after=cursor, **text)
         if not reply.get("ok"):
             return out.refused(reply, "list failed")
-        page = reply["result"]["jobs"]
+        rows = "rows" in reply["result"]   # a daemon before the text form answers jobs
+        page = reply["result"]["rows" if rows else "jobs"]
         if wanted is not None:
             page = [j for j in page if j.get("id") in wanted or (j.get("name") and j["name"] in wanted)]
         jobs += page
@@ -313,8 +316,15 @@ def cmd_list(conn, a) -> int:
         out.doc({"jobs": jobs})
         return 0
     import time
-    for line in format_rows(jobs, time.time(), a["--finished"]):
-        print(line)
+    now = time.time()
+    if rows:   # in id order already, page after page
+        from ..core.listrows import format_row
+        lines = [r if isinstance(r, str) else format_row(r, now, a["--finished"]) for r in jobs]
+    else:
+        from .listing import format_rows
+        lines = format_rows(jobs, now, a["--finished"])
+    if lines:
+        sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
 
@@ -565,7 +575,8 @@ def main(argv=None) -> int:
     verb = args[0] if args and args[0] in COMMANDS else None
     if verb == "new" and "--benchmark" in args:
         args = bare_benchmark(args)
-    sub = scan(args, "new", SUBCOMMANDS["new"]) if verb == "new" else None
+    sub = (scan(args, "new", SUBCOMMANDS["new"]) if verb == "new" else
+           scan_flags(args, "list", SUBCOMMANDS["list"], "<job>") if verb == "list" else None)
     return run(verb, sub or _docopt(args, verb))
 
 

@@ -12,6 +12,8 @@ from typing import Any
 from shepherd.jsoncodec import dumps_wire
 
 from .. import __version__
+from ..core.jobs import Job
+from ..core.listrows import format_row
 from ..wire import protocol
 from ..wire.protocol import JobRef, JobSetting, ListJobs, NewJob, Ping, Status
 from .access import Caller
@@ -41,7 +43,7 @@ def list_page(engine: Engine, caller: Caller, req: ListJobs) -> dict[str, Any]:
     its reply do not grow with the queue; a client pages with ``after``.
     """
     limit = min(req.limit or protocol.LIST_PAGE_JOBS, protocol.LIST_PAGE_JOBS)
-    jobs: list[dict[str, Any]] = []
+    jobs: list[Any] = []
     size = looked = last = 0
     more = None
     for job_id, job in engine.visible(caller, req.all, req.finished, req.after or 0):
@@ -50,7 +52,13 @@ def list_page(engine: Engine, caller: Caller, req: ListJobs) -> dict[str, Any]:
             break
         looked += 1
         last = job_id
-        if job is not None:
+        if job is None:
+            continue
+        row = text_row(engine, job, req.finished) if req.text else None
+        if row is not None:
+            size += len(row) + 3
+            jobs.append(row)
+        else:
             summary = engine.summary(job)
             size += len(dumps_wire(summary)) + 1
             jobs.append(summary)
@@ -60,7 +68,25 @@ def list_page(engine: Engine, caller: Caller, req: ListJobs) -> dict[str, Any]:
                           f"{protocol.LIST_PAGE_BYTES >> 20} MiB) and this dispatch is older than "
                           f"hpc-batchd: use a dispatch of the same version, which asks for it in pages")
         return {"jobs": jobs}
-    return {"jobs": jobs, "more": more}
+    return {"rows" if req.text else "jobs": jobs, "more": more}
+
+
+def text_row(engine: Engine, job: Job, finished: bool) -> str | None:
+    """The ``dispatch list`` row of a job that never started, or None for one that did (its row
+    reads the clock and the client's time zone).
+
+    Kept on the job, with the fields it could change by (a state, ``job max-time``, its end's
+    notes), so that listing a long queue costs a lookup a job rather than its summary and row.
+    """
+    if job.started is not None:
+        return None
+    key = (job.state, job.max_time, job.name, job.output_error, job.output_note, finished)
+    kept = job.__dict__.get("_list_row")
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    row = format_row(engine.summary(job), 0.0, finished)
+    job.__dict__["_list_row"] = (key, row)
+    return row
 
 
 def kill(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, Any]:

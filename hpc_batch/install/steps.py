@@ -139,6 +139,7 @@ def install(choices: dict, recorded: dict | None, host: Host) -> None:
     if recorded and recorded.get("prefix") and recorded["prefix"] != str(prefix):
         host.note(f"the venv at {recorded['prefix']} was left in place; "
                   "delete it when nothing needs it")
+    fast_dispatch(prefix, host)
     make_links(links)
     host.note(f"linked {', '.join(link.name for link, _ in links)} into {bin_dir}")
     write_atomic(paths.profile, profile_snippet(str(bin_dir)))
@@ -154,6 +155,18 @@ def install(choices: dict, recorded: dict | None, host: Host) -> None:
     start_or_reload(host)
     host.note(f"hpc-batch {version or '(unknown version)'} is installed; new login "
               f"shells have {bin_dir} on PATH")
+
+
+def fast_dispatch(prefix: Path, host: Host) -> None:
+    """The venv's dispatch started without the site import (clientscript.py); a note when it cannot be."""
+    from . import clientscript  # not at the top: python -m hpc_batch.install.clientscript runs it too
+    script = prefix / "bin" / "dispatch"
+    try:
+        clientscript.rewrite(script)
+    except clientscript.Declined as exc:
+        host.note(f"left {script} starting with the site import: {exc}")
+    except OSError as exc:
+        host.note(f"left {script} starting with the site import: cannot rewrite it ({exc})")
 
 
 def install_completions(prefix: Path, host: Host) -> None:

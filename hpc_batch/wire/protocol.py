@@ -253,19 +253,26 @@ class ListJobs:
     The reply's ``more`` is the *after* of the next page, or None at the end.
     Without *after* (a client older than paging) the whole list must fit one
     page, or the request is refused with a message saying so.
+
+    With *text* (``dispatch list`` without ``--json``) the reply has ``rows``
+    for ``jobs``: a job that never started as its text row (``core/listrows``),
+    any other as its summary, for the client to format with its own clock and
+    time zone. A daemon before *text* ignores it and answers ``jobs``.
     """
 
     all: bool = False
     finished: bool = False
     after: int | None = None        # the cursor: list jobs with greater ids (0: from the start)
     limit: int | None = None        # at most this many jobs in the page (capped at LIST_PAGE_JOBS)
+    text: bool = False              # rows for the text form (above)
 
     @classmethod
     def from_args(cls, args: Args) -> "ListJobs":
         return cls(all=_get(args, "all", (bool,), default=False),
                    finished=_get(args, "finished", (bool,), default=False),
                    after=_int(args, "after", 0, bounds.MAX_ID, default=None, allow_none=True),
-                   limit=_int(args, "limit", 1, LIST_PAGE_JOBS, default=None, allow_none=True))
+                   limit=_int(args, "limit", 1, LIST_PAGE_JOBS, default=None, allow_none=True),
+                   text=_get(args, "text", (bool,), default=False))
 
 
 @dataclass(frozen=True)

@@ -31,5 +31,7 @@ ensure_venv() {
         echo "pip install of this checkout failed" >&2
         return 1
     fi
+    # dispatch without the site import, as hpc-batch-install leaves it (says why if it cannot).
+    "$py" -I -m hpc_batch.install.clientscript "$venv/bin/dispatch" || return 1
     chmod -R a+rX "$venv"
 }

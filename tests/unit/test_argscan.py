@@ -1,4 +1,4 @@
-"""argscan: the docopt-free parse of ``dispatch new`` must be docopt's, or step aside.
+"""argscan: the docopt-free parse of ``dispatch new`` and ``list`` must be docopt's, or step aside.
 
 Each argument list is parsed by both: where the fast path answers, its
 dict must equal docopt's; where docopt refuses, the fast path must return
@@ -12,9 +12,11 @@ import sys
 
 import pytest
 from docopt import DocoptExit, docopt
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hpc_batch.client import argscan
-from hpc_batch.client.cli_usage import NEW_USAGE
+from hpc_batch.client.cli_usage import LIST_USAGE, NEW_USAGE
 
 CASES = [
     "new -- true", "new true", "new - a", "new --cpu 2 -- sleep 1", "new --cpu=2 --json echo hi",
@@ -30,9 +32,9 @@ CASES = [
 ]
 
 
-def _docopt(argv):
+def _docopt(argv, usage=NEW_USAGE):
     try:
-        return dict(docopt(NEW_USAGE, argv=argv))
+        return dict(docopt(usage, argv=argv))
     except (DocoptExit, SystemExit):
         return None
 
@@ -60,13 +62,56 @@ def test_options_table_reads_defaults_from_the_usage():
     assert not table["--exclusive"].takes_value and table["--help"].names == ["-h", "--help"]
 
 
-def test_dispatch_new_imports_nothing_heavy(tmp_path):
+@pytest.mark.parametrize("args", [["new", "--no-output", "--", "true"], ["list"], ["list", "--all", "3"]])
+def test_dispatch_new_and_list_import_nothing_heavy(tmp_path, args):
     # Against a socket that does not exist: the parse and the connect attempt both run.
-    code = ("import sys; from hpc_batch.client.cli import main; rc = main(['new', '--no-output', '--', 'true']); "
-            "print(' '.join(sorted(m for m in ('docopt', 're', 'typing', 'json', 'socket', 'enum') "
+    code = (f"import sys; from hpc_batch.client.cli import main; rc = main({args!r}); "
+            "print(' '.join(sorted(m for m in ('docopt', 're', 'typing', 'json', 'socket', 'enum', 'shlex') "
             "if m in sys.modules)))")
     env = dict(os.environ, HPC_BATCH_SOCKET=str(tmp_path / "none.sock"))
     r = subprocess.run([sys.executable, "-I", "-c", code], env=env, capture_output=True, text=True,
                        cwd=str(tmp_path), timeout=60)
     assert "cannot reach hpc-batchd" in r.stderr
     assert r.stdout.strip() == ""
+
+
+LIST_CASES = [
+    "list", "list --all", "list --finished --json", "list --json --all --finished", "list 5", "list 3-7 foo",
+    "list 3 --all", "list --all bob:x 4 --json", "list ''",
+    # docopt's business: help, abbreviations, repeats, values, short options, "--", "-"
+    "list -h", "list --help", "list --al", "list --fin", "list --all --all", "list --all=1", "list -- -3",
+    "list 3 -4", "list -", "list --bogus", "list --", "new -- true", "status",
+]
+
+
+@pytest.mark.parametrize("line", LIST_CASES)
+def test_list_fast_path_is_docopt_or_steps_aside(line):
+    argv = [w.strip("'") for w in line.split()]
+    fast = argscan.scan_flags(argv, "list", LIST_USAGE, "<job>")
+    slow = _docopt(argv, LIST_USAGE)
+    if slow is None:
+        assert fast is None
+    elif fast is not None:
+        assert fast == slow
+
+
+def test_list_common_forms_take_the_fast_path():
+    for line in ("list", "list --all", "list --finished --json", "list 12 13-20 train"):
+        assert argscan.scan_flags(line.split(), "list", LIST_USAGE, "<job>") is not None, line
+
+
+WORDS = st.sampled_from(["--all", "--finished", "--json", "--help", "-h", "--al", "--json=1", "--", "-", "-3",
+                         "7", "3-9", "name", "bob:x", "", "list", "--bogus"])
+
+
+@given(st.lists(WORDS, max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_list_fast_path_agrees_with_docopt_on_any_words(words):
+    argv = ["list", *words]
+    fast = argscan.scan_flags(argv, "list", LIST_USAGE, "<job>")
+    slow = _docopt(argv, LIST_USAGE)
+    assert fast is None or fast == slow
+
+
+def test_flags_scan_declines_a_usage_with_values():
+    assert argscan.scan_flags(["new", "--", "true"], "new", NEW_USAGE, "<command>") is None

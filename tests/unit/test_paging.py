@@ -5,14 +5,16 @@ import pwd
 import shlex
 
 import pytest
-from test_engine import ROOT, submit, world  # noqa: F401 (world is a fixture)
+from test_engine import ROOT, T0, start_pending, submit, world  # noqa: F401 (world is a fixture)
 
+from hpc_batch.client.listing import format_rows
 from hpc_batch.core.cut import COMMAND_CUT, MARK, cut_command
 from hpc_batch.core.jobtable import COMPACT_FLOOR, JobsById
+from hpc_batch.core.listrows import format_row
 from hpc_batch.daemon import handlers
 from hpc_batch.daemon.access import Caller
 from hpc_batch.wire import protocol
-from hpc_batch.wire.protocol import ListJobs, ProtocolError
+from hpc_batch.wire.protocol import JobSetting, ListJobs, ProtocolError
 
 NOBODY = pwd.getpwnam("nobody")
 OTHER = Caller(uid=NOBODY.pw_uid, gid=NOBODY.pw_gid, pid=2, name="nobody", is_admin=False)
@@ -111,7 +113,7 @@ def pages(e, caller, **kw):
     out, cursor = [], 0
     while cursor is not None:
         page = handlers.list_page(e, caller, ListJobs(after=cursor, **kw))
-        out.append(page["jobs"])
+        out.append(page["rows" if kw.get("text") else "jobs"])
         assert page["more"] is None or page["more"] > cursor
         cursor = page["more"]
     return out
@@ -160,3 +162,43 @@ def test_an_old_client_gets_a_short_list_whole_and_a_long_one_refused(eng):
     submit(eng, argv=("true",), array=tuple(range(protocol.LIST_PAGE_JOBS)), cpus=2)
     with pytest.raises(handlers.Refused, match="older than"):
         handlers.list_page(eng, ROOT, ListJobs(all=True))
+
+
+# -- the text form ---------------------------------------------------------------------
+
+def _client_lines(rows, now, finished):
+    """What dispatch list prints from text rows: the daemon's strings, the rest formatted here."""
+    return [r if isinstance(r, str) else format_row(r, now, finished) for r in rows]
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_text_rows_print_what_the_summaries_print(eng, finished):
+    submit(eng, argv=("sleep", "9"), cpus=2)                              # runs
+    submit(eng, argv=("echo", "a b", "\x1b[2J"), array=tuple(range(5)), cpus=2, name="tab")   # queued
+    start_pending(eng)
+    kill = eng.jobs[max(eng.jobs)].id
+    eng.kill(ROOT, kill, T0 + 1)                                          # cancelled: never started
+    now = T0 + 30
+    summaries = [j for p in pages(eng, ROOT, all=True, finished=finished, limit=3) for j in p]
+    rows = [r for p in pages(eng, ROOT, all=True, finished=finished, limit=3, text=True) for r in p]
+    assert _client_lines(rows, now, finished) == format_rows(summaries, now, finished)
+    kinds = [isinstance(r, str) for r in rows]
+    assert kinds[0] is False and all(kinds[1:])   # only the running job is left to the client
+    assert len(rows) == (6 if finished else 5)
+
+
+def test_a_kept_text_row_follows_the_job(eng):
+    first = submit(eng, argv=("sleep", "9"), cpus=2)["id"]
+    queued = submit(eng, argv=("true",), cpus=2)["id"]
+    start_pending(eng)
+
+    def row():
+        return handlers.list_page(eng, ROOT, ListJobs(after=first, all=True, text=True))["rows"][0]
+
+    before = row()
+    assert row() is before                                              # kept: not formatted again
+    eng.job_setting(ROOT, JobSetting(id=queued, setting="max_time", action="set", seconds=60), T0)
+    assert row() != before and row() == format_row(eng.summary(eng.jobs[queued]), 0.0, False)
+    eng.kill(ROOT, queued, T0 + 1)                                      # cancelled: finished, never started
+    cancelled = handlers.list_page(eng, ROOT, ListJobs(after=first, all=True, finished=True, text=True))["rows"][0]
+    assert " finished cancelled (cancelled by root" in cancelled
