@@ -34,6 +34,7 @@ from ..wire import framing, protocol
 from . import access
 from .engine import Engine, Refused
 from .handlers import HANDLERS
+from .inotify import Inotify
 from .ratelog import RateLimited
 
 if TYPE_CHECKING:
@@ -136,7 +137,6 @@ class Server:
         self.accept_paused_until: float | None = None
         self.metrics: MetricsFile | None = None   # --metrics-file: told of job events, ticked by the loop
         try:
-            from .inotify import Inotify
             self.inotify: Inotify | None = Inotify()
         except (OSError, AttributeError) as exc:
             log.warning("inotify unavailable (%s); attach falls back to polling", exc)
