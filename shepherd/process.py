@@ -6,13 +6,9 @@
 * ``--thp off``: prctl(PR_SET_THP_DISABLE, 1): no transparent huge pages for
   the process and every child it forks; kept across execve.
 
-Standard library only (ctypes), like the rest of the shepherd. ctypes is
-imported with the module: the fork server has it loaded already, and a
-process that outlives an upgrade loads nothing later.
+Standard library only (ctypes), like the rest of the shepherd; ctypes is
+imported only by a job that asks for one of them.
 """
-
-import ctypes
-import os
 
 ADDR_NO_RANDOMIZE = 0x0040000    # include/uapi/linux/personality.h
 PER_QUERY = 0xFFFFFFFF           # personality(0xffffffff) answers the persona, changes nothing
@@ -20,11 +16,14 @@ PR_SET_THP_DISABLE = 41          # include/uapi/linux/prctl.h
 
 
 def _libc():
+    import ctypes
     return ctypes.CDLL(None, use_errno=True)
 
 
 def _check(ret: int, what: str) -> int:
     if ret == -1:
+        import ctypes
+        import os
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
     return ret
@@ -32,6 +31,7 @@ def _check(ret: int, what: str) -> int:
 
 def no_aslr() -> None:
     """Add ADDR_NO_RANDOMIZE to this process's persona (raises OSError if the kernel refuses)."""
+    import ctypes
     libc = _libc()
     libc.personality.restype = ctypes.c_int
     libc.personality.argtypes = [ctypes.c_ulong]
@@ -41,6 +41,7 @@ def no_aslr() -> None:
 
 def no_thp() -> None:
     """PR_SET_THP_DISABLE for this process and what it execs and forks (raises OSError on refusal)."""
+    import ctypes
     libc = _libc()
     libc.prctl.restype = ctypes.c_int
     libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]

@@ -6,11 +6,13 @@ shepherd that server forks) must not load a file of the new version: an
 import inside a function, run for the first time after the upgrade, would mix
 old and new code, or fail outright once a module has moved. So:
 
-- no module the daemon or the fork server loads has an import inside a
-  function, except those ALLOWED below (with the reason);
-- a module they share with ``dispatch`` (core, wire), where lazy imports keep
-  the client's start-up short, may keep them only for modules the process has
-  already loaded at start-up, so that such an import is a lookup, never a load;
+- no module of the daemon (``hpc_batch/daemon/``), nor the fork server's own,
+  has an import inside a function, except those ALLOWED below (with the reason);
+- a module they share with a quicker process, where lazy imports keep its
+  start-up short (core and wire with ``dispatch``; the shepherd's modules with
+  a shepherd exec'd without the server), may keep them only for modules the
+  long-lived process has already loaded at start-up, so that such an import
+  is a lookup, never a load;
 - every module of ``hpc_batch/daemon/`` is loaded at start-up.
 
 What a process loads at start-up is asked of a fresh interpreter that imports
@@ -130,7 +132,7 @@ def _problems(modules, strict) -> list[str]:
 
 def test_the_daemon_loads_nothing_after_start_up():
     modules = _daemon_modules()
-    assert _problems(modules, lambda name: name.startswith(("hpc_batch.daemon", "shepherd"))) == []
+    assert _problems(modules, lambda name: name.startswith("hpc_batch.daemon")) == []
 
 
 def test_the_daemon_loads_each_of_its_modules_at_start_up():
@@ -150,7 +152,9 @@ def test_the_daemon_does_not_load_the_client():
 def test_the_fork_server_loads_nothing_after_start_up():
     modules = _fork_server_modules()
     assert "main" in modules and "record" in modules     # the shepherd itself, not just the server
-    assert _problems(modules, lambda name: True) == []
+    # The shepherd's modules serve the exec'd shepherd too, which loads only what its job needs
+    # (ctypes for --aslr/--thp off): the server loads those at its start (forkserver.py's imports).
+    assert _problems(modules, lambda name: name == "forkserver") == []
 
 
 def test_an_import_inside_a_function_is_caught(tmp_path, monkeypatch):
