@@ -17,6 +17,7 @@ import glob
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -50,8 +51,7 @@ def next_wheel(request, tmp_path_factory):
     for rel in filter(None, listed):
         if os.path.isfile(os.path.join(root, rel)):
             os.makedirs(os.path.dirname(src / rel), exist_ok=True)
-            with open(os.path.join(root, rel), "rb") as f:
-                (src / rel).write_bytes(f.read())
+            shutil.copy2(os.path.join(root, rel), src / rel)    # with its mode: dispatch is a script
     init = src / "hpc_batch" / "__init__.py"
     text = init.read_text()
     old = re.search(r'__version__ = "([^"+]+)"', text).group(1)
