@@ -97,7 +97,7 @@ def test_upgrade_under_running_and_queued_jobs(guest, installed, guest_users, ne
     name = os.path.basename(wheel)
     with open(wheel, "rb") as f:
         guest.put_bytes(f.read(), f"/root/{name}", mode=0o644)
-    # As the installer's pip step: umask 022 (the guest's root has 077), pip install --upgrade.
+    # As the installer's pip step does it: umask 022 (whatever root's is), pip install --upgrade.
     r = guest.run(f"umask 022 && {PREFIX}/bin/pip install --no-index --no-deps --disable-pip-version-check "
                   f"--upgrade {shlex.quote('/root/' + name)}", timeout=600)
     assert r.ok, r.describe()
