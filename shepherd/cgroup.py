@@ -7,6 +7,7 @@ the exit record with it.
 """
 
 import os
+import time
 
 
 def join(path: str) -> None:
@@ -61,7 +62,6 @@ def collect_and_remove(path: str) -> dict:
 
 def remove(path: str) -> bool:
     """Kill everything left in the cgroup and remove it; True once it is gone."""
-    import time
     if not kill(path) and not os.path.isdir(path):
         return True
     deadline = time.monotonic() + 5

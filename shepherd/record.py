@@ -25,7 +25,10 @@ named in ``"cut"``, to keep it so. Standard library only.
 import errno
 import hashlib
 import os
+import resource
+import select
 import signal
+import subprocess
 import time
 
 try:
@@ -108,7 +111,6 @@ def _libc() -> dict:
 
 def _rlimits() -> dict:
     """The shepherd's limits, which the job inherits unchanged."""
-    import resource
     out = {}
     for name in sorted(n for n in dir(resource) if n.startswith("RLIMIT_")):
         try:
@@ -156,7 +158,6 @@ def bounded(record: dict, limit: int = MAX_BYTES) -> bytes:
 
 def _run(argv: list[str], timeout: float = SIDE_LIMIT / 3) -> tuple[int, str]:
     """In a side task's child: run *argv* (nvidia-smi) with a deadline; ``(status, output)``, -1 if it did not run."""
-    import subprocess
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               timeout=timeout, check=False)
@@ -425,7 +426,6 @@ class Recorder:
                 "bytes": len(data)}
 
     def _await_sides(self, until: float) -> None:
-        import select
         poller = select.poll()
         live = {s.fd: s for s in self.sides.values() if not s.done}
         for fd in live:

@@ -8,6 +8,7 @@ test users can reach their submit directories.
 """
 
 import grp
+import json
 import os
 import pwd
 import shutil
@@ -27,8 +28,12 @@ ADMIN_GROUP = "hpcb-admins"
 USERS = {"alice": "hpcb-alice", "bob": "hpcb-bob", "admin": "hpcb-admin"}
 
 
-def wait_for(predicate, timeout=15.0, interval=0.02, what="condition"):
-    """Poll *predicate* until it returns a truthy value or the deadline passes."""
+def wait_for(predicate, timeout=15.0, interval=0.02, what="condition", backoff=None):
+    """Poll *predicate* until it returns a truthy value or the deadline passes.
+
+    With *backoff*, the pause doubles from *interval* up to *backoff* seconds: for a predicate that
+    costs a process (a dispatch), which a slow wait should not run fifty times a second.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -37,6 +42,8 @@ def wait_for(predicate, timeout=15.0, interval=0.02, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+        if backoff is not None:
+            interval = min(interval * 2, backoff)
 
 
 def _ensure_group(name):
@@ -172,7 +179,11 @@ class Daemon:
         return int(out.split()[1])
 
     def rows(self, *flags, **kw):
-        """``dispatch list`` rows keyed by job id."""
+        """The human ``dispatch list`` rows keyed by job id: for tests of what that listing says.
+
+        To learn a job's state, use jobs() (``list --json``); to wait for one, wait_running() or
+        wait_finished().
+        """
         out = self.ok("list", *flags, **kw)
         rows = {}
         for line in out.splitlines():
@@ -180,12 +191,32 @@ class Daemon:
             rows[int(parts[1])] = line
         return rows
 
+    def jobs(self, *flags, **kw):
+        """``dispatch list --json``: each job's fields (names in docs) keyed by job id."""
+        return {j["id"]: j for j in json.loads(self.ok("list", "--json", *flags, **kw))["jobs"]}
+
+    def wait_running(self, job_id, timeout=15, **kw):
+        """Until the job runs; returns its ``list --json`` fields."""
+        def running():
+            job = self.jobs(**kw).get(job_id)
+            return job if job is not None and job["state"] == "running" else None
+        return wait_for(running, timeout=timeout, interval=0.02, backoff=0.2, what=f"job {job_id} to run")
+
     def wait_finished(self, job_id, timeout=30, **kw):
-        """Poll ``list --finished`` until the job is finished; returns its row."""
-        def done():
-            row = self.rows("--finished", **kw).get(job_id)
-            return row if row and " finished " in row else None
-        return wait_for(done, timeout=timeout, what=f"job {job_id} to finish")
+        """``dispatch wait`` for the job, within *timeout* seconds; returns its ``list --finished`` row."""
+        try:
+            r = self.dispatch("wait", "--json", str(job_id), timeout=timeout, **kw)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"timed out after {timeout}s waiting for job {job_id} to finish\n"
+                                 f"--- daemon log:\n{self.log()}") from None
+        try:
+            answer = json.loads(r.stdout)
+        except ValueError:
+            raise AssertionError(f"dispatch wait {job_id} failed ({r.returncode}): {r.stderr}\n"
+                                 f"--- daemon log:\n{self.log()}") from None
+        row = self.rows("--finished", str(job_id), **kw).get(job_id)
+        assert row is not None and " finished " in row, (answer, row)
+        return row
 
     def stop(self, sig=signal.SIGTERM):
         if self.proc and self.proc.poll() is None:

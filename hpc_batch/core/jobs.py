@@ -28,6 +28,7 @@ from shepherd.records import KILLED as KILLED  # the shepherd's stop reasons are
 from shepherd.records import TIMEOUT as TIMEOUT
 
 from .. import bounds
+from .cut import cut_command, join
 from .jobnames import valid_name
 
 WAITING = "waiting"     # on its --after / --after-ok jobs
@@ -195,8 +196,7 @@ class Job:
     @property
     def command(self) -> str:
         """The whole command line as a shell would show it (for show: not kept, it can be 1 MiB)."""
-        import shlex
-        return shlex.join(self.argv)
+        return join(self.argv)
 
     @property
     def shown(self) -> tuple[str, int]:
@@ -204,7 +204,6 @@ class Job:
         length; worked out once (argv never changes), and shared by the elements of a bulk."""
         got = self.__dict__.get("_shown")
         if got is None:
-            from .cut import cut_command
             got = self.__dict__["_shown"] = cut_command(self.argv)
         return got
 

@@ -15,7 +15,10 @@ does not start.
 
 import os
 
+from shepherd import cgroup
+
 from .. import defaults
+from . import devmask
 from .discovery import format_cpulist, parse_cpulist
 
 CGROUP_FS = "/sys/fs/cgroup"
@@ -156,7 +159,6 @@ def create_job(root: str, job_id: int, cpus, mems, mem_bytes: int, max_pids: int
         if max_pids:
             _write(os.path.join(path, "pids.max"), str(max_pids))
         if gpu_minors is not None:
-            from . import devmask
             devmask.apply(path, gpu_minors, control=bool(gpu_minors))
         eff_cpus = set(parse_cpulist(_read(os.path.join(path, "cpuset.cpus.effective"))))
         eff_mems = set(parse_cpulist(_read(os.path.join(path, "cpuset.mems.effective"))))
@@ -177,7 +179,6 @@ def discard(path: str) -> bool:
     Never waits (the daemon's loop calls it): a cgroup whose processes are
     still dying is left for the caller to try again.
     """
-    from shepherd import cgroup
     cgroup.kill(path)
     try:
         os.rmdir(path)
@@ -190,13 +191,11 @@ def discard(path: str) -> bool:
 
 def remove(path: str) -> None:
     """Kill what is left in a job cgroup and remove it, waiting a few seconds at most (start-up only)."""
-    from shepherd import cgroup
     cgroup.remove(path)
 
 
 def oom_killed(path: str) -> bool:
     """True if the cgroup's memory.events records an OOM kill."""
-    from shepherd import cgroup
     return cgroup.keyed(cgroup.read(path, "memory.events")).get("oom_kill", 0) > 0
 
 

@@ -15,7 +15,7 @@ and newer kernels also have a per-policy ``boost``, which is the job's own.
 import os
 from typing import Any
 
-from ..core.cputopo import parse_cpulist
+from ..core.cputopo import format_cpulist, parse_cpulist
 from . import kfiles
 
 CPU = "sys/devices/system/cpu"
@@ -82,7 +82,6 @@ def summarize(state: dict[str, Any]) -> dict[str, Any]:
     """A :func:`read_state` record grouped for the job's record (pure): policies with the same
     settings become one entry with their CPUs as a cpulist, and EPB maps each value to its CPUs,
     so a 128-CPU job's record stays a few lines."""
-    from ..core.cputopo import format_cpulist
     groups: dict[tuple, list[int]] = {}
     for p in state.get("policies", {}).values():
         key = tuple(sorted((k, v) for k, v in p.items() if k != "cpus"))

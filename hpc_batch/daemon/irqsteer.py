@@ -7,6 +7,8 @@ this module decides which, and says whether irqbalance would undo them.
 """
 
 import os
+import socket
+import struct
 
 from ..core.cputopo import format_cpulist, parse_cpulist
 from . import kfiles
@@ -92,8 +94,6 @@ def send_ban(socket_path: str, cpus, timeout: float = 0.2) -> str | None:
     irqbalance takes commands only with the sender's credentials attached
     (SCM_CREDENTIALS, uid 0), as irqbalance-ui sends them.
     """
-    import socket
-    import struct
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     creds = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())

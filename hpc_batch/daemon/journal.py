@@ -10,6 +10,7 @@ rewrites any the journal shows to be stale or missing.
 
 Lines::
 
+    {"seq": N, "format": F}         the first line: the journal's format (formats.JOURNAL)
     {"seq": N, "job": {record}}     argv left out where its submit's shared record holds it
     {"seq": N, "shared": {...}}     what the jobs of one submit share (store.py)
     {"seq": N, "drop": ID}          the job was evicted: forget it
@@ -29,6 +30,11 @@ When the journal has grown past twice its last snapshot, it is compacted: a
 snapshot of every live record, itself one batch, replaces it (temp file,
 fsync, rename, fsync of the directory). Compaction therefore costs the live
 state, once per doubling: amortised, a constant per change.
+
+Every snapshot begins with the format line, so the format is known from the
+first line alone, before the rest is parsed: a newer journal is refused
+(formats.NewerFormat), never taken for a damaged one and set aside. A journal
+without it is from before formats were numbered (format 1).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ import os
 from typing import NamedTuple
 
 from shepherd.records import dumps_wire, fsync_dir, loads
+
+from . import formats
 
 NAME = "journal"
 MIN_COMPACT = 1 << 20      # never compact a journal smaller than this
@@ -116,6 +124,21 @@ def parse(data: bytes) -> tuple[list[dict], int]:
     return c.entries, c.good
 
 
+def check_format(data: bytes, path: str) -> None:
+    """Raise formats.NewerFormat when the journal *data* (at *path*) is in a format this daemon does not know.
+
+    Only the first line is read: a newer format may change everything after it.
+    """
+    first = _entry(data.split(b"\n", 1)[0])
+    if first is not None and "format" in first:
+        formats.check(first, formats.JOURNAL, path, "journal")
+
+
+def format_line(seq: int) -> bytes:
+    """The line that opens a snapshot: the format it is written in."""
+    return line({"seq": seq, "format": formats.JOURNAL})
+
+
 def end_line(seq: int, batch: int, lines: int) -> bytes:
     """The line that closes batch *batch* of *lines* lines."""
     return line({"seq": seq, "commit": batch, "lines": lines})
@@ -137,12 +160,13 @@ class Journal:
         self.snapshot_size = 0
 
     def read(self) -> Contents | None:
-        """What it holds (None when there is no journal at all)."""
+        """What it holds (None when there is no journal at all); formats.NewerFormat for a newer one."""
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             return None
+        check_format(data, self.path)
         return read_contents(data)
 
     def append(self, data: bytes) -> None:

@@ -8,6 +8,7 @@ and the state lock are handed across); running jobs are not its children
 (their shepherds are init's) and are re-adopted from their pidfiles.
 """
 
+import dataclasses
 import logging
 import os
 import socket
@@ -15,9 +16,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from docopt import DocoptExit, docopt
+
 from .. import __version__, bounds, defaults
-from ..core.durations import parse_duration
-from ..core.sizes import parse_size
+from ..core import resources
+from ..core.cut import one_line
+from ..core.durations import DurationError, parse_duration
+from ..core.scheduler import POLICIES
+from ..core.sizes import SizeError, parse_size
+from ..usage import _WORD
+from . import access, cgroups, devdir, devmask, discovery, housekeeping, launcher, metrics_file, reload_args, sdnotify
+from .engine import Engine
+from .jobrecord import ThresholdError, parse_thresholds
+from .server import Server
+from .store import StateError, Store
 
 USAGE = f"""hpc-batchd: the hpc-batch daemon (run by systemd as root).
 
@@ -172,7 +184,6 @@ class Config:
 
 
 def _size(flag: str, text: str, unit: str = "G", minimum: int = 0) -> int:
-    from ..core.sizes import SizeError
     try:
         value = parse_size(text, unit, allow_zero=True)
     except SizeError as exc:
@@ -190,14 +201,9 @@ def _count(flag: str, text: str, minimum: int = 0, maximum: int = 1 << 31) -> in
 
 def parse_args(argv) -> Config:
     """Parse and validate hpc-batchd's arguments (raises ConfigError or exits for --help)."""
-    from docopt import DocoptExit, docopt
-
-    from ..core.durations import DurationError
-    from ..core.scheduler import POLICIES
     try:
         a = docopt(USAGE, argv=list(argv), version=f"hpc-batchd {__version__}")
     except DocoptExit as exc:
-        from ..usage import _WORD
         m = _WORD.search(str(exc))
         raise ConfigError(f"unexpected argument {m.group(1)!r}" if m else "missing or invalid arguments", 2) from None
     try:
@@ -214,7 +220,6 @@ def parse_args(argv) -> Config:
         raise ConfigError("--allow-turbo-off needs --cpufreq enforce", 2)
     if a["--records"] not in defaults.RECORDS_MODES:
         raise ConfigError(f"--records {a['--records']!r}: choose {' or '.join(defaults.RECORDS_MODES)}", 2)
-    from .jobrecord import ThresholdError, parse_thresholds
     try:
         thresholds = parse_thresholds([w.strip() for w in (a["--record-thresholds"] or "").split(",") if w.strip()])
     except ThresholdError as exc:
@@ -222,7 +227,6 @@ def parse_args(argv) -> Config:
     if a["--schedule"] not in POLICIES:
         raise ConfigError(f"--schedule {a['--schedule']!r}: choose one of {', '.join(POLICIES)}", 2)
     metrics = _metrics_file(a["--metrics-file"], a["--metrics-group"])
-    from . import housekeeping
     try:
         hk_flag = housekeeping.parse_flag(a["--housekeeping-cpus"])
     except ValueError as exc:
@@ -265,7 +269,6 @@ def parse_args(argv) -> Config:
 
 
 def _duration(flag: str, text: str) -> int:
-    from ..core.durations import DurationError
     try:
         return parse_duration(text)
     except DurationError as exc:
@@ -276,7 +279,6 @@ def _metrics_file(path: str | None, group: str | None) -> tuple[str | None, int]
     # Checked here, not in build(): a reload then keeps the old flags rather than exit over a bad path.
     if path is None:
         return None, -1
-    from . import metrics_file
     try:
         return metrics_file.check(path, group or defaults.METRICS_GROUP)
     except metrics_file.MetricsError as exc:
@@ -354,7 +356,6 @@ def _gpu_masking(cfg: Config, machine) -> bool:
         log.info("GPU masking: off (%s): a job is held to its GPUs by CUDA_VISIBLE_DEVICES only",
                  "--no-gpu-mask" if not cfg.gpu_mask else "--no-cgroups")
         return False
-    from . import devmask
     optout = "pass --no-gpu-mask to run with CUDA_VISIBLE_DEVICES as the only fence"
     unknown = [g for g in machine.gpus if g not in machine.gpu_minors]
     if unknown:
@@ -370,10 +371,6 @@ def _gpu_masking(cfg: Config, machine) -> bool:
 def _housekeeping(cfg: Config, machine, limits, allowed: set):
     """Choose the housekeeping CPUs, log them, pin the daemon (and the shepherds' cgroup) there;
     returns ``limits`` with them."""
-    import dataclasses
-
-    from ..core import resources
-    from . import cgroups, housekeeping
     reserved = resources.capacity(machine, limits).reserved_cpus
     try:
         cpus, why = housekeeping.choose(machine, reserved, cfg.housekeeping_flag)
@@ -395,12 +392,6 @@ def _housekeeping(cfg: Config, machine, limits, allowed: set):
 
 def build(cfg: Config, inherited: dict):
     """Set everything up (or raise ConfigError) and return a ready Server."""
-    from ..core import resources
-    from . import access, cgroups, devdir, discovery, housekeeping, metrics_file
-    from .engine import Engine
-    from .server import Server
-    from .store import StateError, Store
-
     tally = os.environ.pop(metrics_file.CARRY_ENV, "")   # the last daemon's counters, on a reload
     root = os.geteuid() == 0
     cfg.user_name = access.user_name(os.geteuid())
@@ -450,7 +441,6 @@ def build(cfg: Config, inherited: dict):
         raise ConfigError(f"refusing to start: {exc}") from None
     for note in notes:
         log.info("%s", note)
-    from . import launcher
     launcher.start_fork_server()
     engine.schedule(time.time())
     engine.flush(time.time())      # the recovered state, journalled afresh, and any starts
@@ -466,7 +456,6 @@ class _Escaping(logging.Formatter):
     """One log line per record whatever it quotes: a user's command cannot forge a line."""
 
     def formatMessage(self, record) -> str:
-        from ..core.cut import one_line
         return one_line(super().formatMessage(record))
 
 
@@ -490,18 +479,15 @@ def main(argv=None) -> int:
     except ConfigError as exc:
         log.error("%s", exc)
         return exc.status
-    from . import sdnotify
     sdnotify.ready()
     reason = server.run()
     server.close_clients()
-    from . import launcher
     launcher.stop_fork_server()   # the shepherds it forked are not its children: they run on
     if reason == "reload":
         sdnotify.reloading()
         server.engine.save_meta()
         server.engine.flush(time.time())
-        from . import metrics_file, reload_args
-        exe, new_argv = reload_args.current_argv()
+        exe, new_argv = reload_args.current_argv(parse_args, (ConfigError, SystemExit))
         log.info("reloading: re-executing %s", " ".join(new_argv))
         os.set_inheritable(store.lock_fd, True)
         os.set_inheritable(server.listener.fileno(), True)

@@ -20,7 +20,9 @@ interval and is retried.
 
 This module needs only the standard library: ``prometheus_client`` is
 imported (through ``metrics``) only once ``--metrics-file`` is given, and
-its absence is a refusal to start.
+its absence is a refusal to start. That import happens at start-up, when
+the flag is checked (``check``), never later: a long-lived daemon loads no
+file after an upgrade may have replaced it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import stat
 import struct
 import sys
 import time
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from shepherd import acl, records
@@ -92,7 +95,7 @@ def check(path: str, group: str = "") -> tuple[str, int]:
         raise MetricsError(f"{where}: refusing a directory others can write to: {why}; make it root's and "
                            f"not writable by others (node_exporter only reads it)")
     try:
-        from ..core import metrics  # noqa: F401  (prometheus_client, the optional extra)
+        metrics_module()
     except ImportError as exc:
         raise MetricsError(f"{where} needs the prometheus_client package ({exc}); install it with "
                            f"`{sys.executable} -m pip install '{EXTRA}'`") from None
@@ -100,6 +103,16 @@ def check(path: str, group: str = "") -> tuple[str, int]:
         log.warning("%s: the file will be readable by root and group root only; if node_exporter runs as "
                     "another user, name its group with --metrics-group", where)
     return full, gid
+
+
+def metrics_module() -> ModuleType:
+    """``hpc_batch.core.metrics`` (and with it prometheus_client, the optional extra); ImportError without it.
+
+    The one import the daemon makes after its module-level ones, and only at
+    start-up: ``check`` calls this while the flags are parsed.
+    """
+    from ..core import metrics  # the optional extra: loaded once --metrics-file is checked, at start-up
+    return metrics
 
 
 def others_may_write(directory: str, group: int) -> str | None:
@@ -197,14 +210,14 @@ class MetricsFile:
 
     @staticmethod
     def _tally(carried: str) -> Tally:
-        from ..core.metrics import Tally
+        metrics = metrics_module()
         if carried:
             try:
-                return Tally.from_text(carried)
+                return metrics.Tally.from_text(carried)
             except ValueError as exc:
                 log.warning("metrics: the counters handed over by the last daemon are unusable (%s); "
                             "counting from zero", exc)
-        return Tally(start_time=time.time())
+        return metrics.Tally(start_time=time.time())
 
     def job_event(self, job_id: int, kind: str) -> None:
         """The engine's job event (submitted, started, finished): count it."""
@@ -213,10 +226,9 @@ class MetricsFile:
 
     def snapshot(self) -> Snapshot:
         """The engine's state now, as metrics.take sees it."""
-        from ..core.metrics import take
         eng = self.engine
-        return take(eng.jobs.values(), eng.machine, eng.limits, eng.table.allocs(),
-                    self.tally, __version__)
+        return metrics_module().take(eng.jobs.values(), eng.machine, eng.limits, eng.table.allocs(),
+                                     self.tally, __version__)
 
     def tick(self, now: float) -> float | None:
         """Write the file if what it says changed; returns when to look again (None: at the next event).
@@ -234,8 +246,7 @@ class MetricsFile:
                 # Looked at most once an interval too: a flood of requests that change nothing costs no more.
                 self.not_before = now + INTERVAL
                 return None
-            from ..core.metrics import render
-            write_atomic(self.path, render(snap), self.gid)
+            write_atomic(self.path, metrics_module().render(snap), self.gid)
         except OSError as exc:
             rlog.error("metrics-write", "cannot write the metrics file %s (%s); keeping the old one, "
                        "retrying every %ds", self.path, exc.strerror or exc, RETRY)

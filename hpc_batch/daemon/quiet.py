@@ -28,6 +28,7 @@ reboot undoes nothing (the values it would compare are the new boot's).
 """
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +85,6 @@ RESCAN = 60.0   # seconds between scans of /proc for an irqbalance not found las
 
 def _scanned(root: str) -> int | None:
     """irqbalance's pid from a scan of /proc, at most once a minute (a pid found is checked each time)."""
-    import time
     now = time.monotonic()
     last = _SCANS.get(root)
     if last is not None:

@@ -11,6 +11,9 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+
+from .cgroups import own_cgroup
 
 log = logging.getLogger("hpc-batchd")
 
@@ -26,14 +29,13 @@ def parse_exec_start(text: str):
 
 
 def _unit() -> str | None:
-    from .cgroups import own_cgroup
     leaf = os.path.basename(own_cgroup())
     return leaf if leaf.endswith(".service") else None
 
 
-def current_argv():
-    """(executable, argv) for the re-exec."""
-    from .main import ConfigError, parse_args
+def current_argv(parse_args: Callable[[list[str]], object], errors: tuple[type[BaseException], ...]):
+    """(executable, argv) for the re-exec; *parse_args* checks the unit's new flags, raising one of
+    *errors* on flags that cannot be used (passed in: the daemon's main imports this module)."""
     fallback = (sys.executable, list(sys.orig_argv))
     unit = _unit() if os.environ.get("INVOCATION_ID") else None
     if unit is None:
@@ -50,7 +52,7 @@ def current_argv():
         return fallback
     try:
         parse_args(argv[1:])
-    except (ConfigError, SystemExit) as exc:
+    except errors as exc:
         log.error("the unit's new flags are invalid (%s); keeping the current flags", exc)
         return fallback
     return argv[0], argv

@@ -51,7 +51,8 @@ from ..bounds import MAX_ID
 from ..core.cputopo import format_cpulist
 from ..core.jobs import QUEUED, WAITING, Job
 from ..core.sizes import format_mem
-from .journal import Journal, JournalError, end_line, line
+from . import formats
+from .journal import Journal, JournalError, end_line, format_line, line
 
 log = logging.getLogger("hpc-batchd")
 
@@ -238,6 +239,8 @@ class Store:
         """Jobs and meta from the journal and the caches, each job.json brought up to date."""
         try:
             contents = self.journal.read()
+        except formats.NewerFormat as exc:   # a newer daemon's truth: neither read nor replaced
+            raise StateError(str(exc)) from None
         except JournalError as exc:
             self.quarantine(self.journal.path, "the journal", exc,
                             "job records are read from their job.json files instead")
@@ -267,7 +270,13 @@ class Store:
             names = os.listdir(self.jobs_dir)
         except OSError as exc:
             raise StateError(f"cannot read {self.jobs_dir}: {exc.strerror}") from None
-        caches = {int(n): self._read_cache(int(n)) for n in names if n.isdigit() and len(n) <= 20}
+        caches: dict[int, dict | None] = {}
+        for job_id in (int(n) for n in names if n.isdigit() and len(n) <= 20):
+            try:
+                caches[job_id] = self._read_cache(job_id)
+            except formats.NewerFormat as exc:
+                self.quarantine(self.job_dir(job_id), f"job {job_id}", exc, "that job is no longer tracked")
+                records.pop(job_id, None)
         high = max((c["batch"] for c in caches.values() if c is not None and isinstance(c.get("batch"), int)),
                    default=0)
         tail = self.batch + 1
@@ -423,7 +432,14 @@ class Store:
                     _unlink(os.path.join(directory, name))
 
     def _read_cache(self, job_id: int) -> dict | None:
-        return self._read_json(os.path.join(self.job_dir(job_id), "job.json"))
+        """A job's job.json, less its format key (None when it cannot be read); formats.NewerFormat
+        when it is in a format this daemon does not know."""
+        path = os.path.join(self.job_dir(job_id), "job.json")
+        data = self._read_json(path)
+        if data is not None:
+            formats.check(data, formats.JOB, path, "job.json")
+            data.pop("format", None)
+        return data
 
     @staticmethod
     def _read_json(path: str) -> dict | None:
@@ -520,13 +536,17 @@ class Store:
     def _snapshot(self) -> None:
         """Replace the journal by one batch: every shared record, every live job's (from its cache), the meta."""
         self._sync_env()
-        lines = []
+        self._seq += 1
+        lines = [format_line(self._seq)]
         for key in sorted(self._shared):
             self._seq += 1
             lines.append(line({"seq": self._seq, "shared": self._shared[key].record()}))
         live = set()
         for job_id in sorted(self._live):
-            data = self._read_cache(job_id)
+            try:
+                data = self._read_cache(job_id)
+            except formats.NewerFormat:   # not one this daemon wrote (set aside at start-up otherwise)
+                data = None
             if data is None:
                 continue
             # The record keeps its own seq: a new one would make every cache look stale to the
@@ -633,7 +653,8 @@ class Store:
 
     def _write_cache(self, job: Job, data: dict) -> None:
         os.makedirs(self.job_dir(job.id), 0o751, exist_ok=True)
-        write_atomic(os.path.join(self.job_dir(job.id), "job.json"), _dump(data), durable=False)
+        write_atomic(os.path.join(self.job_dir(job.id), "job.json"), _dump({**data, "format": formats.JOB}),
+                     durable=False)
 
     def save_job(self, job: Job, durable: bool = True) -> None:
         """Write one job's record (its cache now; its journal line staged when *durable*).

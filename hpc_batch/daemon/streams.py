@@ -28,6 +28,7 @@ from shepherd import records
 from ..core import views
 from ..core.jobs import FINISHED, QUEUED, WAITING, Job
 from ..wire import framing, protocol
+from .inotify import Inotify
 from .ratelog import RateLimited
 
 if TYPE_CHECKING:
@@ -69,7 +70,6 @@ class Streams:
         self.wds: dict[int, int] = {}         # inotify wd -> job id
         self.job_wd: dict[int, int] = {}      # job id -> inotify wd
         try:
-            from .inotify import Inotify
             self.inotify: Inotify | None = Inotify()
         except (OSError, AttributeError) as exc:
             log.warning("inotify unavailable (%s); attach falls back to polling", exc)

@@ -25,6 +25,7 @@ one pass over the directory, never more. Files of earlier versions
 import logging
 import os
 import stat
+import time
 from dataclasses import dataclass
 
 from .. import defaults
@@ -181,5 +182,4 @@ class Undelivered:
 
 
 def _when(t: float) -> str:
-    import time
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))

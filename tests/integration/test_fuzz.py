@@ -196,7 +196,7 @@ def test_mutated_requests_from_a_user(daemon_factory, users, scratch):
     assert _rss(d.proc.pid) < 200 << 20
     # Let the queue run, then restart: everything accepted is still there and ends.
     d.ok("kill", str(blocker))
-    wait_for(lambda: not d.rows("--all"), timeout=120 + N // 5, interval=0.5, what="the queue drained")
+    wait_for(lambda: not d.jobs("--all"), timeout=120 + N // 5, interval=0.5, what="the queue drained")
     before = set(d.rows("--all", "--finished"))
     d.stop()
     d2 = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0", "--max-lifetime", "1h")

@@ -81,7 +81,7 @@ def test_a_pair_gets_linked_gpus_and_a_single_one_keeps_pairs_whole(gpu_daemon, 
     flag = os.path.join(scratch, "go")
     a = d.submit("sh", "-c", HOLD.format(flag), flags=("--gpu-cores", "1", "--max-mem", "256M"))
     b = d.submit("sh", "-c", HOLD.format(flag), flags=("--gpu-cores", "2", "--max-mem", "256M"))
-    wait_for(lambda: " queued " not in d.rows().get(b, " queued "), what="b running")
+    d.wait_running(b)
     rows = d.rows()
     assert (rows[a].split()[-1], rows[b].split()[-1]) == ("1", "2:NV2"), rows   # the GPU column: count and link
     open(flag, "w").close()
@@ -97,7 +97,7 @@ def test_a_single_gpu_carves_from_a_broken_pair(gpu_daemon, scratch):
     flags = [os.path.join(scratch, f"go{i}") for i in range(2)]
     pair = d.submit("sh", "-c", HOLD.format(flags[0]), flags=("--gpu-cores", "2", "--max-mem", "256M"))
     one = d.submit("sh", "-c", HOLD.format(flags[1]), flags=("--gpu-cores", "1", "--max-mem", "256M"))
-    wait_for(lambda: " queued " not in d.rows().get(one, " queued "), what="one running")
+    d.wait_running(one)
     open(flags[0], "w").close()
     d.wait_finished(pair)
     # {0,1} is whole again; {2,3} is already broken by `one`: another single GPU goes there.
@@ -113,7 +113,7 @@ def test_gpu_link_met_at_once_or_refused(gpu_daemon, scratch):
     d = gpu_daemon
     flag = os.path.join(scratch, "go")
     held = d.submit("sh", "-c", HOLD.format(flag), flags=("--gpu-cores", "2", "--max-mem", "256M"))   # 0,1
-    wait_for(lambda: " queued " not in d.rows().get(held, " queued "), what="held running")
+    d.wait_running(held)
     nv = d.submit("sh", "-c", SHOW, flags=("--gpu-cores", "2", "--gpu-link", "NV", "--max-mem", "256M"))
     assert exit_of(d.wait_finished(nv)) == "0" and _gpus_of(scratch, nv) == "2,3 PCI_BUS_ID"
     r = d.dispatch("new", "--gpu-cores", "2", "--gpu-link", "NV4", "--", "true")
@@ -129,7 +129,7 @@ def test_gpu_link_job_waits_then_starts(gpu_daemon, scratch):
     flag = os.path.join(scratch, "go")
     zero = d.submit("sh", "-c", HOLD.format(flag), flags=("--gpu-cores", "1", "--max-mem", "256M"))      # 0
     pair = d.submit("sh", "-c", HOLD.format(flag), flags=("--gpu-cores", "2", "--max-mem", "256M"))      # 2,3
-    wait_for(lambda: " queued " not in d.rows().get(pair, " queued "), what="pair running")
+    d.wait_running(pair)
     # Only GPU 1 is free; a linked pair must wait for GPU 0.
     linked = d.submit("sh", "-c", SHOW, flags=("--gpu-cores", "2", "--gpu-link", "NV", "--max-mem", "256M"))
     assert " queued " in d.rows()[linked]

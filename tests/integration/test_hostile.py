@@ -73,7 +73,7 @@ def job_dir(d, job):
 
 
 def wait_running(d, job, user=None):
-    wait_for(lambda: " queued " not in d.rows(user=user).get(job, " queued "), what=f"job {job} running")
+    d.wait_running(job, user=user)
     wait_for(lambda: os.path.exists(os.path.join(job_dir(d, job), "status.json")), what="shepherd status")
 
 

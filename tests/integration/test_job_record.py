@@ -92,7 +92,7 @@ def test_a_queued_job_has_no_record_yet_and_a_running_one_has_a_partial_one(daem
     d = daemon
     marker = os.path.join(scratch, "go")
     first = _marker_job(d, marker, flags=("--exclusive",))
-    wait_for(lambda: d.rows(user=ALICE)[first].split()[4] != "queued", what="first job to start")
+    d.wait_running(first, user=ALICE)
     queued = _sub(d, "true", flags=("--exclusive",))
     r = d.dispatch("show", "--record", str(queued), user=ALICE)
     assert r.returncode == 1 and "has not started" in r.stderr, r.stderr

@@ -85,7 +85,7 @@ def test_keep_finished_per_user(daemon_factory, users):
     for _ in range(4):
         ids.append(d.submit("true"))
         d.wait_finished(ids[-1])
-    wait_for(lambda: sorted(d.rows("--finished")) == ids[2:], what="eviction")
+    wait_for(lambda: sorted(d.jobs("--finished")) == ids[2:], backoff=0.2, what="eviction")
     # Ids are never reused, even after the records are gone.
     assert d.submit("true") == ids[-1] + 1
 

@@ -132,7 +132,7 @@ def test_env_secret_never_readable_by_others(daemon, users, scratch):
         return secret in r.stdout
 
     assert not bob_can_find_secret()
-    wait_for(lambda: "queued" not in d.rows(user=alice.pw_name)[job], what="job running")
+    d.wait_running(job, user=alice.pw_name)
     status = os.path.join(d.state_dir, "jobs", str(job), "status.json")
     wait_for(lambda: os.path.exists(status), what="shepherd status")
     import json

@@ -67,7 +67,7 @@ def _start(d, scratch, bench=True):
     flag = os.path.join(scratch, "go")
     job = d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done",
                    flags=("--benchmark",) if bench else ())
-    wait_for(lambda: "queued" not in d.rows().get(job, "queued"), what=f"job {job} started")
+    d.wait_running(job)
     status = os.path.join(d.state_dir, "jobs", str(job), "status.json")
     wait_for(lambda: os.path.exists(status), what="its shepherd")
     show = json.loads(d.ok("show", "--json", str(job)))

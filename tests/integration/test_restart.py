@@ -12,7 +12,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _running(d, job):
-    wait_for(lambda: "queued" not in d.rows().get(job, "queued"), what=f"job {job} running")
+    d.wait_running(job)
     status = os.path.join(d.state_dir, "jobs", str(job), "status.json")
     wait_for(lambda: os.path.exists(status), what="shepherd status")
 
@@ -132,6 +132,7 @@ def test_job_whose_shepherd_never_started_runs_once(daemon_factory, users, scrat
         except FileNotFoundError:
             pass
     d2 = daemon_factory()
-    wait_for(lambda: "finished 9" in d2.rows("--finished").get(job, ""), timeout=30, what="rerun result")
+    wait_for(lambda: d2.jobs("--finished").get(job, {}).get("exit") == "9", timeout=30, backoff=0.2,
+             what="rerun result")
     with open(os.path.join(scratch, "runs")) as f:
         assert f.read() == "ran\nran\n"     # once before the rewind, exactly once after

@@ -135,7 +135,7 @@ def test_exclusive_waits_for_idle_and_blocks_others(daemon_factory, users, scrat
     d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done", flags=("--cpu", "1"))
     x = d.submit("sh", "-c", "nproc; sleep 1", flags=("--exclusive",))
     y = d.submit("true", flags=("--cpu", "1"))
-    wait_for(lambda: d.rows().get(x), what="x listed")
+    wait_for(lambda: d.jobs().get(x), backoff=0.2, what="x listed")
     assert _state(d, x) == "queued" and " yes" in d.rows()[x]
     open(flag, "w").close()
     assert exit_of(d.wait_finished(x)) == "0"

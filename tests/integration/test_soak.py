@@ -44,7 +44,7 @@ def test_soak_reload_and_crash(daemon_factory, users, scratch):
             d.kill9()
             d = daemon_factory(*args)
             actions["kill9"] += 1
-    wait_for(lambda: not d.rows(), timeout=30 + 2 * N, what="queue drained")
+    wait_for(lambda: not d.jobs(), timeout=30 + 2 * N, backoff=0.5, what="queue drained")
     rows = d.rows("--finished")
     assert sorted(rows) == sorted(expected), "a job was lost or invented"
     wrong = {j: (exit_of(rows[j]), c) for j, c in expected.items() if exit_of(rows[j]) != str(c)}

@@ -76,7 +76,7 @@ def test_kill9_then_restart_keeps_running_job_and_its_exit_code(daemon_factory, 
     d = daemon_factory()
     flag = os.path.join(scratch, "go")
     job = d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done; exit 7")
-    wait_for(lambda: "queued" not in d.rows().get(job, "queued"), what="job running")
+    d.wait_running(job)
     d.kill9()
     d2 = daemon_factory()
     row = d2.rows()[job]
@@ -89,7 +89,7 @@ def test_job_that_ends_while_daemon_is_down(daemon_factory, users, scratch):
     d = daemon_factory()
     flag = os.path.join(scratch, "go")
     job = d.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done; echo bye; exit 5")
-    wait_for(lambda: "queued" not in d.rows().get(job, "queued"), what="job running")
+    d.wait_running(job)
     d.kill9()
     open(flag, "w").close()
     wait_for(lambda: os.path.exists(os.path.join(scratch, f"output.{job}.log")), what="output delivered")
@@ -102,7 +102,7 @@ def test_job_that_ends_while_daemon_is_down(daemon_factory, users, scratch):
 def test_ids_never_reused_across_restarts(daemon_factory, users):
     d = daemon_factory("--keep-finished", "0")
     a = d.submit("true")
-    wait_for(lambda: a not in d.rows("--finished"), what="record evicted")
+    wait_for(lambda: a not in d.jobs("--finished"), backoff=0.2, what="record evicted")
     d.stop()
     d2 = daemon_factory("--keep-finished", "0")
     assert d2.submit("true") == a + 1

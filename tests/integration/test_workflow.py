@@ -54,7 +54,7 @@ def test_new_wait_survives_a_reload_and_a_restart(daemon_factory, users, scratch
                              env={"HPC_BATCH_SOCKET": d.socket, "PATH": "/usr/bin:/bin"}, cwd=scratch,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         job = int(p.stdout.readline().split()[1])
-        wait_for(lambda d=d, job=job: " queued " not in d.rows().get(job, " queued "), what="running")
+        d.wait_running(job)
         if how == "reload":
             seen = d.log().count("ready on")
             d.proc.send_signal(signal.SIGHUP)
