@@ -1,3 +1,5 @@
+"""``python -m shepherd``: the shepherd, as ``hpc-batch-shepherd`` runs it."""
+
 import sys
 
 from shepherd.main import main

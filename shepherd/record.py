@@ -377,7 +377,7 @@ class Recorder:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         st = os.fstat(fd)
         out = {"path": os.path.abspath(path), "realpath": os.path.realpath(path), "size": st.st_size}
-        if not (st.st_mode & 0o170000 == 0o100000):
+        if st.st_mode & 0o170000 != 0o100000:   # S_ISREG without importing stat
             return dict(out, error="not a regular file")
         if st.st_size > HASH_CAP:
             return dict(out, error=f"larger than {HASH_CAP >> 20} MiB: not hashed")

@@ -433,12 +433,12 @@ def check_request(req: Request, machine: Machine, limits: Limits) -> Budget:
         )
     if req.benchmark is not None:
         _check_benchmark(req, n, cap)
-    if req.exclusive and req.cpus is None and req.numa_local and not cap.pool:
-        if sum(1 for node in cap.nodes if node.cpus) > 1:
-            raise RequestError(
-                "--exclusive --numa-local needs --cpu on a multi-node machine: "
-                "without it the job takes every core of every node"
-            )
+    if req.exclusive and req.cpus is None and req.numa_local and not cap.pool \
+            and sum(1 for node in cap.nodes if node.cpus) > 1:
+        raise RequestError(
+            "--exclusive --numa-local needs --cpu on a multi-node machine: "
+            "without it the job takes every core of every node"
+        )
     ceiling, what = _mem_ceiling(req, n, cap)
     flag = " with --numa-local" if req.numa_local and not cap.pool else ""
     if req.mem is not None:

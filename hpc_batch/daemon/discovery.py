@@ -155,10 +155,7 @@ def _single_node(sysfs_root: str, allowed_cpus: set[int] | None, proc_root: str)
         cpus = tuple(sorted(allowed_cpus))
     else:
         online = os.path.join(sysfs_root, "devices", "system", "cpu", "online")
-        if os.path.exists(online):
-            cpus = parse_cpulist(_read(online))
-        else:
-            cpus = tuple(range(os.cpu_count() or 1))
+        cpus = parse_cpulist(_read(online)) if os.path.exists(online) else tuple(range(os.cpu_count() or 1))
     return Node(0, cpus, parse_node_meminfo(_read(os.path.join(proc_root, "meminfo"))))
 
 

@@ -1142,9 +1142,9 @@ class Engine:
             self.retry_at, self.resched = None, True
         if self.unsettled:
             self._settle(now)
-        if self.table.strict_queued and now >= self.bench_watch.due(now):
-            if self.bench_watch.feed(probe.read(now, probe.root())):
-                self.resched = True   # quiet now (or no longer): strict benchmark jobs are looked at again
+        if self.table.strict_queued and now >= self.bench_watch.due(now) and \
+                self.bench_watch.feed(probe.read(now, probe.root())):
+            self.resched = True   # quiet now (or no longer): strict benchmark jobs are looked at again
         if self.resched:
             self.resched = False
             self.schedule(now)

@@ -249,10 +249,8 @@ class Streams:
         if st.ending:
             assert self.engine is not None  # start() first
             job = self.engine.jobs.get(st.job)
-            if job is None:   # forgotten (--keep-finished) while a slow client read the rest: as wait says it
-                end = protocol.event("end", **views.forgotten_end(st.job))
-            else:
-                end = self._end_event(job)
+            # A job forgotten (--keep-finished) while a slow client read the rest: as wait says it.
+            end = protocol.event("end", **views.forgotten_end(st.job)) if job is None else self._end_event(job)
             conn.out += framing.encode(end)
             st.done = True
             conn.closing = True

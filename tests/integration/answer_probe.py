@@ -24,7 +24,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from wire import frame, read_reply  # noqa: E402  (beside this file, run as a script)
+from wire import frame, read_reply
 
 WAIT = 600.0   # seconds one answer may take before it counts as none (a stall is measured, not cut)
 

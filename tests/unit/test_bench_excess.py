@@ -7,8 +7,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "bench"))
 
-from benchkit.report import Figure, Target  # noqa: E402
-from benchkit.stats import summarize  # noqa: E402
+from benchkit.report import Figure, Target
+from benchkit.stats import summarize
 
 
 def _fig(value, base):

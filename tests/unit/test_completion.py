@@ -75,8 +75,8 @@ JOB_VERBS = ["attach", "kill", "wait", "show", "job"]
 
 def test_the_usage_parser_sees_the_verbs_and_options():
     # Guards the helpers above: a parser that found nothing would pass every check below.
-    assert VERBS == list(cli_usage.SUBCOMMANDS)
-    assert TOP_OPTIONS == {"-h", "--help", "--version"}
+    assert list(cli_usage.SUBCOMMANDS) == VERBS
+    assert {"-h", "--help", "--version"} == TOP_OPTIONS
     assert usage_options(cli_usage.LIST_USAGE) == {"--all", "--finished", "--json", "-h", "--help"}
     new = usage_options(cli_usage.NEW_USAGE)
     assert {"--gpu-link", "--no-output", "--after-ok", "--numa-local-gpu"} <= new

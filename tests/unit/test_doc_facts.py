@@ -66,7 +66,7 @@ def _exit_statuses() -> dict[int, str]:
 
 def test_the_psij_bridge_sorts_only_codes_dispatch_gives():
     from hpc_batch.psij import mapping
-    assert mapping.INVALID | mapping.TRANSIENT <= {*REFUSALS, *CLIENT_FAILURES}
+    assert {*REFUSALS, *CLIENT_FAILURES} >= mapping.INVALID | mapping.TRANSIENT
 
 
 def test_the_codes_never_share_a_status():
@@ -185,10 +185,7 @@ def _resolves(dotted: str, modules: dict[str, list[str]]) -> bool:
                       if inspect.isclass(getattr(importlib.import_module(m), first, None))]
     else:
         candidates = [importlib.import_module(m) for m in modules.get(first, [])]
-    for obj in candidates:
-        if _has_path(obj, rest):
-            return True
-    return False
+    return any(_has_path(obj, rest) for obj in candidates)
 
 
 def _has_path(obj, path: list[str]) -> bool:
