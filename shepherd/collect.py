@@ -50,17 +50,7 @@ def parse_cpulist(text: str) -> list[int]:
     return sorted(out)
 
 
-def format_cpulist(ids) -> str:
-    """The kernel's compact list of *ids*: ``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
-    ids = sorted(set(ids))
-    parts, i = [], 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(parts)
+format_cpulist = sysread.format_cpulist
 
 
 def _int_or_text(text: str):

@@ -355,18 +355,7 @@ def cpufreq_fact(src: sysread.Source, cpus: list[int]) -> dict:
     return sysread.field(not without, source)
 
 
-def cpu_list(cpus) -> str:
-    """CPUs as the kernel's list format: ``0-3,8``."""
-    ids = sorted(set(cpus))
-    parts = []
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(parts)
+cpu_list = sysread.format_cpulist   # CPUs as the kernel lists them: 0-3,8
 
 
 # --- the differences ---------------------------------------------------------------

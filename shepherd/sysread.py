@@ -78,3 +78,19 @@ class Source:
             return sorted(os.listdir(self.path(path)))
         except OSError:
             return []
+
+
+def format_cpulist(ids, sep: str = ",") -> str:
+    """Numbers in the kernel's list format: ``(0, 1, 2, 3, 8)`` -> ``"0-3,8"``.
+
+    The one definition: the shepherd's record and the daemon (``cputopo``) both use it.
+    """
+    ids = sorted(set(ids))
+    parts, i = [], 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return sep.join(parts)

@@ -27,6 +27,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from shepherd import sysread
+
 SIBLINGS = "topology/thread_siblings_list"
 CORE_ID = "topology/core_id"
 PACKAGE_ID = "topology/physical_package_id"
@@ -57,16 +59,7 @@ def parse_cpulist(text: str) -> tuple[int, ...]:
 
 def format_cpulist(cpus: Iterable[int], sep: str = ",") -> str:
     """Inverse of parse_cpulist: (0, 1, 2, 3, 8) -> "0-3,8" (also how a log line names many job ids)."""
-    out: list[str] = []
-    ids = sorted(set(cpus))
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return sep.join(out)
+    return sysread.format_cpulist(cpus, sep)
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import grp
 import os
 import re
-import stat
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import manpages
-from .common import DEFAULT_DEV_DIR, DEFAULT_SOCKET, DEFAULT_STATE_DIR, PROG, InstallError
+from .common import DEFAULT_DEV_DIR, DEFAULT_SOCKET, DEFAULT_STATE_DIR, PROG, InstallError, read_head
 from .texts import is_our_completion
 
 UNIT_DATA = ("hpc_batch", "data", "hpc-batch.service")
@@ -148,16 +147,5 @@ def completion_files(paths: Paths) -> list[tuple[str, str, Path]]:
 
 def completion_is_ours(path: Path) -> bool:
     """Whether ``path`` is a plain file (not a link) that hpc-batch-install wrote."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False  # missing, a symlink (ELOOP) or unreadable
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False  # a directory, a FIFO, a device
-        head = os.read(fd, 4096)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return is_our_completion(head.decode(errors="replace"))
+    head = read_head(path)
+    return head is not None and is_our_completion(head)

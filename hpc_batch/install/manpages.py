@@ -15,9 +15,10 @@ package is broken).
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from .common import read_head
 
 # A roff comment: invisible in the page, found by is_ours and by uninstall.sh.
 MARKER = '.\\" hpc-batch: manual page, installed by hpc-batch-install'
@@ -37,19 +38,8 @@ def is_marked(text: str) -> bool:
 
 def is_ours(path: Path) -> bool:
     """Whether ``path`` is a plain file (not a link) that hpc-batch-install wrote."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False  # missing, a symlink (ELOOP) or unreadable
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        head = os.read(fd, 4096)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return is_marked(head.decode(errors="replace"))
+    head = read_head(path)
+    return head is not None and is_marked(head)
 
 
 def find(sources: Iterable[Path], page: str) -> Path | None:
