@@ -64,7 +64,8 @@ def test_jobs_outlive_the_fork_server_and_it_comes_back(daemon, scratch):
     os.kill(server, signal.SIGKILL)
     wait_for(lambda: not _fork_servers(daemon) or _fork_servers(daemon) != [server], what="the server to die")
     open(flag, "w").close()
-    assert exit_of(daemon.wait_finished(job)) == "6"
+    row = daemon.wait_finished(job)
+    assert exit_of(row) == "6", f"{row}\n--- daemon log:\n{daemon.log()}"
     # The next job gets a new server (or, failing that, an exec'd shepherd): it runs either way.
     nxt = daemon.submit("sh", "-c", "exit 4", flags=("--no-output",))
     assert exit_of(daemon.wait_finished(nxt)) == "4"
