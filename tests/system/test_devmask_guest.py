@@ -33,7 +33,7 @@ NODES = {"nvidia0": 0, "nvidia1": 1, "nvidiactl": 255}
 HELPER = r'''
 import errno, json, os, stat, sys
 
-from hpc_batch import devmask
+from hpc_batch.daemon import devmask
 
 
 def outcome(exc):
@@ -153,7 +153,7 @@ def test_probe_says_masking_works(guest, nodes):
     for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/hpc-batch"):
         if not guest.run(["test", "-d", root], timeout=30).ok:
             continue
-        code = f"from hpc_batch import devmask; print(devmask.probe({root!r}))"
+        code = f"from hpc_batch.daemon import devmask; print(devmask.probe({root!r}))"
         r = guest.run([PY, "-c", code], timeout=120)
         assert r.ok and r.out.strip() == "None", r.describe()
         left = guest.run(f"ls {shlex.quote(root)} | grep devmask-probe || true", timeout=30).out.strip()
