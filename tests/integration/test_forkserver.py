@@ -60,6 +60,10 @@ def test_jobs_outlive_the_fork_server_and_it_comes_back(daemon, scratch):
     flag = os.path.join(scratch, "go")
     job = daemon.submit("sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done; exit 6", flags=("--no-output",))
     wait_for(lambda: _shepherd_of(daemon, job), what="the shepherd in ps")
+    # The job running (its shepherd wrote status.json after forking it): the server answered the
+    # daemon long before. A kill before that answer is another case (the daemon asks a new server).
+    status = os.path.join(daemon.state_dir, "jobs", str(job), "status.json")
+    wait_for(lambda: os.path.exists(status), what="the job to be forked")
     (server,) = _fork_servers(daemon)
     os.kill(server, signal.SIGKILL)
     wait_for(lambda: not _fork_servers(daemon) or _fork_servers(daemon) != [server], what="the server to die")
