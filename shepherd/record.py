@@ -51,6 +51,7 @@ LIST_CAP = 512               # arguments or environment keys kept
 HASH_CAP = 1 << 30           # an executable larger than this is not hashed (its size is still recorded)
 SIDE_LIMIT = 30.0            # seconds the side tasks (hash, GPU query) may take after the start
 END_GPU_LIMIT = 5.0          # seconds the GPUs' end reading may take
+REAP_WAIT = 0.5              # seconds the job's end waits for a finished side task's exit status
 END_WAIT = 10.0              # seconds a job's end waits for side tasks still running (within SIDE_LIMIT)
 # Parts dropped, in this order, while a record is over MAX_BYTES: the raw snapshots first (their
 # deltas stay), then the largest static lists.
@@ -201,12 +202,21 @@ class _Side:
                 pass
         os.close(self.fd)
         self.done = True
-        # A child stuck in the kernel (a hung filesystem) must not hold the shepherd: reap it if it
-        # is gone within a moment, else leave it (its pid stays ours, a zombie, until we exit).
-        for _ in range(50):
+        self.reap(0.0)   # no waiting here: this runs in the shepherd's loop while the job runs
+
+    def reap(self, within: float) -> None:
+        """Collect the child's status once it has exited, waiting up to *within* seconds.
+
+        A child stuck in the kernel (a hung filesystem) must not hold the shepherd:
+        it is left (its pid stays ours, a zombie, until we exit).
+        """
+        give_up = time.monotonic() + within
+        while self.status is None:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
                 self.status = status
+                return
+            if time.monotonic() >= give_up:
                 return
             time.sleep(0.01)
 
@@ -445,6 +455,8 @@ class Recorder:
 
     def _side_json(self, name: str) -> dict | None:
         side = self.sides.get(name)
+        if side is not None and side.done:
+            side.reap(REAP_WAIT)
         if side is None or not side.done or side.status != 0:
             return None
         try:
@@ -455,6 +467,8 @@ class Recorder:
 
     def _side_result(self, name: str, source: str) -> dict:
         side = self.sides.get(name)
+        if side is not None and side.done:
+            side.reap(REAP_WAIT)
         why = (self.record.get("side_errors") or {}).get(name)
         if side is None or why:
             return sysread.field(None, source, why or "not read")
