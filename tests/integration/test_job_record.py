@@ -37,6 +37,16 @@ def _record(d, job, user=ALICE):
     return json.loads(d.ok("show", "--record", "--json", str(job), user=user))
 
 
+def _partial(d, job, user=ALICE):
+    """The running job's record once its shepherd has written the start sections, else None
+    (until then show --record refuses: no record yet)."""
+    r = d.dispatch("show", "--record", "--json", str(job), user=user)
+    if r.returncode != 0:
+        return None
+    rec = json.loads(r.stdout)
+    return rec if rec.get("software") else None
+
+
 def _finished(d, job, user=ALICE):
     return d.wait_finished(job, user=user, timeout=60)
 
@@ -96,7 +106,7 @@ def test_a_queued_job_has_no_record_yet_and_a_running_one_has_a_partial_one(daem
     queued = _sub(d, "true", flags=("--exclusive",))
     r = d.dispatch("show", "--record", str(queued), user=ALICE)
     assert r.returncode == 1 and "has not started" in r.stderr, r.stderr
-    partial = wait_for(lambda: (x := _record(d, first)).get("software") and x, what="the partial record")
+    partial = wait_for(lambda: _partial(d, first), what="the partial record")
     assert partial["complete"] is False and "verdict" not in partial
     open(marker, "w").close()
     _finished(d, first)
@@ -214,7 +224,7 @@ def test_the_verdict_is_clean_on_a_quiet_machine_and_noisy_when_a_throttle_count
     job = _marker_job(d, marker, flags=("--cpu", "1"))
     cpus = wait_for(lambda: json.loads(d.ok("show", "--json", str(job), user=ALICE)).get("cpus"),
                     what="the job's cpus")
-    wait_for(lambda: _record(d, job).get("software"), what="the job's partial record")
+    wait_for(lambda: _partial(d, job), what="the job's partial record")
     counter = os.path.join(root, f"sys/devices/system/cpu/cpu{cpus[0]}/thermal_throttle/core_throttle_count")
     with open(counter, "w") as f:
         f.write("7\n")
@@ -230,7 +240,7 @@ def test_a_record_survives_a_daemon_restart_mid_job(daemon_factory, users, scrat
     d = daemon_factory()
     marker = os.path.join(scratch, "go")
     job = _marker_job(d, marker)
-    wait_for(lambda: _record(d, job).get("software"), what="the partial record")
+    wait_for(lambda: _partial(d, job), what="the partial record")
     d.kill9()
     d.start()
     open(marker, "w").close()
