@@ -52,7 +52,6 @@ TRICKLE = 64 << 10       # less than this moved in one wake-up counts as a trick
 STREAM = CHUNK // 2      # this much per HOLD_OFF or more is a stream: a hold-off could fill the pipe
 _SPLICE_FALLBACK = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
 _NO_FSYNC = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EROFS)
-_NO_COPY_RANGE = (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
 
 
 class Refused(OSError):
@@ -132,9 +131,10 @@ class Filler:
 
     The relay writes the pipe's output after those bytes from the start, so a
     job writing fast never waits while the buffer is copied: the copy takes
-    the relay's idle moments, and what is left of it the job's end.
-    Rewriting a chunk is harmless (same bytes, same place), so a signal
-    between a copy and its count loses nothing.
+    the relay's idle moments, and what is left of it the job's end. A chunk
+    goes by sendfile (in the kernel, across filesystems too) at its own place
+    and the log's position is put back after it, with SIGTERM (the relay's
+    "finish", which writes at that position) held off meanwhile.
     """
 
     def __init__(self, src: int, dst: int, size: int):
@@ -145,17 +145,25 @@ class Filler:
         return self.done < self.size
 
     def step(self) -> None:
-        """Copy the next chunk (in the kernel where it can: no bytes through this process)."""
+        """Copy the next chunk."""
         want = min(CHUNK, self.size - self.done)
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM,))
         try:
-            n = os.copy_file_range(self.src, self.dst, want, self.done, self.done)
-        except OSError as exc:
-            if exc.errno not in _NO_COPY_RANGE:
-                raise
-            n = _pcopy(self.src, self.dst, want, self.done)
-        if n == 0:   # the buffer is shorter than it was: cannot happen, but never loop on it
-            raise OSError(errno.EIO, "the output buffer shrank while it was copied")
-        self.done += n
+            at = os.lseek(self.dst, 0, os.SEEK_CUR)
+            os.lseek(self.dst, self.done, os.SEEK_SET)
+            try:
+                n = os.sendfile(self.dst, self.src, self.done, want)
+            except OSError as exc:
+                if exc.errno not in _SPLICE_FALLBACK:
+                    raise
+                n = _pcopy(self.src, self.dst, want, self.done)
+            finally:
+                os.lseek(self.dst, at, os.SEEK_SET)
+            if n == 0:   # the buffer is shorter than it was: cannot happen, but never loop on it
+                raise OSError(errno.EIO, "the output buffer shrank while it was copied")
+            self.done += n
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def finish(self) -> None:
         """Copy the rest."""
