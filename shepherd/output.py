@@ -4,12 +4,15 @@ The job writes into a pipe; the shepherd moves what arrives into the
 buffer (``<job dir>/output``, what ``dispatch attach`` streams) until
 ``--max-output-buffer`` is reached, so one job can never fill the state
 filesystem. Past that bound the rest goes straight to the user's log file,
-written by a child running as the user (the buffer's part first, so the
-file is whole), or, with no log file, is discarded. At the end the buffer
-is copied to the log file, again as the user, and fsynced (with its
-directory when the copy created it) before the buffer, the only other copy,
-is removed: a power cut never leaves a job that says "delivered" with an
-empty log.
+written by a child running as the user, or, with no log file, is
+discarded. That child writes the pipe's part after the buffer's place in
+the log and copies the buffer into that place when the pipe leaves it
+time (and the rest at the job's end): a job writing fast never waits on
+the copy, and the log is whole before it is made durable. Without a
+relay, the buffer is copied to the log file at the end, again as the user.
+Either way the log is fsynced (with its directory when the copy created
+it) before the buffer, the only other copy, is removed: a power cut never
+leaves a job that says "delivered" with an empty log.
 
 Opening the log file is where a hostile user sets traps: a FIFO that never
 opens, a symlink to root's files, a file another user planted in a shared
@@ -28,6 +31,7 @@ log: the relay, the final copy and the record's copy.
 import errno
 import fcntl
 import os
+import select
 import signal
 import stat
 import time
@@ -45,6 +49,7 @@ CHUNK = 1 << 20          # bytes moved per splice, and the pipe's size
 HOLD_OFF = 0.02          # a trickle of output is batched: at most this often a wake-up
 HELD = 0.25              # out of pids past the buffer bound: how often the relay's fork is tried again
 TRICKLE = 64 << 10       # less than this moved in one wake-up counts as a trickle
+STREAM = CHUNK // 2      # this much per HOLD_OFF or more is a stream: a hold-off could fill the pipe
 _SPLICE_FALLBACK = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
 _NO_FSYNC = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EROFS)
 
@@ -84,15 +89,95 @@ def move(src: int, dst: int, count: int, nonblock: bool = False) -> int:
     return len(data)
 
 
-def drain(src: int, dst: int) -> None:
-    """Move whatever the pipe holds now, without waiting for more."""
+def drain(src: int, dst: int) -> tuple[int, bool]:
+    """Move whatever the pipe holds now, without waiting for more: ``(bytes moved, reached EOF)``."""
     os.set_blocking(src, False)
+    moved = 0
     while True:
         try:
-            if move(src, dst, CHUNK, nonblock=True) == 0:
-                return
+            n = move(src, dst, CHUNK, nonblock=True)
         except BlockingIOError:
-            return
+            return moved, False
+        if n == 0:
+            return moved, True
+        moved += n
+
+
+class Pacer:
+    """Tells a trickle of output (batch it: wait HOLD_OFF before reading again) from a stream (read on).
+
+    A hold-off turns many small writes into one wake-up, but a job writing
+    fast fills the pipe meanwhile and then waits on us (that halved the rate
+    of a 1 GiB stream). So the rate is taken over windows of about HOLD_OFF:
+    at STREAM bytes a window or more, the pipe is read whenever it is
+    readable. A stream costs at most a hold-off or two before it is seen.
+    """
+
+    def __init__(self, now: float):
+        self.since, self.bytes, self.stream = now, 0, False
+
+    def hold(self, moved: int, now: float) -> bool:
+        """After a read that moved *moved* bytes (at *now*, monotonic): wait HOLD_OFF before the next?"""
+        self.bytes += moved
+        elapsed = now - self.since
+        if elapsed >= HOLD_OFF:
+            self.stream = self.bytes * HOLD_OFF >= STREAM * elapsed
+            self.since, self.bytes = now, 0
+        return moved < TRICKLE and not self.stream
+
+
+class Filler:
+    """The relay's copy of the buffer into the first *size* bytes of the log, a chunk at a time.
+
+    The relay writes the pipe's output after those bytes from the start, so a
+    job writing fast never waits while the buffer is copied: the copy takes
+    the relay's idle moments, and what is left of it the job's end. A chunk
+    goes by sendfile (in the kernel, across filesystems too) at its own place
+    and the log's position is put back after it, with SIGTERM (the relay's
+    "finish", which writes at that position) held off meanwhile.
+    """
+
+    def __init__(self, src: int, dst: int, size: int):
+        self.src, self.dst, self.size, self.done = src, dst, size, 0
+
+    def pending(self) -> bool:
+        """Is some of the buffer not in the log yet?"""
+        return self.done < self.size
+
+    def step(self) -> None:
+        """Copy the next chunk."""
+        want = min(CHUNK, self.size - self.done)
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM,))
+        try:
+            at = os.lseek(self.dst, 0, os.SEEK_CUR)
+            os.lseek(self.dst, self.done, os.SEEK_SET)
+            try:
+                n = os.sendfile(self.dst, self.src, self.done, want)
+            except OSError as exc:
+                if exc.errno not in _SPLICE_FALLBACK:
+                    raise
+                n = _pcopy(self.src, self.dst, want, self.done)
+            finally:
+                os.lseek(self.dst, at, os.SEEK_SET)
+            if n == 0:   # the buffer is shorter than it was: cannot happen, but never loop on it
+                raise OSError(errno.EIO, "the output buffer shrank while it was copied")
+            self.done += n
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def finish(self) -> None:
+        """Copy the rest."""
+        while self.pending():
+            self.step()
+
+
+def _pcopy(src: int, dst: int, count: int, offset: int) -> int:
+    data = os.pread(src, count, offset)
+    view, at = memoryview(data), offset
+    while view:
+        n = os.pwrite(dst, view, at)
+        view, at = view[n:], at + n
+    return len(data)
 
 
 def copy_file(src: int, dst: int) -> int:
@@ -198,42 +283,22 @@ def deliver_as_user(spec: records.LaunchSpec, buf: int, pipe_r, report: int) -> 
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
     dest, code, dst, created = spec.output, 1, None, False
     assert dest is not None   # called only for a job with a log (the caller exits 1 if not)
+    filler = None
     try:
         identity.become(spec.user, spec.uid, spec.gid)
         os.umask(spec.umask & 0o777)
         dst, created = open_destination(dest)
-        copy_file(buf, dst)
+        if pipe_r is None:
+            copy_file(buf, dst)
+        else:   # the relay: the pipe's part goes after the buffer's, which is copied as time allows
+            filler = Filler(buf, dst, os.fstat(buf).st_size)   # (the shepherd buffers no more)
+            os.lseek(dst, filler.size, os.SEEK_SET)
         code = 0
     except BaseException as exc:  # report it; the job must not notice
         _say(report, describe(dest, exc))
     if pipe_r is not None:
-        os.set_blocking(pipe_r, True)  # the shepherd polled it non-blocking; here we wait in splice
-        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-        sink = dst if code == 0 and dst is not None else null  # code 0: the log file is open
-        while True:
-            try:
-                state["relaying"] = True
-                if state["finish"]:
-                    raise _Finish
-                while move(pipe_r, sink, CHUNK):
-                    pass
-                state["relaying"] = False
-                break
-            except _Finish:
-                state["relaying"] = False
-                try:
-                    drain(pipe_r, sink)
-                except OSError as exc:
-                    if sink != null:
-                        _say(report, describe(dest, exc))
-                        code = 1
-                break
-            except OSError as exc:
-                state["relaying"] = False
-                if sink == null:
-                    break
-                _say(report, describe(dest, exc))
-                code, sink = 1, null   # keep taking the job's output, into nowhere
+        ok = _relay(pipe_r, dst if code == 0 else None, filler, state, report, dest)
+        code = 0 if ok else 1
     # Durable before this child says it succeeded: the shepherd then removes the buffer, the
     # only other copy (a job's own files get no such care, but they are the job's own business).
     # The job has ended by now and is not kept waiting; its end is what the daemon timestamps.
@@ -246,6 +311,71 @@ def deliver_as_user(spec: records.LaunchSpec, buf: int, pipe_r, report: int) -> 
             _say(report, describe(dest, exc))
             code = 1
     os._exit(code)
+
+
+def _relay(pipe_r: int, log, filler, state: dict, report: int, dest: str) -> bool:
+    """The relay's loop: the pipe into *log* until EOF or "finish", then the rest of the buffer.
+
+    *log* None (it could not be opened) or a failed write sends the rest of
+    the pipe into /dev/null, so the job never dies of a broken pipe. The pipe
+    is read as the :class:`Pacer` says: a stream at once, a trickle in
+    batches, the buffer's copy (*filler*) taking the waits. True if the log
+    got everything.
+    """
+    ok = log is not None
+    filler = filler if ok else None
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    sink = log if ok else null
+    os.set_blocking(pipe_r, False)
+    poller = select.poll()
+    poller.register(pipe_r, select.POLLIN)
+    pacer = Pacer(time.monotonic())
+
+    def fail(exc: OSError) -> None:
+        nonlocal ok, sink, filler
+        _say(report, describe(dest, exc))
+        ok, sink, filler = False, null, None   # keep taking the job's output, into nowhere
+
+    while True:
+        try:
+            state["relaying"] = True
+            if state["finish"]:
+                raise _Finish
+            while True:
+                moved, eof = drain(pipe_r, sink)
+                if eof:
+                    break
+                now = time.monotonic()
+                if pacer.hold(moved, now):   # a trickle: let it gather
+                    until = now + HOLD_OFF
+                    while filler is not None and filler.pending() and time.monotonic() < until:
+                        filler.step()
+                    time.sleep(max(0.0, until - time.monotonic()))
+                else:   # a stream: on at once; if it stops, the buffer's copy goes on after HOLD_OFF
+                    pending = filler is not None and filler.pending()
+                    poller.poll(int(HOLD_OFF * 1000) + 1 if pending else None)
+            state["relaying"] = False
+            break
+        except _Finish:
+            state["relaying"] = False
+            try:
+                drain(pipe_r, sink)
+            except OSError as exc:
+                if sink != null:
+                    fail(exc)
+            break
+        except OSError as exc:
+            state["relaying"] = False
+            if sink == null:
+                break
+            fail(exc)
+    if filler is not None:
+        try:
+            filler.finish()
+        except OSError as exc:
+            fail(exc)
+    os.close(null)
+    return ok
 
 
 def _say(fd: int, line: str) -> None:
@@ -305,6 +435,7 @@ class OutputPump:
         self.relay_why: str | None = None      # mode "held": why the buffer bound was reached
         self.relay_give_up: float | None = None  # mode "held": when to stop retrying the relay's fork
         self.note: str | None = None           # what became of the output past the bound, for delivery.json
+        self.pacer = Pacer(time.monotonic())
 
     def start(self, pipe_r: int) -> None:
         """The job is forked: read its end of the pipe from now on."""
@@ -326,7 +457,7 @@ class OutputPump:
         moved, eof = self.pump()
         if eof:
             self._unwatch(fd)
-        elif moved < TRICKLE and self.mode in ("buffer", "discard"):
+        elif self.pacer.hold(moved, time.monotonic()) and self.mode in ("buffer", "discard"):
             # A trickle: wait a moment so many small writes cost one wake-up.
             self._unwatch(fd)
             self.resume_at = time.time() + HOLD_OFF

@@ -6,6 +6,8 @@ import os
 import re
 import signal
 
+from shepherd import records
+
 
 def read_proc(pid: int, name: str) -> str | None:
     """/proc/PID/NAME as text, or None when the process (or file) is gone."""
@@ -76,13 +78,26 @@ def has_socket(pid: int) -> bool:
     return False
 
 
-def shepherd_of(job: int, under: str) -> int | None:
-    """Pid of the shepherd of job *job* of the daemon whose state lives under *under*."""
-    for pid, _, argv in processes():
-        if any(under in a for a in argv) and any(
-                argv[i] == "--job" and argv[i + 1] == str(job) for i in range(len(argv) - 1)):
-            return pid
-    return None
+def job_dir(state_dir: str, job: int) -> str:
+    """The directory of job *job* of the daemon with *state_dir* (the daemon's Store lays it out so)."""
+    return os.path.join(state_dir, "jobs", str(job))
+
+
+def shepherd_of(job_dir: str) -> int | None:
+    """Pid of the live shepherd of the job in *job_dir*, or None (not started yet, or gone).
+
+    Taken from the pidfile the shepherd writes under its lock (pid and start
+    time) and checked against /proc, so a reused pid is never taken for it.
+    Nothing else is read: a scan of every command line on the machine waits
+    on any process whose memory map is busy (reading /proc/PID/cmdline takes
+    that process's mmap lock, and a VM or a big allocation elsewhere can hold
+    it for seconds), and depends on the fork server having renamed its child.
+    """
+    found = records.read_pidfile(job_dir)
+    if found is None:
+        return None
+    pid, start = found
+    return pid if records.proc_starttime(pid) == start else None
 
 
 def _kill(pid: int, group: bool = False) -> None:

@@ -39,9 +39,11 @@ def _footprint(pids: list[int], window: float) -> tuple[list[int], list[int], li
 
 
 def _shepherds(d: ScratchDaemon, jobs: list[int], timeout: float = 20.0) -> list[int]:
+    """The shepherds' pids once every one of *jobs* runs (each found through its job's pidfile)."""
+    dirs = [procs.job_dir(d.state, j) for j in jobs]
     deadline = time.monotonic() + timeout
     while True:
-        found = [procs.shepherd_of(j, d.dir) for j in jobs]
+        found = [procs.shepherd_of(j) for j in dirs]
         if all(found) and d.counts()["running"] == len(jobs):
             return [p for p in found if p is not None]
         if time.monotonic() > deadline:
@@ -49,8 +51,9 @@ def _shepherds(d: ScratchDaemon, jobs: list[int], timeout: float = 20.0) -> list
             rows = d.dispatch("list", "--finished", check=False).stdout.splitlines()
             mine = [r for r in rows if len(r.split()) > 1 and r.split()[1] in {str(j) for j in jobs}]
             log = d.log_text().splitlines()[-20:]
-            raise DaemonError(f"the shepherds of jobs {jobs} did not all appear within {timeout:.0f} s; "
-                              f"the jobs: {mine}; the daemon's log ends: {log}")
+            raise DaemonError(f"the shepherds of jobs {jobs} did not all appear within {timeout:.0f} s "
+                              f"(found: {found}; counts: {d.counts()}); the jobs: {mine}; "
+                              f"the daemon's log ends: {log}")
         time.sleep(0.02)
 
 
