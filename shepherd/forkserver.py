@@ -49,6 +49,10 @@ def serve(sock_fd: int = 3) -> int:
     """Answer fork requests on *sock_fd* until EOF."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+    try:   # specialised code and per-boot facts, shared by every shepherd (see main.warm_up)
+        shepherd_main.warm_up()
+    except Exception as exc:   # only ever a cost: a shepherd does the same work itself
+        sys.stderr.write(f"hpc-batch-shepherd fork server: warm-up failed: {exc!r}\n")
     gc.collect()
     gc.freeze()       # the modules' objects stay shared with every child
     pending = b""

@@ -206,7 +206,7 @@ class Supervisor:
                  "the status record")
         self.out.start(pipe_r)
         self.watch(err_r, self._on_exec_report)
-        self._record_started()
+        self._record_started(pidfd)
         ended = []
         self.watch(pidfd, lambda fd: ended.append(True))
         while not ended:
@@ -216,12 +216,12 @@ class Supervisor:
         os.close(pidfd)
         return self._collect(err_r)
 
-    def _record_started(self) -> None:
+    def _record_started(self, pidfd: int) -> None:
         """The record's part while the job runs: static sections now, side tasks in the poll loop."""
         if self.recorder is None:
             return
         try:
-            self.record_fds = self.recorder.after_start()
+            self.record_fds = self.recorder.after_start(lambda: not _readable(pidfd))
         except Exception as exc:   # the record must never cost the job anything
             sys.stderr.write(f"hpc-batch-shepherd: job {self.spec.id}: cannot start its record: {exc}\n")
             self.recorder.record["error"] = str(exc)
@@ -395,6 +395,34 @@ class Supervisor:
         # the same thing (it is deleted only after a complete, durable copy).
         _persist(lambda: rec.write(os.path.join(self.job_dir, records.DELIVERY), durable=False),
                  "the delivery record")
+
+
+def _readable(fd: int) -> bool:
+    """Whether *fd* is readable now (a pidfd: its process has exited)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def warm_up() -> None:
+    """Run the shepherd's pure code paths once over (the fork server, before its first fork).
+
+    Reads of /proc and /sys only: no file is written, nothing is forked. See
+    ``record.warm_up``; the records' codec and types get the same.
+    """
+    cpu = min(os.sched_getaffinity(0))
+    conf = {"cpus": [cpu], "node_cpus": [cpu], "l3_cpus": [cpu], "mems": [], "root": "/", "version": "?"}
+    sample = records.LaunchSpec(user="root", uid=0, gid=0, cwd="/", argv=["true"], env={"PATH": os.defpath},
+                                id=0, record=conf)
+    for _ in range(record.WARM_ROUNDS):
+        spec = records.LaunchSpec.from_dict(records.loads(records.dumps(sample.to_dict())))
+        exit_rec = records.ExitRecord(status=0, ended=time.time(), code=0)
+        records.ExitRecord.from_dict(records.loads(records.dumps(exit_rec.to_dict())))
+        records.dumps(records.StatusRecord(os.getpid(), records.proc_starttime(os.getpid()), time.time()).to_dict())
+        control.parse("stop killed")
+        control.parse("deadline 1.0")
+    if spec is not None:
+        record.warm_up(spec)
 
 
 def _open_buffer(path: str, spec: records.LaunchSpec) -> int:
