@@ -198,8 +198,11 @@ def _set_cmdline(words: list) -> None:
     longer command line is cut short (ps then shows its start).
     """
     try:
-        with open("/proc/self/stat", "rb") as f:
-            stat = f.read()
+        fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            stat = os.read(fd, 4096)
+        finally:
+            os.close(fd)
         fields = stat[stat.rfind(b")") + 2:].split()
         start, end = int(fields[45]), int(fields[46])   # arg_start, arg_end (fields 48 and 49)
     except (OSError, ValueError, IndexError):

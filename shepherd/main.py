@@ -141,7 +141,8 @@ class Supervisor:
         self.watched: dict = {}
         self.failure = b""
         # The reproducibility record (shepherd/record.py), unless the daemon runs with --records none.
-        self.recorder = record.Recorder(job_dir, spec, fork=_fork) if spec.record else None
+        self.groups = identity.groups_of(spec.user, spec.gid)   # for the job and the record's side task
+        self.recorder = record.Recorder(job_dir, spec, fork=_fork, groups=self.groups) if spec.record else None
         self.record_fds: list[int] = []
         ctl_r, self._ctl_keeper = control.create(job_dir)
         self.control = control.Reader(ctl_r)
@@ -193,7 +194,7 @@ class Supervisor:
             return self._not_forked(exc)
         if pid == 0:
             try:
-                _child(spec, pipe_w, err_w)
+                _child(spec, pipe_w, err_w, self.groups)
             finally:
                 os._exit(127)
         os.close(pipe_w)
@@ -421,6 +422,7 @@ def warm_up() -> None:
         records.dumps(records.StatusRecord(os.getpid(), records.proc_starttime(os.getpid()), time.time()).to_dict())
         control.parse("stop killed")
         control.parse("deadline 1.0")
+    identity.groups_of("root", 0)   # the NSS set-up (nsswitch.conf read), inherited by every shepherd
     if spec is not None:
         record.warm_up(spec)
 
@@ -455,7 +457,7 @@ def _fork() -> int:
     return pid
 
 
-def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int) -> None:
+def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int, groups: list[int] | None = None) -> None:
     """In the forked child: confine, drop privileges, exec. Never returns."""
     stage = "setup"
     try:
@@ -484,7 +486,7 @@ def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int) -> None:
             stage = "turning transparent huge pages off (--thp off)"
             process.no_thp()
         stage = f"dropping privileges to {spec.user}"
-        identity.become(spec.user, spec.uid, spec.gid)
+        identity.become(spec.user, spec.uid, spec.gid, groups)
         os.umask(spec.umask & 0o777)
         stage = f"entering {spec.cwd}"
         os.chdir(spec.cwd)
