@@ -321,11 +321,12 @@ class Recorder:
         The record is written incomplete here only while *running()* holds: a
         job that has already ended gets its complete record at once (at_end).
         """
-        self.static_sections()
+        # The side tasks first: they run while the sections are read, and fork a smaller process.
         self.side_deadline = time.monotonic() + SIDE_LIMIT
         self._spawn_side("executable", self._hash_executable)
         if self.conf.get("gpus") and self.conf.get("nvidia_smi"):
             self._spawn_side("gpu", self._gpu_start)
+        self.static_sections()
         if running():
             self.write()
         return [side.fd for side in self.sides.values()]
