@@ -12,7 +12,8 @@ submit and the job's first instruction, and nothing wakes while it runs:
    hash, read *as the user* (root never opens a path the user controls), and
    the GPU query (nvidia-smi). The record is written incomplete
    (``"complete": false``), so ``dispatch show --record`` has it while the job
-   runs and a lost shepherd still leaves it.
+   runs and a lost shepherd still leaves it; a job that has already ended by
+   then (a ``true``) skips that write, its complete record following at once.
 3. :meth:`Recorder.at_end`, after the job's leader is reaped and before its
    cgroup goes: the end snapshot, the deltas, the verdict, the digest; the
    record is written complete, and its verdict and digest go to exit.json.
