@@ -33,7 +33,8 @@ def test_output_is_cut_to_the_record_bound():
 
 
 def test_the_fork_server_loads_no_subprocess_module():
-    # The shepherd's modules, loaded the way the fork server loads them, leave subprocess out.
+    # The shepherd's modules, loaded the way the fork server loads them, leave out subprocess (and
+    # threading): each shepherd would map them, for nvidia-smi alone.
     import subprocess
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import forkserver; "
             "print('subprocess' in sys.modules, 'threading' in sys.modules)")
