@@ -147,13 +147,27 @@ def cgroup_mode(mounts: str) -> str:
     return "v1" if "cgroup" in types else "none"
 
 
-def kernel(src) -> dict:
-    """uname, the boot command line, isolated and nohz_full CPUs, and the cgroup layout.
+# Facts the running kernel fixes at boot, read once per process and kept (a process cannot outlive
+# the boot it started in): the fork server reads them as it starts (``record.warm_up``), so the
+# shepherds it forks have them without a read. Only on the machine: a fixture tree read through
+# the same root may change between two reads.
+_BOOT: dict = {}
 
-    uname's strings are read from /proc/sys/kernel/{ostype,osrelease,version,arch}: the same
-    strings uname(2) returns (the UTS namespace's), and readable under a fixture root. Kernels
-    before ``arch`` existed fall back to uname(2) for the machine, on the machine only.
+
+def _per_boot(src, key, make):
+    """``make()``, once per process on the machine (see _BOOT); every time under a fixture root.
+
+    What it returns is shared by every record of this process: callers must not change it.
     """
+    if src.root != "/":
+        return make()
+    if key not in _BOOT:
+        _BOOT[key] = make()
+    return _BOOT[key]
+
+
+def _kernel_boot_fields(src) -> dict:
+    """The kernel's fields that hold for the whole boot: uname's strings and the boot command line."""
     machine = src.field("/proc/sys/kernel/arch")
     if machine["value"] is None and src.root == "/":
         machine = field(os.uname().machine, "uname(2)")
@@ -163,8 +177,28 @@ def kernel(src) -> dict:
         "version": src.field("/proc/sys/kernel/version"),
         "machine": machine,
         "cmdline": src.field("/proc/cmdline"),
+        "nohz_full": src.field(f"{CPU}/nohz_full"),   # (a boot parameter only)
+    }
+
+
+def kernel(src) -> dict:
+    """uname, the boot command line, isolated and nohz_full CPUs, and the cgroup layout.
+
+    uname's strings are read from /proc/sys/kernel/{ostype,osrelease,version,arch}: the same
+    strings uname(2) returns (the UTS namespace's), and readable under a fixture root. Kernels
+    before ``arch`` existed fall back to uname(2) for the machine, on the machine only. Those
+    and the command line are fixed for the boot (read once per process, see _per_boot); the
+    isolated CPUs and the cgroup layout can change while it runs and are read each time.
+    """
+    fixed = _per_boot(src, "kernel", lambda: _kernel_boot_fields(src))
+    return {
+        "sysname": fixed["sysname"],
+        "release": fixed["release"],
+        "version": fixed["version"],
+        "machine": fixed["machine"],
+        "cmdline": fixed["cmdline"],
         "isolated": src.field(f"{CPU}/isolated"),
-        "nohz_full": src.field(f"{CPU}/nohz_full"),
+        "nohz_full": fixed["nohz_full"],
         "cgroup_mode": src.field("/proc/mounts", cgroup_mode),
     }
 
@@ -262,11 +296,13 @@ def cpu(src) -> dict:
     except OSError as exc:
         err = sysread.error_text(exc)
     out = {key: _from(table, err, name, "/proc/cpuinfo", parse) for key, name, parse in CPUINFO_KEYS}
+    online = src.field(f"{CPU}/online")
     out.update({
-        "online": src.field(f"{CPU}/online"),
+        "online": online,
         "smt_control": src.field(f"{CPU}/smt/control"),
         "smt_active": src.field(f"{CPU}/smt/active", lambda t: bool(int(t))),
-        "caches": caches(src),
+        # The caches are the hardware's; which CPUs share each follows the online ones only.
+        "caches": _per_boot(src, ("caches", _fact(online)), lambda: caches(src)),
         "numa_distances": numa_distances(src),
         "vulnerabilities": vulnerabilities(src),
     })

@@ -71,10 +71,10 @@ def create(job_dir: str):
     """Make the FIFO afresh; returns ``(read_fd, keeper_write_fd)``, both non-blocking."""
     path = os.path.join(job_dir, records.CONTROL)
     try:
+        os.mkfifo(path, 0o600)
+    except FileExistsError:   # a previous shepherd's (the daemon started this job before)
         os.unlink(path)
-    except FileNotFoundError:
-        pass
-    os.mkfifo(path, 0o600)
+        os.mkfifo(path, 0o600)
     rfd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
     wfd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
     return rfd, wfd

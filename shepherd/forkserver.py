@@ -49,6 +49,10 @@ def serve(sock_fd: int = 3) -> int:
     """Answer fork requests on *sock_fd* until EOF."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+    try:   # specialised code and per-boot facts, shared by every shepherd (see main.warm_up)
+        shepherd_main.warm_up()
+    except Exception as exc:   # only ever a cost: a shepherd does the same work itself
+        sys.stderr.write(f"hpc-batch-shepherd fork server: warm-up failed: {exc!r}\n")
     gc.collect()
     gc.freeze()       # the modules' objects stay shared with every child
     pending = b""
@@ -194,8 +198,11 @@ def _set_cmdline(words: list) -> None:
     longer command line is cut short (ps then shows its start).
     """
     try:
-        with open("/proc/self/stat", "rb") as f:
-            stat = f.read()
+        fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            stat = os.read(fd, 4096)
+        finally:
+            os.close(fd)
         fields = stat[stat.rfind(b")") + 2:].split()
         start, end = int(fields[45]), int(fields[46])   # arg_start, arg_end (fields 48 and 49)
     except (OSError, ValueError, IndexError):

@@ -27,7 +27,6 @@ full report (:func:`cuda_argv`, :func:`parse_cuda_version`).
 Standard library only (the shepherd loads this).
 """
 
-import re
 
 try:
     from shepherd.sysread import field
@@ -99,9 +98,32 @@ STATIC_KEYS = {
 _INTS = {"index", "temperature.gpu", "clocks.applications.graphics", "clocks.applications.memory",
          "clocks.max.sm", "clocks.max.memory"}
 _FLOATS = {"power.limit"}
-_INVALID = re.compile(r'Field "([^"]+)" is not a valid field to query')
-_CUDA = re.compile(r"CUDA Version\s*:\s*([0-9][0-9.]*)")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# The three patterns below are read with str methods, not the re module: re (and what it loads)
+# would be in the fork server, and so mapped by every shepherd, for these alone.
+_INVALID_START, _INVALID_END = 'Field "', '" is not a valid field to query'
+_CUDA = "CUDA Version"
+_SPACE = " \t\n\r\f\v"
+
+
+def _strip_ansi(text: str) -> str:
+    """*text* without its colour codes (``ESC [ digits-and-semicolons m``)."""
+    if "\x1b[" not in text:
+        return text
+    out, pos = [], 0
+    while True:
+        esc = text.find("\x1b[", pos)
+        if esc < 0:
+            out.append(text[pos:])
+            return "".join(out)
+        end = esc + 2
+        while end < len(text) and (text[end].isdigit() and text[end].isascii() or text[end] == ";"):
+            end += 1
+        if end < len(text) and text[end] == "m":
+            out.append(text[pos:esc])
+            pos = end + 1
+        else:   # not a colour code: kept as it is
+            out.append(text[pos:esc + 1])
+            pos = esc + 1
 OUTPUT_CAP = 200        # characters of nvidia-smi's words kept in a reason
 
 
@@ -127,8 +149,16 @@ def canonical(name: str) -> str:
 
 def invalid_field(output: str) -> str | None:
     """The field nvidia-smi refused (``Field "x" is not a valid field to query.``), or None."""
-    m = _INVALID.search(output)
-    return m.group(1) if m else None
+    start = output.find(_INVALID_START)
+    while start >= 0:
+        name_at = start + len(_INVALID_START)
+        quote = output.find('"', name_at)
+        if quote < 0:
+            return None
+        if quote > name_at and output.startswith(_INVALID_END, quote):
+            return output[name_at:quote]
+        start = output.find(_INVALID_START, start + 1)
+    return None
 
 
 def retry_fields(queried: list[str], output: str) -> list[str] | None:
@@ -216,7 +246,7 @@ def unavailable(ids: list[str], why: str, fields: tuple[str, ...] | list[str] = 
 
 
 def _failure(rc: int, output: str) -> str:
-    words = " ".join(_ANSI.sub("", output).split())[:OUTPUT_CAP]
+    words = " ".join(_strip_ansi(output).split())[:OUTPUT_CAP]
     return f"nvidia-smi exited {rc}: {words}" if rc >= 0 else (words or "nvidia-smi did not run")
 
 
@@ -243,10 +273,18 @@ def query(run, nvidia_smi: str, ids: list[str], fields: tuple[str, ...] | list[s
 def parse_cuda_version(text: str) -> dict:
     """The ``CUDA Version`` of ``nvidia-smi -q`` (or of its banner) as a field."""
     source = "nvidia-smi -q -d COMPUTE"
-    m = _CUDA.search(text)
-    if m is None:
-        return field(None, source, "no CUDA Version line in the output (a driver before CUDA 10?)")
-    return field(m.group(1), source)
+    at = text.find(_CUDA)
+    while at >= 0:
+        rest = text[at + len(_CUDA):].lstrip(_SPACE)
+        if rest.startswith(":"):
+            rest = rest[1:].lstrip(_SPACE)
+            n = 0
+            while n < len(rest) and (rest[n] in "0123456789" or (n and rest[n] == ".")):
+                n += 1
+            if n:
+                return field(rest[:n], source)
+        at = text.find(_CUDA, at + 1)
+    return field(None, source, "no CUDA Version line in the output (a driver before CUDA 10?)")
 
 
 def cuda_version(run, nvidia_smi: str, ids: list[str]) -> dict:
@@ -265,7 +303,7 @@ def topo_rows(text: str, uuids: dict[int, str]) -> dict[str, str]:
     ``X`` cell left out). A copy whose tabs became spaces keeps the row's
     words as they are. Never raises; a GPU without a row is left out.
     """
-    lines = [_ANSI.sub("", ln).rstrip("\n") for ln in text.splitlines()]
+    lines = [_strip_ansi(ln).rstrip("\n") for ln in text.splitlines()]
     # The header is the first line indented before "GPU0"; the rows start at column 0.
     header = next((ln for ln in lines if ln[:1].isspace() and ln.strip().startswith("GPU0")), None)
     columns = [c.strip() for c in header.split("\t")] if header is not None and "\t" in header else None

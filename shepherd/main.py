@@ -141,7 +141,8 @@ class Supervisor:
         self.watched: dict = {}
         self.failure = b""
         # The reproducibility record (shepherd/record.py), unless the daemon runs with --records none.
-        self.recorder = record.Recorder(job_dir, spec, fork=_fork) if spec.record else None
+        self.groups = identity.groups_of(spec.user, spec.gid)   # for the job and the record's side task
+        self.recorder = record.Recorder(job_dir, spec, fork=_fork, groups=self.groups) if spec.record else None
         self.record_fds: list[int] = []
         ctl_r, self._ctl_keeper = control.create(job_dir)
         self.control = control.Reader(ctl_r)
@@ -193,7 +194,7 @@ class Supervisor:
             return self._not_forked(exc)
         if pid == 0:
             try:
-                _child(spec, pipe_w, err_w)
+                _child(spec, pipe_w, err_w, self.groups)
             finally:
                 os._exit(127)
         os.close(pipe_w)
@@ -206,7 +207,7 @@ class Supervisor:
                  "the status record")
         self.out.start(pipe_r)
         self.watch(err_r, self._on_exec_report)
-        self._record_started()
+        self._record_started(pidfd)
         ended = []
         self.watch(pidfd, lambda fd: ended.append(True))
         while not ended:
@@ -216,12 +217,12 @@ class Supervisor:
         os.close(pidfd)
         return self._collect(err_r)
 
-    def _record_started(self) -> None:
+    def _record_started(self, pidfd: int) -> None:
         """The record's part while the job runs: static sections now, side tasks in the poll loop."""
         if self.recorder is None:
             return
         try:
-            self.record_fds = self.recorder.after_start()
+            self.record_fds = self.recorder.after_start(lambda: not _readable(pidfd))
         except Exception as exc:   # the record must never cost the job anything
             sys.stderr.write(f"hpc-batch-shepherd: job {self.spec.id}: cannot start its record: {exc}\n")
             self.recorder.record["error"] = str(exc)
@@ -397,6 +398,35 @@ class Supervisor:
                  "the delivery record")
 
 
+def _readable(fd: int) -> bool:
+    """Whether *fd* is readable now (a pidfd: its process has exited)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def warm_up() -> None:
+    """Run the shepherd's pure code paths once over (the fork server, before its first fork).
+
+    Reads of /proc and /sys only: no file is written, nothing is forked. See
+    ``record.warm_up``; the records' codec and types get the same.
+    """
+    cpu = min(os.sched_getaffinity(0))
+    conf = {"cpus": [cpu], "node_cpus": [cpu], "l3_cpus": [cpu], "mems": [], "root": "/", "version": "?"}
+    sample = records.LaunchSpec(user="root", uid=0, gid=0, cwd="/", argv=["true"], env={"PATH": os.defpath},
+                                id=0, record=conf)
+    for _ in range(record.WARM_ROUNDS):
+        spec = records.LaunchSpec.from_dict(records.loads(records.dumps(sample.to_dict())))
+        exit_rec = records.ExitRecord(status=0, ended=time.time(), code=0)
+        records.ExitRecord.from_dict(records.loads(records.dumps(exit_rec.to_dict())))
+        records.dumps(records.StatusRecord(os.getpid(), records.proc_starttime(os.getpid()), time.time()).to_dict())
+        control.parse("stop killed")
+        control.parse("deadline 1.0")
+    identity.groups_of("root", 0)   # the NSS set-up (nsswitch.conf read), inherited by every shepherd
+    if spec is not None:
+        record.warm_up(spec)
+
+
 def _open_buffer(path: str, spec: records.LaunchSpec) -> int:
     """The output buffer: root's, readable by the job's user and the admin group."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o640)
@@ -427,7 +457,7 @@ def _fork() -> int:
     return pid
 
 
-def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int) -> None:
+def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int, groups: list[int] | None = None) -> None:
     """In the forked child: confine, drop privileges, exec. Never returns."""
     stage = "setup"
     try:
@@ -456,7 +486,7 @@ def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int) -> None:
             stage = "turning transparent huge pages off (--thp off)"
             process.no_thp()
         stage = f"dropping privileges to {spec.user}"
-        identity.become(spec.user, spec.uid, spec.gid)
+        identity.become(spec.user, spec.uid, spec.gid, groups)
         os.umask(spec.umask & 0o777)
         stage = f"entering {spec.cwd}"
         os.chdir(spec.cwd)

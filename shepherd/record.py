@@ -12,7 +12,8 @@ submit and the job's first instruction, and nothing wakes while it runs:
    hash, read *as the user* (root never opens a path the user controls), and
    the GPU query (nvidia-smi). The record is written incomplete
    (``"complete": false``), so ``dispatch show --record`` has it while the job
-   runs and a lost shepherd still leaves it.
+   runs and a lost shepherd still leaves it; a job that has already ended by
+   then (a ``true``) skips that write, its complete record following at once.
 3. :meth:`Recorder.at_end`, after the job's leader is reaped and before its
    cgroup goes: the end snapshot, the deltas, the verdict, the digest; the
    record is written complete, and its verdict and digest go to exit.json.
@@ -28,7 +29,6 @@ import os
 import resource
 import select
 import signal
-import subprocess
 import time
 
 try:
@@ -157,16 +157,70 @@ def bounded(record: dict, limit: int = MAX_BYTES) -> bytes:
     return data
 
 
+WARM_ROUNDS = 12     # calls that leave a function specialised by 3.11's adaptive interpreter (8 and a few)
+_NO_DIR = "/proc/self/no-job-dir"   # a job directory no file can be in (procfs)
+
+
+def warm_up(spec: records.LaunchSpec, rounds: int = WARM_ROUNDS) -> None:
+    """Run the record's own code *rounds* times: reads of /proc and /sys; no file, no child.
+
+    Called by the fork server before it forks anything: each shepherd then
+    shares these functions already specialised by the interpreter (3.11
+    rewrites a function's bytecode after its first calls) and the facts
+    fixed for the boot already read (``collect._per_boot``), instead of
+    doing both again in pages of its own.
+    """
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    for _ in range(rounds):
+        rec = Recorder(_NO_DIR, spec)
+        rec.before_start()
+        rec.static_sections()
+        bounded(rec.complete(usage))
+
+
 def _run(argv: list[str], timeout: float = SIDE_LIMIT / 3) -> tuple[int, str]:
-    """In a side task's child: run *argv* (nvidia-smi) with a deadline; ``(status, output)``, -1 if it did not run."""
+    """In a side task's child: run *argv* (nvidia-smi) with a deadline; ``(status, output)``, -1 if it did not run.
+
+    The output is stdout and stderr together; the status is the exit code, or
+    minus the signal that ended it. Spawned with posix_spawn rather than the
+    subprocess module, which (with threading, selectors and the rest it loads)
+    would be loaded in the fork server for this alone: a megabyte more that
+    every shepherd it forks maps.
+    """
+    r, w = os.pipe2(os.O_CLOEXEC)
     try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return -1, f"{argv[0]} took longer than {int(timeout)}s"
+        try:
+            pid = os.posix_spawnp(argv[0], argv, os.environ, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+                                  file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                                                (os.POSIX_SPAWN_DUP2, w, 1), (os.POSIX_SPAWN_DUP2, w, 2)])
+        finally:
+            os.close(w)
     except OSError as exc:
+        os.close(r)
         return -1, f"cannot run {argv[0]}: {sysread.error_text(exc)}"
-    return done.returncode, done.stdout.decode("utf-8", "replace")[:MAX_BYTES]
+    chunks, kept = [], 0
+    give_up = time.monotonic() + timeout
+    poller = select.poll()
+    poller.register(r, select.POLLIN)
+    try:
+        while True:
+            left = give_up - time.monotonic()
+            if left <= 0 or not poller.poll(int(left * 1000) + 1):
+                if time.monotonic() < give_up:
+                    continue
+                os.kill(pid, signal.SIGKILL)   # our unreaped child: its pid is still ours
+                os.waitpid(pid, 0)
+                return -1, f"{argv[0]} took longer than {int(timeout)}s"
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            if kept <= 4 * MAX_BYTES:   # (decoded and cut to MAX_BYTES characters below)
+                chunks.append(chunk)
+                kept += len(chunk)
+    finally:
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), b"".join(chunks).decode("utf-8", "replace")[:MAX_BYTES]
 
 
 class _Side:
@@ -207,18 +261,29 @@ class _Side:
     def reap(self, within: float) -> None:
         """Collect the child's status once it has exited, waiting up to *within* seconds.
 
-        A child stuck in the kernel (a hung filesystem) must not hold the shepherd:
-        it is left (its pid stays ours, a zombie, until we exit).
+        The wait is a poll on the child's pidfd, so it ends the moment the child
+        does (a child that closed its pipe is usually still exiting). A child
+        stuck in the kernel (a hung filesystem) must not hold the shepherd: it
+        is left (its pid stays ours, a zombie, until we exit).
         """
-        give_up = time.monotonic() + within
-        while self.status is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.status = status
-                return
-            if time.monotonic() >= give_up:
-                return
-            time.sleep(0.01)
+        if self.status is not None:
+            return
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if not pid and within > 0:
+            try:   # our unreaped child: its pid cannot have been reused
+                pidfd = os.pidfd_open(self.pid)
+            except OSError:
+                pidfd = None
+            if pidfd is not None:
+                try:
+                    poller = select.poll()
+                    poller.register(pidfd, select.POLLIN)
+                    poller.poll(int(within * 1000) + 1)
+                finally:
+                    os.close(pidfd)
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if pid:
+            self.status = status
 
     def text(self) -> str:
         return b"".join(self.chunks).decode("utf-8", "replace")
@@ -227,8 +292,9 @@ class _Side:
 class Recorder:
     """One job's record, from the shepherd's first look to the end (see the module's text)."""
 
-    def __init__(self, job_dir: str, spec: records.LaunchSpec, fork=os.fork):
+    def __init__(self, job_dir: str, spec: records.LaunchSpec, fork=os.fork, groups: list[int] | None = None):
         self.fork = fork    # the shepherd's, which holds its stop signals back from the child
+        self.groups = groups   # the user's groups, looked up once by the shepherd (identity.groups_of)
         self.job_dir = job_dir
         self.spec = spec
         self.conf = spec.record or {}
@@ -250,8 +316,25 @@ class Recorder:
             self.start_snap = {"error": sysread.error_text(exc)}
 
     # -- 2. while the job runs ---------------------------------------------------------------
-    def after_start(self) -> list[int]:
-        """The static sections and the side tasks; returns the side tasks' fds to watch."""
+    def after_start(self, running=lambda: True) -> list[int]:
+        """The static sections and the side tasks; returns the side tasks' fds to watch.
+
+        The record is written incomplete here only while *running()* holds: a
+        job that has already ended gets its complete record at once (at_end).
+        """
+        # The side tasks first: they run while the sections are read, and fork a smaller process.
+        self.side_deadline = time.monotonic() + SIDE_LIMIT
+        self._spawn_side("executable", self._hash_executable)
+        if self.conf.get("gpus") and self.conf.get("nvidia_smi"):
+            self._spawn_side("gpu", self._gpu_start)
+        self.static_sections()
+        if running():
+            self.write()
+        return [side.fd for side in self.sides.values()]
+
+    def static_sections(self) -> None:
+        """The sections read once, after the start: collector, kernel, CPU, frequency, memory,
+        software, the allocation and the machine (reads of /proc and /sys only)."""
         rec, src, conf = self.record, self.src, self.conf
         for name, make in (
                 ("collector", lambda: collect.collector(src, int(self.spec.id or 0), conf.get("version", "?"),
@@ -272,12 +355,6 @@ class Recorder:
         rec["allocation"] = {"requested": conf.get("requested") or {}, "read_back": read_back}
         rec["machine"] = dict(conf.get("machine") or {}, quiet=self._quiet())
         rec["gpu"] = []
-        self.side_deadline = time.monotonic() + SIDE_LIMIT
-        self._spawn_side("executable", self._hash_executable)
-        if conf.get("gpus") and conf.get("nvidia_smi"):
-            self._spawn_side("gpu", self._gpu_start)
-        self.write()
-        return [side.fd for side in self.sides.values()]
 
     def _quiet(self) -> dict:
         """What a benchmark job's start changed (quiet.json, the daemon's), or null with why."""
@@ -370,7 +447,7 @@ class Recorder:
     def _hash_executable(self) -> dict:
         """In a child, as the job's user: resolve argv[0] as execvpe does, and hash that file."""
         spec = self.spec
-        identity.become(spec.user, spec.uid, spec.gid)
+        identity.become(spec.user, spec.uid, spec.gid, self.groups)
         os.chdir(spec.cwd)
         name = spec.argv[0]
         path = None
@@ -404,6 +481,13 @@ class Recorder:
         """The end snapshot, deltas and verdict; writes the complete record. Returns
         ``{"verdict": word, "digest": "sha256:..."}`` for the exit record."""
         self._await_sides(min(self.side_deadline or 0.0, time.monotonic() + END_WAIT))
+        rec = self.complete(usage)
+        data = self.write()
+        return {"verdict": rec["verdict"].get("verdict", "unknown"), "digest": rec.get("digest"),
+                "bytes": len(data)}
+
+    def complete(self, usage) -> dict:
+        """The record's end in memory: side task results, the end snapshot, deltas, verdict."""
         rec = self.record
         rec["software"] = rec.get("software") or {}
         rec["software"]["executable"] = self._side_result("executable", "the executable, read as the user")
@@ -431,9 +515,7 @@ class Recorder:
         except Exception as exc:
             rec["verdict"] = {"verdict": "unknown", "reasons": [f"no verdict: {sysread.error_text(exc)}"]}
         rec["complete"] = True
-        data = self.write()
-        return {"verdict": rec["verdict"].get("verdict", "unknown"), "digest": rec.get("digest"),
-                "bytes": len(data)}
+        return rec
 
     def _await_sides(self, until: float) -> None:
         poller = select.poll()

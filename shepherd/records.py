@@ -168,9 +168,12 @@ def proc_starttime(pid: int) -> int | None:
     Together with the pid it names one process for the life of the machine,
     which is what makes a pidfile safe against pid reuse.
     """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+    try:   # (os.open and one read: a buffered open() costs five more system calls, three times a job)
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except OSError:
         return None
     # comm may contain spaces and parentheses: split after the last ')'.

@@ -17,8 +17,12 @@ def _cmdline(pid):
 
 
 def _ppid(pid):
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
+    """The parent's pid, or None once *pid* is gone (a server's short-lived fork shares its command line)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
     return int(data[data.rfind(b")") + 2:].split()[1])
 
 

@@ -24,6 +24,7 @@ from shepherd.gpuquery import (
     cuda_argv,
     cuda_version,
     dynamic_argv,
+    invalid_field,
     parse_cuda_version,
     parse_dynamic,
     parse_query,
@@ -306,3 +307,40 @@ def test_section_when_nothing_could_be_asked():
     assert g["cuda_version"]["value"] is None
     assert g["end"]["clocks_event_reasons"]["active"]["error"] == "no end snapshot of this GPU"
     assert all(k in g for k in gpuquery.STATIC_KEYS.values())
+
+
+# --- the patterns, read without the re module ------------------------------
+
+
+@pytest.mark.parametrize("text, name", [
+    ('Field "mig.mode.current" is not a valid field to query.', "mig.mode.current"),
+    ('x Field "" is not a valid field to query; Field "ab" is not a valid field to query', "ab"),
+    ('Field "a"b" is not a valid field to query', None),
+    ('Field "abc', None),
+    ("nothing refused", None),
+])
+def test_the_refused_field_is_read_as_the_pattern_says(text, name):
+    assert invalid_field(text) == name
+
+
+@pytest.mark.parametrize("text, version", [
+    ("CUDA Version: 12.4", "12.4"),
+    ("CUDA Version   :   12.4.1 x", "12.4.1"),
+    ("CUDA Version: x   CUDA Version: 11.0", "11.0"),
+    ("CUDA Version\n:\n9", "9"),
+    ("CUDA Version : .5", None),
+    ("CUDA Version 12", None),
+])
+def test_the_cuda_version_is_read_as_the_pattern_says(text, version):
+    assert parse_cuda_version(text)["value"] == version
+
+
+@pytest.mark.parametrize("text, plain", [
+    ("\x1b[1;32mGPU0\x1b[0m x", "GPU0 x"),
+    ("\x1b[x\x1b[m", "\x1b[x"),
+    ("\x1b[12", "\x1b[12"),
+    ("a\x1b[;;m b", "a b"),
+    ("\x1b[\u0663m", "\x1b[\u0663m"),   # an Arabic-Indic digit is not one of a colour code's
+])
+def test_colour_codes_are_taken_out(text, plain):
+    assert gpuquery._strip_ansi(text) == plain
