@@ -177,3 +177,17 @@ def _reading(files):
     def read_text(self, *args, **kwargs):
         return files[self] if self in files else real(self, *args, **kwargs)
     return read_text
+
+
+def test_the_fork_server_keeps_heavy_stdlib_modules_out():
+    # Every module the server holds is mapped, and its pages copied on write, by each shepherd:
+    # these are large and the shepherd does without them (posix_spawn for nvidia-smi, str methods
+    # for its parsing, no typing at run time). Listed without json, which itself loads re.
+    shepherd = ROOT / "shepherd"
+    code = f"import sys\nsys.path.insert(0, {str(shepherd)!r})\nimport forkserver\nprint(' '.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-E", "-s", "-S", "-c", code], cwd=shepherd,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = set(out.stdout.split())
+    assert "main" in loaded and "record" in loaded
+    assert {"typing", "re", "subprocess", "threading"} & loaded == set()
