@@ -171,6 +171,67 @@ def test_a_newer_cache_wins_over_the_journal(tmp_path):
     assert _reopen(tmp_path, s).load_jobs()[0].name == "renamed"
 
 
+def _cache(tmp_path, job_id):
+    return os.path.join(tmp_path, "jobs", str(job_id), "job.json")
+
+
+def test_a_durable_jobs_cache_is_rewritten_in_place_a_new_ones_renamed_in(tmp_path):
+    s = _open(tmp_path)
+    job = _add(s, 1)
+    first = os.stat(_cache(tmp_path, 1)).st_ino
+    _start(job)
+    s.save_job(job)                      # its submit is not durable yet: a new file, renamed in
+    assert os.stat(_cache(tmp_path, 1)).st_ino != first
+    s.commit()
+    renamed = os.stat(_cache(tmp_path, 1)).st_ino
+    jobs.move(job, jobs.QUEUED, 1.8e9 + 2)   # a shorter record: padded to the old length
+    s.save_job(job)
+    s.commit()
+    assert os.stat(_cache(tmp_path, 1)).st_ino == renamed
+    raw = _read(_cache(tmp_path, 1))
+    assert raw.endswith(b" ") and raw.rstrip(b" ").endswith(b"}")
+    assert _reopen(tmp_path, s).load_jobs()[0].state == jobs.QUEUED
+
+
+def test_a_torn_rewrite_of_a_cache_reads_as_none_and_the_journal_stands_in(tmp_path):
+    s = _open(tmp_path)
+    job = _add(s, 1)
+    s.commit()
+    old = _read(_cache(tmp_path, 1))
+    _start(job)
+    s.save_job(job)
+    s.commit()
+    new = _read(_cache(tmp_path, 1))
+    with open(_cache(tmp_path, 1), "r+b") as f:   # the rewrite cut short: new bytes, then the old ones
+        f.write(new[:len(old) // 2] + old[len(old) // 2:])
+    s2 = _reopen(tmp_path, s)
+    assert s2.load_jobs()[0].state == jobs.RUNNING
+    assert any("rebuilt 1" in n for n in s2.notes), s2.notes
+    assert _read(_cache(tmp_path, 1)).rstrip(b" ") == new
+
+
+def test_no_snapshot_while_a_cache_rewrite_is_unfinished(tmp_path, monkeypatch):
+    s = _open(tmp_path)
+    job = _add(s, 1)
+    s.commit()
+    _start(job)
+
+    def short(fd, data, offset):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "pwrite", short)
+    monkeypatch.setattr("hpc_batch.daemon.store.write_atomic", lambda *a, **k: short(0, b"", 0))
+    with pytest.raises(OSError):
+        s.save_job(job)
+    with pytest.raises(OSError):
+        s._snapshot()                    # the job's cache may be torn: it would drop the job
+    monkeypatch.undo()
+    s.save_job(job)
+    s.commit()
+    s._snapshot()
+    assert _reopen(tmp_path, s).load_jobs()[0].state == jobs.RUNNING
+
+
 def _batches(tmp_path):
     """A store that committed jobs 1..5 one batch each; the journal's byte offsets after each batch."""
     s = _open(tmp_path)
