@@ -207,9 +207,11 @@ class Server:
         return self.stop_reason
 
     def _end_turn(self) -> None:
-        """Commit this turn's changes (one fsync for all), send the replies that waited on it, then spawn."""
+        """Start what this turn's ends made room for, commit the turn's changes (one fsync for all),
+        send the replies that waited on it, then spawn."""
         assert self.engine is not None
         now = time.time()
+        self.engine.reschedule(now)
         self._send_held(self.engine.commit_turn(now))
         self.engine.spawn_turn(now)   # after the replies: a submit is answered before its job is forked
         if self.held_replies:         # replies the spawns gave rise to; spawn_turn committed their cause
