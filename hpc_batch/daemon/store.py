@@ -15,6 +15,8 @@ through /dev/hpc-batch, but cannot list anyone's)::
                          never in the journal, which only says that it exists
     daemon.json          the id floor and scheduler state, a cache likewise
     quarantine/          records the daemon could not act on, set aside whole
+    gone/<id>            an evicted job's directory, moved here in one rename and deleted
+                         by a thread of its own (what was left at a crash: at the next start)
 
 Changes are staged (the cache file is written at once) and made durable by
 :meth:`Store.commit`, which the daemon calls once per turn of its loop:
@@ -42,8 +44,10 @@ import fcntl
 import json
 import logging
 import os
+import queue
 import shutil
 import stat
+import threading
 import time
 import zlib
 
@@ -137,6 +141,63 @@ class Shared:
         return cls(data["id"], argv, base, bool(data.get("secret")))
 
 
+class Sweeper:
+    """Deletes the directories the daemon has let go of, on a thread of its own.
+
+    Freeing a job directory's files is the costliest step of an eviction (on
+    ext4, most of a millisecond a file, more with online discard); the loop
+    only renames the directory into ``gone/`` and carries on. Nothing reads
+    ``gone/``: what a crash leaves there is queued again at the next start.
+    """
+
+    def __init__(self, directory: str):
+        self.dir = directory
+        self._queue: queue.SimpleQueue[str | threading.Event] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def take(self, path: str, name: str) -> None:
+        """Move *path* (a directory) here as *name* and have it deleted; deleted at once if it cannot move."""
+        dest = os.path.join(self.dir, name)
+        try:
+            os.rename(path, dest)
+        except FileNotFoundError:
+            return
+        except OSError:     # (a leftover of that name: ids are never reused, but an admin may copy one)
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        self._put(dest)
+
+    def sweep_leftovers(self) -> None:
+        """Queue what an earlier daemon left in the directory."""
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return
+        for name in names:
+            self._put(os.path.join(self.dir, name))
+
+    def _put(self, path: str) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="sweeper", daemon=True)
+            self._thread.start()
+        self._queue.put(path)
+
+    def wait(self) -> None:
+        """Return once everything queued so far is deleted (for tests and a clean stop)."""
+        if self._thread is not None:
+            done = threading.Event()
+            self._queue.put(done)
+            done.wait()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if isinstance(item, threading.Event):
+                item.set()
+            else:
+                shutil.rmtree(item, ignore_errors=True)
+
+
 def shared_key(job: Job) -> int:
     """The id of the submit a job came from (its first job)."""
     return job.array["first"] if job.array is not None else job.id
@@ -165,6 +226,7 @@ class Store:
         self.shared_dir = os.path.join(self.root, "shared")
         self.env_dir = os.path.join(self.root, "env")
         self.quarantine_dir = os.path.join(self.root, "quarantine")
+        self.sweeper = Sweeper(os.path.join(self.root, "gone"))
         self._lock_fd: int | None = None
         self.notes: list = []   # what loading set aside or rebuilt, for the log
         self.journal = Journal(self.root)
@@ -190,7 +252,7 @@ class Store:
         re-exec: it already holds the lock, so taking it again would deadlock.
         """
         for d, mode in ((self.root, 0o711), (self.jobs_dir, 0o711), (self.shared_dir, 0o700),
-                        (self.env_dir, 0o700)):
+                        (self.env_dir, 0o700), (self.sweeper.dir, 0o700)):
             try:
                 os.makedirs(d, mode=mode, exist_ok=True)
             except OSError as exc:
@@ -255,6 +317,7 @@ class Store:
 
     def _load(self) -> tuple[dict, list]:
         if self._loaded is None:
+            self.sweeper.sweep_leftovers()
             meta, jobs = self._read_state()
             self._meta = meta
             try:
@@ -803,8 +866,8 @@ class Store:
         return env
 
     def remove_job(self, job_id: int) -> None:
-        """Delete a job's directory and everything in it, and forget its record."""
-        shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
+        """Delete a job's directory and everything in it (the sweeper's thread does), and forget its record."""
+        self.sweeper.take(self.job_dir(job_id), str(job_id))
         self._release.pop(job_id, None)
         sh = self._shared.get(self._key_of.pop(job_id, -1))
         if sh is not None:

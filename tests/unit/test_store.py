@@ -232,6 +232,23 @@ def test_no_snapshot_while_a_cache_rewrite_is_unfinished(tmp_path, monkeypatch):
     assert _reopen(tmp_path, s).load_jobs()[0].state == jobs.RUNNING
 
 
+def test_an_evicted_jobs_directory_goes_off_the_loop_and_a_leftover_at_the_next_start(tmp_path):
+    s = _open(tmp_path)
+    for i in (1, 2):
+        _add(s, i)
+    s.commit()
+    s.remove_job(1)
+    assert not os.path.exists(os.path.join(tmp_path, "jobs", "1"))     # moved aside at once
+    s.sweeper.wait()
+    assert os.listdir(os.path.join(tmp_path, "gone")) == []
+    os.makedirs(os.path.join(tmp_path, "gone", "7", "sub"))            # left by a crash mid-sweep
+    s.commit()
+    s2 = _reopen(tmp_path, s)
+    assert [j.id for j in s2.load_jobs()] == [2]
+    s2.sweeper.wait()
+    assert os.listdir(os.path.join(tmp_path, "gone")) == []
+
+
 def _batches(tmp_path):
     """A store that committed jobs 1..5 one batch each; the journal's byte offsets after each batch."""
     s = _open(tmp_path)
