@@ -700,8 +700,15 @@ class Engine:
         jdir = self.store.job_dir(job.id)
         if job.request.get("benchmark"):
             self._quiet(job, jdir, cg)
+
+        def info() -> None:   # needs no pid: written while the fork server forks
+            try:
+                devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
+            except OSError:
+                pass
+
         try:
-            pid, start = launcher.spawn(job.id, job.user, jdir)
+            pid, start = launcher.spawn(job.id, job.user, jdir, info)
         except OSError as exc:
             if records.not_now(exc):   # out of pids or memory: no shepherd, so the command never ran
                 self._not_now(job, cg, f"cannot start its shepherd yet ({exc.strerror or exc})", now)
@@ -711,10 +718,6 @@ class Engine:
             self._finish(job, Result(ERROR, note=f"cannot start its shepherd: {exc}"), now)
             return
         self._watch(job.id, pid, start)
-        try:
-            devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
-        except OSError:
-            pass
         alloc = self.table.running[job.id].alloc
         log.info("job %d started: cpus %s, mem %d, gpus %s", job.id, list(alloc.cpus), alloc.mem, list(alloc.gpus))
         self.hooks.job_event(job.id, "started")
