@@ -208,12 +208,14 @@ class Server:
 
     def _end_turn(self) -> None:
         """Start what this turn's ends made room for, commit the turn's changes (one fsync for all),
-        send the replies that waited on it, then spawn."""
+        then spawn, sending the replies that waited on the commit while the first shepherd is forked."""
         assert self.engine is not None
         now = time.time()
         self.engine.reschedule(now)
-        self._send_held(self.engine.commit_turn(now))
-        self.engine.spawn_turn(now)   # after the replies: a submit is answered before its job is forked
+        refused = self.engine.commit_turn(now)
+        # The fork is asked for first, so it is under way while the replies wake their clients;
+        # a submit is still answered before its shepherd's answer is read.
+        self.engine.spawn_turn(now, lambda: self._send_held(refused))
         if self.held_replies:         # replies the spawns gave rise to; spawn_turn committed their cause
             self._send_held(self.engine.commit_turn(now))
 
