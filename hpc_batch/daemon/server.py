@@ -1,6 +1,7 @@
 """The daemon's event loop: the socket, client connections, kernel events.
 
-One thread, one selector. Every socket is non-blocking and every reply is
+One thread, one selector (the only other thread deletes evicted job
+directories: store.Sweeper). Every socket is non-blocking and every reply is
 buffered, so a slow or malicious client can only stall itself. The loop
 sleeps until something happens: a client writes, a shepherd exits (its pidfd
 becomes readable), a job writes output someone is attached to (inotify), a
