@@ -379,3 +379,16 @@ def test_a_durable_start_whose_command_never_ran_gets_its_environment_back(tmp_p
     again.save_job(back)
     again.commit()                               # started for real: gone again
     assert not os.path.exists(os.path.join(tmp_path, "env", "1"))
+
+
+def test_a_jobs_dict_is_what_asdict_gives_and_shares_nothing_with_it():
+    import dataclasses
+    job = _job(1, argv=["a", "b"], first=1)
+    jobs.move(job, jobs.RUNNING, 1.8e9 + 1, alloc={"cpus": [0, 1], "mem_by_node": [[0, 5]]})
+    job.stats = {"peak_mem": 3, "nested": {"x": [1, {"y": 2}]}}
+    data = job.to_dict()
+    assert data == dataclasses.asdict(job)
+    data["alloc"]["cpus"].append(9)
+    data["stats"]["nested"]["x"][1]["y"] = 7
+    data["argv"].append("c")
+    assert job.alloc["cpus"] == [0, 1] and job.stats["nested"]["x"][1]["y"] == 2 and job.argv == ["a", "b"]
