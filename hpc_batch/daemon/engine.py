@@ -632,6 +632,13 @@ class Engine:
         self.spawn_turn(now)
         return refused
 
+    def reschedule(self, now: float) -> None:
+        """Hand out what this turn's ends freed now, so their starts ride the turn's one commit
+        (one fdatasync for an end and the start it makes room for, not one each)."""
+        if self.resched:
+            self.resched = False
+            self.schedule(now)
+
     def commit_turn(self, now: float) -> set[int]:
         """Make what this turn changed durable, in one fsync.
 
@@ -646,18 +653,32 @@ class Engine:
         self.batch_new.clear()
         return refused
 
-    def spawn_turn(self, now: float) -> None:
-        """Spawn the jobs this turn started (their records are durable by now)."""
+    def spawn_turn(self, now: float, meanwhile=None) -> None:
+        """Spawn the jobs this turn started (their records are durable by now).
+
+        *meanwhile* (the server's held replies) is called once: while the fork
+        server forks the first shepherd, so the fork starts before the clients
+        are woken, or at once when there is nothing to spawn.
+        """
+        first = [meanwhile] if meanwhile is not None else []
+
+        def once() -> None:
+            while first:
+                first.pop()()
+
         while self.to_spawn:
             spawns, self.to_spawn = self.to_spawn, []
             for job, cg in spawns:
                 try:
-                    self._spawn(job, cg, now)
+                    self._spawn(job, cg, now, once)
                 except Exception as exc:  # one job that cannot start must not stop the others
+                    once()   # (the replies go before any end a failure makes: theirs is committed)
                     log.exception("job %d: cannot start it", job.id)
                     self._fail(job, f"the daemon could not start it: {exc}", now)
+            once()
             if self.commit_turn(now):   # a spawn that failed ended its job (and may have started another)
                 break
+        once()
 
     def _commit_failed(self, exc: OSError, now: float) -> set[int]:
         """Undo what a failed commit would have made durable: new jobs go, starts go back to the queue.
@@ -689,13 +710,24 @@ class Engine:
         self.retry_at = now + 2.0
         return refused
 
-    def _spawn(self, job: Job, cg, now: float) -> None:
+    def _spawn(self, job: Job, cg, now: float, before=None) -> None:
         jdir = self.store.job_dir(job.id)
         if job.request.get("benchmark"):
             self._quiet(job, jdir, cg)
+
+        def info() -> None:   # needs no pid: done while the fork server forks
+            if before is not None:
+                before()
+            try:
+                devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
+            except OSError:
+                pass
+
         try:
-            pid, start = launcher.spawn(job.id, job.user, jdir)
+            pid, start = launcher.spawn(job.id, job.user, jdir, info)
         except OSError as exc:
+            if before is not None:
+                before()   # the replies go before any end this makes: their causes are committed
             if records.not_now(exc):   # out of pids or memory: no shepherd, so the command never ran
                 self._not_now(job, cg, f"cannot start its shepherd yet ({exc.strerror or exc})", now)
                 return
@@ -704,10 +736,6 @@ class Engine:
             self._finish(job, Result(ERROR, note=f"cannot start its shepherd: {exc}"), now)
             return
         self._watch(job.id, pid, start)
-        try:
-            devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
-        except OSError:
-            pass
         alloc = self.table.running[job.id].alloc
         log.info("job %d started: cpus %s, mem %d, gpus %s", job.id, list(alloc.cpus), alloc.mem, list(alloc.gpus))
         self.hooks.job_event(job.id, "started")

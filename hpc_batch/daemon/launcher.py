@@ -73,19 +73,39 @@ def write_launch(job_dir: str, launch: records.LaunchSpec) -> None:
 _SIGDEF = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP, signal.SIGTERM, signal.SIGCHLD)
 
 
-def spawn(job_id: int, user: str, job_dir: str) -> tuple[int, int | None]:
+def spawn(job_id: int, user: str, job_dir: str, meanwhile=None) -> tuple[int, int | None]:
     """Start the shepherd for a job whose launch spec is written: ``(pid, start time)``.
 
     Forked by the fork server when it answers (a few milliseconds, pages
     shared); exec'd afresh when it cannot (start time None: the pid is our
     child, so it cannot be reused under us). Out of pids or memory, the
     OSError (EAGAIN, ENOMEM) is raised and no shepherd exists (``records.not_now``).
+    *meanwhile*, if given, is called once while the fork server forks (work
+    that needs no pid overlaps the fork instead of following it).
     """
-    answer = _FORK_SERVER.spawn(job_id, user, job_dir)
+    once = _Once(meanwhile)
+    answer = _FORK_SERVER.spawn(job_id, user, job_dir, once)
     if answer is not None:
         return answer
+    once()
     exe, argv, env = shepherd_argv(job_id, user, job_dir)
     return _posix_spawn(exe, argv, env), None
+
+
+class _Once:
+    """Calls *fn* the first time it is called, never again; what *fn* raises is logged, not raised
+    (a fork server's answer must still be read after it)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __call__(self) -> None:
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            try:
+                fn()
+            except Exception:
+                log.exception("while the shepherd was being forked")
 
 
 def _posix_spawn(exe: str, argv: list, env: dict, extra=()) -> int:
@@ -154,11 +174,12 @@ class ForkServer:
             os.close(self.pidfd)
             self.pidfd = None
 
-    def spawn(self, job_id: int, user: str, job_dir: str) -> tuple[int, int | None] | None:
+    def spawn(self, job_id: int, user: str, job_dir: str, meanwhile=None) -> tuple[int, int | None] | None:
         """Ask for a shepherd; None when the server cannot give one (the caller execs it).
 
         A server found dead (killed, say) is started afresh and asked once more.
-        Out of pids or memory, the OSError (EAGAIN, ENOMEM) is raised.
+        Out of pids or memory, the OSError (EAGAIN, ENOMEM) is raised. *meanwhile*
+        (a ``_Once``) is called once a request is sent, before its answer is read.
         """
         for _ in range(2):
             if self.failures >= 3:   # a server that keeps failing is not worth a delay per job
@@ -166,16 +187,24 @@ class ForkServer:
             if self.sock is None and not self._start():
                 self.failures += 1
                 return None
-            answer = self._ask(job_id, user, job_dir)
+            answer = self._ask(job_id, user, job_dir, meanwhile)
             if answer is not None:
                 self.failures = 0
                 return answer
         return None
 
-    def _ask(self, job_id: int, user: str, job_dir: str) -> tuple[int, int | None] | None:
+    def _ask(self, job_id: int, user: str, job_dir: str, meanwhile=None) -> tuple[int, int | None] | None:
         assert self.sock is not None
         try:
             self.sock.sendall(forkserver.encode_request(job_id, user, job_dir))
+        except OSError as exc:
+            log.error("the shepherd fork server failed (%s); starting it afresh", exc)
+            self.failures += 1
+            self.stop()
+            return None
+        if meanwhile is not None:
+            meanwhile()
+        try:
             reply = b""
             while not reply.endswith(b"\n"):
                 data = self.sock.recv(256)

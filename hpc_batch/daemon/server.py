@@ -1,6 +1,7 @@
 """The daemon's event loop: the socket, client connections, kernel events.
 
-One thread, one selector. Every socket is non-blocking and every reply is
+One thread, one selector (the only other thread deletes evicted job
+directories: store.Sweeper). Every socket is non-blocking and every reply is
 buffered, so a slow or malicious client can only stall itself. The loop
 sleeps until something happens: a client writes, a shepherd exits (its pidfd
 becomes readable), a job writes output someone is attached to (inotify), a
@@ -207,11 +208,15 @@ class Server:
         return self.stop_reason
 
     def _end_turn(self) -> None:
-        """Commit this turn's changes (one fsync for all), send the replies that waited on it, then spawn."""
+        """Start what this turn's ends made room for, commit the turn's changes (one fsync for all),
+        then spawn, sending the replies that waited on the commit while the first shepherd is forked."""
         assert self.engine is not None
         now = time.time()
-        self._send_held(self.engine.commit_turn(now))
-        self.engine.spawn_turn(now)   # after the replies: a submit is answered before its job is forked
+        self.engine.reschedule(now)
+        refused = self.engine.commit_turn(now)
+        # The fork is asked for first, so it is under way while the replies wake their clients;
+        # a submit is still answered before its shepherd's answer is read.
+        self.engine.spawn_turn(now, lambda: self._send_held(refused))
         if self.held_replies:         # replies the spawns gave rise to; spawn_turn committed their cause
             self._send_held(self.engine.commit_turn(now))
 

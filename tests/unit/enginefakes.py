@@ -141,7 +141,9 @@ class FakeLauncher:
         self.last_launch = launch
         launch.write(os.path.join(job_dir, records.LAUNCH))   # as the real one: it stays there
 
-    def spawn(self, job_id, user, job_dir):
+    def spawn(self, job_id, user, job_dir, meanwhile=None):
+        if meanwhile is not None:
+            meanwhile()
         if self.spawn_error:
             raise self.spawn_error
         self.spawned.append(job_id)

@@ -74,6 +74,31 @@ def test_a_job_that_fits_starts_and_one_that_does_not_queues(world):
     assert fake.spawned == [a["id"], b["id"]]
 
 
+def test_an_end_and_the_start_it_makes_room_for_share_one_turn(world):
+    eng, store, fake, hooks = world
+    a = submit(eng, cpus=2)
+    start_pending(eng)
+    b = submit(eng, cpus=2)
+    assert b["state"] == "queued"
+    records.write_json(os.path.join(store.job_dir(a["id"]), records.EXIT), {"ended": T0 + 1, "code": 0})
+    Engine.shepherd_exited(eng, a["id"])       # the event, its turn not ended yet
+    assert eng.jobs[b["id"]].state == jobs.QUEUED and eng.resched
+    eng.reschedule(T0 + 1)                     # as the server does before the turn's commit
+    assert eng.jobs[b["id"]].state == jobs.RUNNING and fake.spawned == [a["id"], b["id"]]
+
+
+def test_the_held_replies_go_while_the_first_shepherd_is_forked(world):
+    eng, store, fake, hooks = world
+    a = submit(eng, cpus=2)
+    Engine.run_pending(eng, T0)                # started, not yet committed nor spawned
+    replies = []
+    eng.commit_turn(T0)
+    eng.spawn_turn(T0, lambda: replies.append(list(fake.spawned)))
+    assert replies == [[]] and fake.spawned == [a["id"]]   # once, after the request, before the answer
+    eng.spawn_turn(T0, lambda: replies.append("again"))     # nothing to spawn: at once
+    assert replies == [[], "again"]
+
+
 @pytest.mark.parametrize("kw,code,needle", [
     ({"max_time": 7200}, "refused", "--max-lifetime"),
     ({"argv": ("x" * (1 << 17),)}, "too_large", "--max-job-size"),

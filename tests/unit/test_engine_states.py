@@ -180,8 +180,8 @@ class Shepherds(FakeLauncher):
         os.makedirs(job_dir, exist_ok=True)
         launch.write(os.path.join(job_dir, records.LAUNCH), durable=False)
 
-    def spawn(self, job_id, user, job_dir):
-        pid, start = super().spawn(job_id, user, job_dir)
+    def spawn(self, job_id, user, job_dir, meanwhile=None):
+        pid, start = super().spawn(job_id, user, job_dir, meanwhile)
         self.alive.add(job_id)
         os.unlink(os.path.join(job_dir, records.LAUNCH))   # as a shepherd does once the command runs
         return pid, start

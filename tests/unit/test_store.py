@@ -171,6 +171,84 @@ def test_a_newer_cache_wins_over_the_journal(tmp_path):
     assert _reopen(tmp_path, s).load_jobs()[0].name == "renamed"
 
 
+def _cache(tmp_path, job_id):
+    return os.path.join(tmp_path, "jobs", str(job_id), "job.json")
+
+
+def test_a_durable_jobs_cache_is_rewritten_in_place_a_new_ones_renamed_in(tmp_path):
+    s = _open(tmp_path)
+    job = _add(s, 1)
+    first = os.stat(_cache(tmp_path, 1)).st_ino
+    _start(job)
+    s.save_job(job)                      # its submit is not durable yet: a new file, renamed in
+    assert os.stat(_cache(tmp_path, 1)).st_ino != first
+    s.commit()
+    renamed = os.stat(_cache(tmp_path, 1)).st_ino
+    jobs.move(job, jobs.QUEUED, 1.8e9 + 2)   # a shorter record: padded to the old length
+    s.save_job(job)
+    s.commit()
+    assert os.stat(_cache(tmp_path, 1)).st_ino == renamed
+    raw = _read(_cache(tmp_path, 1))
+    assert raw.endswith(b" ") and raw.rstrip(b" ").endswith(b"}")
+    assert _reopen(tmp_path, s).load_jobs()[0].state == jobs.QUEUED
+
+
+def test_a_torn_rewrite_of_a_cache_reads_as_none_and_the_journal_stands_in(tmp_path):
+    s = _open(tmp_path)
+    job = _add(s, 1)
+    s.commit()
+    old = _read(_cache(tmp_path, 1))
+    _start(job)
+    s.save_job(job)
+    s.commit()
+    new = _read(_cache(tmp_path, 1))
+    with open(_cache(tmp_path, 1), "r+b") as f:   # the rewrite cut short: new bytes, then the old ones
+        f.write(new[:len(old) // 2] + old[len(old) // 2:])
+    s2 = _reopen(tmp_path, s)
+    assert s2.load_jobs()[0].state == jobs.RUNNING
+    assert any("rebuilt 1" in n for n in s2.notes), s2.notes
+    assert _read(_cache(tmp_path, 1)).rstrip(b" ") == new
+
+
+def test_no_snapshot_while_a_cache_rewrite_is_unfinished(tmp_path, monkeypatch):
+    s = _open(tmp_path)
+    job = _add(s, 1)
+    s.commit()
+    _start(job)
+
+    def short(fd, data, offset):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "pwrite", short)
+    monkeypatch.setattr("hpc_batch.daemon.store.write_atomic", lambda *a, **k: short(0, b"", 0))
+    with pytest.raises(OSError):
+        s.save_job(job)
+    with pytest.raises(OSError):
+        s._snapshot()                    # the job's cache may be torn: it would drop the job
+    monkeypatch.undo()
+    s.save_job(job)
+    s.commit()
+    s._snapshot()
+    assert _reopen(tmp_path, s).load_jobs()[0].state == jobs.RUNNING
+
+
+def test_an_evicted_jobs_directory_goes_off_the_loop_and_a_leftover_at_the_next_start(tmp_path):
+    s = _open(tmp_path)
+    for i in (1, 2):
+        _add(s, i)
+    s.commit()
+    s.remove_job(1)
+    assert not os.path.exists(os.path.join(tmp_path, "jobs", "1"))     # moved aside at once
+    s.sweeper.wait()
+    assert os.listdir(os.path.join(tmp_path, "gone")) == []
+    os.makedirs(os.path.join(tmp_path, "gone", "7", "sub"))            # left by a crash mid-sweep
+    s.commit()
+    s2 = _reopen(tmp_path, s)
+    assert [j.id for j in s2.load_jobs()] == [2]
+    s2.sweeper.wait()
+    assert os.listdir(os.path.join(tmp_path, "gone")) == []
+
+
 def _batches(tmp_path):
     """A store that committed jobs 1..5 one batch each; the journal's byte offsets after each batch."""
     s = _open(tmp_path)
@@ -301,3 +379,16 @@ def test_a_durable_start_whose_command_never_ran_gets_its_environment_back(tmp_p
     again.save_job(back)
     again.commit()                               # started for real: gone again
     assert not os.path.exists(os.path.join(tmp_path, "env", "1"))
+
+
+def test_a_jobs_dict_is_what_asdict_gives_and_shares_nothing_with_it():
+    import dataclasses
+    job = _job(1, argv=["a", "b"], first=1)
+    jobs.move(job, jobs.RUNNING, 1.8e9 + 1, alloc={"cpus": [0, 1], "mem_by_node": [[0, 5]]})
+    job.stats = {"peak_mem": 3, "nested": {"x": [1, {"y": 2}]}}
+    data = job.to_dict()
+    assert data == dataclasses.asdict(job)
+    data["alloc"]["cpus"].append(9)
+    data["stats"]["nested"]["x"][1]["y"] = 7
+    data["argv"].append("c")
+    assert job.alloc["cpus"] == [0, 1] and job.stats["nested"]["x"][1]["y"] == 2 and job.argv == ["a", "b"]
