@@ -13,6 +13,7 @@ compared with what ``show``, ``list`` and ``status`` say.
 """
 
 import json
+import os
 import re
 import shlex
 
@@ -372,3 +373,57 @@ def test_strict_waits_while_a_throttle_counter_rises_then_starts(smt_guest, topo
         g.run(f"touch {PROBE}/stop; systemctl stop hpcb-fake-throttle 2>/dev/null; rm -f {PROBE_DROPIN}",
               timeout=60)
         apply(g, "restart")
+
+
+# --- 7. restarts with a benchmark job running leave the housekeeping CPUs responsive ---------
+
+LOCKUP_LOOPS = int(os.environ.get("HPC_BATCH_LOCKUP_LOOPS", "4"))
+# What the guest kernel says when a CPU or a task stops making progress.
+STALLS = ("soft lockup", "hard LOCKUP", "rcu_sched self-detected stall", "rcu: INFO", "blocked for more than")
+
+
+def kernel_stalls(guest) -> str:
+    """The guest kernel's lockup and stall reports so far, with their traces ('' if none)."""
+    r = guest.run("dmesg", timeout=60, check=True)
+    lines = r.out.splitlines()
+    hits = [i for i, line in enumerate(lines) if any(s in line for s in STALLS)]
+    return "\n".join("\n".join(lines[i:i + 60]) for i in hits)
+
+
+def daemon_cpu_seconds(guest) -> float:
+    """CPU time (user + system) the running daemon has used, from /proc/<pid>/stat."""
+    pid = main_pid(guest)
+    r = guest.run(f"cut -d' ' -f14,15 /proc/{pid}/stat; getconf CLK_TCK", timeout=30, check=True)
+    ticks, hz = r.out.split("\n", 1)
+    return sum(int(t) for t in ticks.split()) / int(hz)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180 + 420 * max(LOCKUP_LOOPS, 1), func_only=True)
+def test_restarts_with_a_benchmark_job_running_keep_the_kernel_responsive(smt_guest, core_daemon, jobs):
+    """A restart or a kill -9 of the daemon while a benchmark job runs (its cpuset partition, IRQs
+    steered, siblings held): the new daemon pins itself and the shepherds' cgroup to the housekeeping
+    CPUs, and neither it nor the kernel spins there; the next job starts. HPC_BATCH_LOCKUP_LOOPS
+    sets how many restarts (alternately restart and kill -9)."""
+    g = smt_guest
+    g.run("sysctl -qw kernel.softlockup_all_cpu_backtrace=1", timeout=30)
+    assert not kernel_stalls(g), kernel_stalls(g)
+    bench = start(g, jobs, "alice", "--benchmark", "--cpu", "2")
+    running(g, "alice", bench)
+    other = start(g, jobs, "bob", "--cpu", "1")
+    running(g, "bob", other)
+    for n in range(LOCKUP_LOOPS):
+        how = "restart" if n % 2 == 0 else "kill -9"
+        if how == "restart":
+            apply(g, "restart")
+        else:
+            kill9_daemon(g)
+        cpu = daemon_cpu_seconds(g)
+        job = start(g, jobs, "bob", "--cpu", "1")
+        running(g, "bob", job)
+        kill_and_wait(g, "bob", job)
+        print(f"round {n + 1}/{LOCKUP_LOOPS} ({how}): daemon CPU {cpu:.1f}s when ready, "
+              f"{daemon_cpu_seconds(g):.1f}s after one job", flush=True)
+        stalls = kernel_stalls(g)
+        assert not stalls, f"round {n + 1} ({how}):\n{stalls}"
+    assert show(g, "alice", bench)["state"] == "running"
