@@ -18,6 +18,7 @@ import re
 import shlex
 
 import pytest
+from conftest import kernel_stalls
 from guestlib import (
     DROPIN_DIR,
     GUEST_BIN,
@@ -378,18 +379,6 @@ def test_strict_waits_while_a_throttle_counter_rises_then_starts(smt_guest, topo
 # --- 7. restarts with a benchmark job running leave the housekeeping CPUs responsive ---------
 
 LOCKUP_LOOPS = int(os.environ.get("HPC_BATCH_LOCKUP_LOOPS", "4"))
-# What the guest kernel says when a CPU or a task stops making progress.
-STALLS = ("soft lockup", "hard LOCKUP", "rcu_sched self-detected stall", "rcu: INFO", "blocked for more than")
-
-
-def kernel_stalls(guest) -> str:
-    """The guest kernel's lockup and stall reports so far, with their traces ('' if none)."""
-    r = guest.run("dmesg", timeout=60, check=True)
-    lines = r.out.splitlines()
-    hits = [i for i, line in enumerate(lines) if any(s in line for s in STALLS)]
-    return "\n".join("\n".join(lines[i:i + 60]) for i in hits)
-
-
 def daemon_cpu_seconds(guest) -> float:
     """CPU time (user + system) the running daemon has used, from /proc/<pid>/stat."""
     pid = main_pid(guest)
@@ -406,7 +395,6 @@ def test_restarts_with_a_benchmark_job_running_keep_the_kernel_responsive(smt_gu
     CPUs, and neither it nor the kernel spins there; the next job starts. HPC_BATCH_LOCKUP_LOOPS
     sets how many restarts (alternately restart and kill -9)."""
     g = smt_guest
-    g.run("sysctl -qw kernel.softlockup_all_cpu_backtrace=1", timeout=30)
     assert not kernel_stalls(g), kernel_stalls(g)
     bench = start(g, jobs, "alice", "--benchmark", "--cpu", "2")
     running(g, "alice", bench)
