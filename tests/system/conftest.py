@@ -182,8 +182,12 @@ def _boot(name, guest_image, workdir, **shape):
     _state["guests"][name] = g
     try:
         g.start()
-        # A soft lockup then prints every CPU's stack, not only the stuck one's.
-        g.run("sysctl -qw kernel.softlockup_all_cpu_backtrace=1", timeout=60)
+        # A soft lockup then prints every CPU's stack, not only the stuck
+        # one's; and warnings reach the serial log too (the image boots with
+        # `quiet`, which keeps only errors there), since a lockup's stack is
+        # printed at warning level and a wedged guest may not answer dmesg.
+        g.run("sysctl -qw kernel.softlockup_all_cpu_backtrace=1 "
+              "kernel.printk='5 4 1 7'", timeout=60)
         yield g
     finally:
         g.close()   # it stays in _state: its serial log is still of use

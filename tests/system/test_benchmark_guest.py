@@ -378,7 +378,7 @@ def test_strict_waits_while_a_throttle_counter_rises_then_starts(smt_guest, topo
 
 # --- 7. restarts with a benchmark job running leave the housekeeping CPUs responsive ---------
 
-LOCKUP_LOOPS = int(os.environ.get("HPC_BATCH_LOCKUP_LOOPS", "4"))
+LOCKUP_LOOPS = int(os.environ.get("HPC_BATCH_LOCKUP_LOOPS", "2"))
 def daemon_cpu_seconds(guest) -> float:
     """CPU time (user + system) the running daemon has used, from /proc/<pid>/stat."""
     pid = main_pid(guest)
