@@ -376,9 +376,11 @@ def test_strict_waits_while_a_throttle_counter_rises_then_starts(smt_guest, topo
         apply(g, "restart")
 
 
-# --- 7. restarts with a benchmark job running leave the housekeeping CPUs responsive ---------
+# --- 7. job starts and restarts around a benchmark job leave the housekeeping CPUs responsive --
 
 LOCKUP_LOOPS = int(os.environ.get("HPC_BATCH_LOCKUP_LOOPS", "2"))
+
+
 def daemon_cpu_seconds(guest) -> float:
     """CPU time (user + system) the running daemon has used, from /proc/<pid>/stat."""
     pid = main_pid(guest)
@@ -397,7 +399,8 @@ def test_job_starts_and_restarts_around_a_benchmark_job_keep_the_kernel_responsi
     may stall on the housekeeping CPUs: no soft lockup or RCU stall, and every job starts.
     HPC_BATCH_LOCKUP_LOOPS sets the number of rounds (alternately restart and kill -9)."""
     g = smt_guest
-    assert not kernel_stalls(g), kernel_stalls(g)
+    stalls = kernel_stalls(g)
+    assert not stalls, f"before the first round:\n{stalls}"
     for n in range(LOCKUP_LOOPS):
         how = "restart" if n % 2 == 0 else "kill -9"
         bench = start(g, jobs, "alice", "--benchmark", "--cpu", "2")
