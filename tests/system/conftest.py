@@ -182,6 +182,12 @@ def _boot(name, guest_image, workdir, **shape):
     _state["guests"][name] = g
     try:
         g.start()
+        # A soft lockup then prints every CPU's stack, not only the stuck
+        # one's; and warnings reach the serial log too (the image boots with
+        # `quiet`, which keeps only errors there), since a lockup's stack is
+        # printed at warning level and a wedged guest may not answer dmesg.
+        g.run("sysctl -qw kernel.softlockup_all_cpu_backtrace=1 "
+              "kernel.printk='5 4 1 7'", timeout=60)
         yield g
     finally:
         g.close()   # it stays in _state: its serial log is still of use
@@ -325,6 +331,25 @@ def make_users(guest):
 
 # --- failure reports ---------------------------------------------------------------
 
+# What the guest kernel says when a CPU or a task stops making progress.
+KERNEL_STALLS = ("soft lockup", "hard LOCKUP", "self-detected stall",
+                 "rcu: INFO", "blocked for more than")
+
+
+def kernel_stalls(guest, context=80):
+    """The guest kernel's lockup and stall reports so far, each with the
+    ``context`` dmesg lines that follow it (its stack traces); '' if none.
+    Never raises: it is also called for failure reports."""
+    try:
+        r = guest.run("dmesg", timeout=60)
+    except Exception as exc:
+        return "(could not read the guest's dmesg: %s)" % exc
+    lines = r.out.splitlines()
+    hits = [i for i, line in enumerate(lines)
+            if any(s in line for s in KERNEL_STALLS)]
+    return "\n".join("\n".join(lines[i:i + context]) for i in hits)
+
+
 def _tail(path, lines=60):
     try:
         with open(path, errors="replace") as f:
@@ -356,6 +381,11 @@ def pytest_runtest_makereport(item, call):
             continue
         report.sections.append(("%s serial log (%s)" % (name, g.serial_log),
                                 g.serial_tail(100)))
+        if g.alive():
+            stalls = kernel_stalls(g)
+            if stalls:
+                report.sections.append(("%s kernel lockups and stalls (dmesg)"
+                                        % name, stalls))
         # The SMT guest is always installed; the first only with `installed`.
         if g.alive() and (name != "guest" or _uses(item, "installed")):
             report.sections.append(("hpc-batch service in %s" % name,

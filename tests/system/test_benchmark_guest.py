@@ -13,10 +13,12 @@ compared with what ``show``, ``list`` and ``status`` say.
 """
 
 import json
+import os
 import re
 import shlex
 
 import pytest
+from conftest import kernel_stalls
 from guestlib import (
     DROPIN_DIR,
     GUEST_BIN,
@@ -372,3 +374,49 @@ def test_strict_waits_while_a_throttle_counter_rises_then_starts(smt_guest, topo
         g.run(f"touch {PROBE}/stop; systemctl stop hpcb-fake-throttle 2>/dev/null; rm -f {PROBE_DROPIN}",
               timeout=60)
         apply(g, "restart")
+
+
+# --- 7. job starts and restarts around a benchmark job leave the housekeeping CPUs responsive --
+
+LOCKUP_LOOPS = int(os.environ.get("HPC_BATCH_LOCKUP_LOOPS", "2"))
+
+
+def daemon_cpu_seconds(guest) -> float:
+    """CPU time (user + system) the running daemon has used, from /proc/<pid>/stat."""
+    pid = main_pid(guest)
+    r = guest.run(f"cut -d' ' -f14,15 /proc/{pid}/stat; getconf CLK_TCK", timeout=30, check=True)
+    ticks, hz = r.out.split("\n", 1)
+    return sum(int(t) for t in ticks.split()) / int(hz)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180 + 420 * max(LOCKUP_LOOPS, 1), func_only=True)
+def test_job_starts_and_restarts_around_a_benchmark_job_keep_the_kernel_responsive(smt_guest, core_daemon, jobs):
+    """Each round: a benchmark job starts (IRQs steered, its partition, siblings held) and right
+    after it another user's job, whose child leaves the shepherds' cgroup (pinned to the
+    housekeeping CPUs) for its own cpuset; then the daemon is restarted (or killed with -9 and
+    restarted by systemd) with both running, and both are killed. Neither the daemon nor the kernel
+    may stall on the housekeeping CPUs: no soft lockup or RCU stall, and every job starts.
+    HPC_BATCH_LOCKUP_LOOPS sets the number of rounds (alternately restart and kill -9)."""
+    g = smt_guest
+    stalls = kernel_stalls(g)
+    assert not stalls, f"before the first round:\n{stalls}"
+    for n in range(LOCKUP_LOOPS):
+        how = "restart" if n % 2 == 0 else "kill -9"
+        bench = start(g, jobs, "alice", "--benchmark", "--cpu", "2")
+        other = start(g, jobs, "bob", "--cpu", "1")         # the one core the benchmark job leaves
+        running(g, "alice", bench)
+        running(g, "bob", other)
+        stalls = kernel_stalls(g)
+        assert not stalls, f"round {n + 1}, after the jobs started:\n{stalls}"
+        if how == "restart":
+            apply(g, "restart")
+        else:
+            kill9_daemon(g)
+        cpu = daemon_cpu_seconds(g)
+        kill_and_wait(g, "alice", bench)
+        kill_and_wait(g, "bob", other)
+        print(f"round {n + 1}/{LOCKUP_LOOPS} ({how}): daemon CPU {cpu:.1f}s when ready, "
+              f"{daemon_cpu_seconds(g):.1f}s after its jobs ended", flush=True)
+        stalls = kernel_stalls(g)
+        assert not stalls, f"round {n + 1}, after a {how}:\n{stalls}"
