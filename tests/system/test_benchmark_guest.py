@@ -356,17 +356,25 @@ def test_strict_waits_while_a_throttle_counter_rises_then_starts(smt_guest, topo
                        for c in topo.cpus))
     g.run(setup, timeout=60, check=True)
     counter = f"{PROBE}/sys/devices/system/cpu/cpu{topo.cpus[-1]}/thermal_throttle/core_throttle_count"
-    bump = f"n=0; while [ ! -e {PROBE}/stop ]; do n=$((n+1)); echo $n > {counter}; sleep 0.2; done"
+    bump = f"n=0; while [ ! -e {PROBE}/stop ]; do n=$((n+1)); echo $n > {counter}; sleep 0.05; done"
     g.put_bytes(f"[Service]\nEnvironment=HPC_BATCH_PROBE_ROOT={PROBE}\n", PROBE_DROPIN, mode=0o644)
     try:
         g.run(f"systemd-run --unit=hpcb-fake-throttle sh -c {shlex.quote(bump)}", timeout=60, check=True)
         apply(g, "restart")
         job = start(g, jobs, "alice", "--benchmark=strict", "--cpu", "1")
-        waiting = wait_for(lambda: (s := show(g, "alice", job)).get("why") and "throttle" in s["why"] and s,
-                           180, what=f"job {job} to wait for the throttle counter")
+
+        def held_back():
+            # The JSON and the text form read back to back: the counter must keep rising between
+            # the daemon's readings (1 s apart) for the job to stay held, so both are retried
+            # together rather than the text taken once after a wait.
+            s = show(g, "alice", job)
+            if not (s.get("why") and "throttle" in s["why"]):
+                return None
+            text = dispatch(g, "alice", "show", str(job)).out
+            return (s, text) if "throttle" in text else None
+        waiting, text = wait_for(held_back, 180, what=f"job {job} to wait for the throttle counter")
         assert waiting["state"] == "queued", waiting
-        text = dispatch(g, "alice", "show", str(job)).out
-        assert "--benchmark=strict" in text and "throttle" in text, text
+        assert "--benchmark=strict" in text, text
         g.run(f"touch {PROBE}/stop", timeout=30, check=True)
         shown = running(g, "alice", job)
         assert not shown.get("why"), shown
