@@ -33,6 +33,9 @@ every job that ran is known; and
 that each delivered log is whole, or else its buffer is kept and named in
 ``list``.
 
+A broken guarantee is printed when it is seen and the cuts go on; the test
+fails at the end with all of them, each with the cut after which it showed.
+
 ``$HPC_BATCH_POWERCUT_CUTS`` sets the number of cuts (default 4, one of each
 kind; 50 for the long run) and ``$HPC_BATCH_POWERCUT_SEED`` the random
 seed (printed with the results, so a failing run can be repeated).
@@ -128,6 +131,7 @@ class PowerCuts:
         self.outputs = {}      # job id -> (user, log path, size)
         self.results = []      # one line per cut
         self.never_ran = {}    # job id -> why: acknowledged jobs that ended "error" without running
+        self.faults = {}       # what broke -> the cut after which it was first seen
 
     def boot(self):
         workdir = self.tmp / f"boot{self.boots}"
@@ -233,6 +237,12 @@ class PowerCuts:
 
     # --- after the reboot --------------------------------------------------------------
 
+    def fault(self, what):
+        """A broken guarantee: noted (once) and reported at the end, so the later cuts still run."""
+        if what not in self.faults:
+            self.faults[what] = len(self.results) + 1
+            self.say(f"FAULT after cut {self.faults[what]}: {what}")
+
     def check(self):
         """Everything the test knows must hold, once the daemon came up alone and drained its queue."""
         g = self.g
@@ -242,7 +252,8 @@ class PowerCuts:
                     and dispatch(g, "alice", "list", timeout=60).ok)
         wait_for(serving, 300, what="hpc-batch to serve after the reboot, on its own")
         restarts = g.run("systemctl show -p NRestarts --value hpc-batch", timeout=60).out.strip()
-        assert restarts == "0", f"hpc-batch needed {restarts} restarts to come up\n{g.unit_report('hpc-batch')}"
+        if restarts != "0":
+            self.fault(f"hpc-batch needed {restarts} restarts to come up\n{g.unit_report('hpc-batch')}")
 
         def jobs(*flags):
             r = dispatch(g, "root", "list", "--all", "--json", *flags, timeout=300)
@@ -251,60 +262,73 @@ class PowerCuts:
         wait_for(lambda: not jobs(), 1800, interval=2, what="the queue to drain after the reboot")
         listed = jobs("--finished")
         ids = collections.Counter(j["id"] for j in listed)
-        assert all(c == 1 for c in ids.values()), f"jobs listed twice: {[i for i, c in ids.items() if c > 1]}"
+        for i in (i for i, c in ids.items() if c > 1):
+            self.fault(f"job {i} listed twice")
         by_id = {j["id"]: j for j in listed}
         names = collections.Counter(j["name"] for j in listed if (j["name"] or "").startswith("b"))
-        assert all(c == 1 for c in names.values()), \
-            f"one submit became two jobs: {[n for n, c in names.items() if c > 1]}"
-        missing = {i: a for i, a in self.acked.items() if i not in by_id}
-        assert not missing, f"acknowledged jobs gone after the cut: {missing}"
+        for n in (n for n, c in names.items() if c > 1):
+            self.fault(f"one submit ({n}) became two jobs")
         for job, (user, name) in self.acked.items():
+            if job not in by_id:
+                self.fault(f"acknowledged job {job} ({user}, {name}) is gone")
+                continue
             got = (by_id[job]["user"], by_id[job]["name"] or "")
-            assert got[0] == user and got[1].startswith(name), (job, user, name, by_id[job])
+            if got[0] != user or not got[1].startswith(name):
+                self.fault(f"acknowledged job {job} ({user}, {name}) is now {got}")
 
         ran = {}
         for user in USERS:
             counted = collections.Counter(int(w) for w in self._runs(user))
-            twice = [i for i, c in counted.items() if c > 1]
-            assert not twice, f"{user}'s jobs ran twice: {twice}"
+            for i in (i for i, c in counted.items() if c > 1):
+                self.fault(f"{user}'s job {i} ran {counted[i]} times")
             ran.update(dict.fromkeys(counted, user))
-        unknown = [i for i in ran if i not in by_id]
-        assert not unknown, f"jobs ran that the daemon does not know: {unknown}"
+        for i in (i for i in ran if i not in by_id):
+            self.fault(f"job {i} ran, but the daemon does not know it")
         kinds = collections.Counter()
         for j in listed:
             kind = (j["result"] or {}).get("kind")
             kinds[kind] += 1
             if kind == "exited":
-                assert j["id"] in ran, f"job {j['id']} has exit {j['exit']} but never ran: {j}"
-                assert j["exit"] == str(j["id"] % 5), f"job {j['id']}: exit {j['exit']}, not its own: {j}"
+                if j["id"] not in ran:
+                    self.fault(f"job {j['id']} has exit {j['exit']} but never ran: {j}")
+                elif j["exit"] != str(j["id"] % 5):
+                    self.fault(f"job {j['id']}: exit {j['exit']}, not its own: {j}")
             elif kind == "error":
                 # "It never ran": true only of a job with no line in runs. (Seen: a job whose start
                 # was durable but whose launch.json was not; its new shepherd could not read it.)
-                assert j["id"] not in ran, f"job {j['id']} ran, yet is said never to have run: {j}"
+                if j["id"] in ran:
+                    self.fault(f"job {j['id']} ran, yet is said never to have run: {j}")
                 self.never_ran[j["id"]] = j["result"]["note"]
-            else:
-                assert kind == "lost", f"job {j['id']} ended {kind}: {j}"
-                assert j["exit"] == "lost", j
+            elif kind != "lost" or j["exit"] != "lost":
+                self.fault(f"job {j['id']} ended {kind}: {j}")
         return kinds, self._check_outputs(by_id)
 
     def _check_outputs(self, by_id):
         said = collections.Counter()
         for job, (user, log, size) in self.outputs.items():
-            j = by_id[job]
+            j = by_id.get(job)
+            if j is None:
+                continue   # a fault already
             want = hashlib.sha256(_expected_output(size)).hexdigest()
             if (j["result"] or {}).get("kind") == "lost":
                 said["lost, no delivery"] += 1
                 continue
             if j["output_error"]:
                 m = re.search(r"the output is kept at (\S+)$", j["output_error"])
-                assert m, f"job {job}: its log was not delivered and no buffer is named: {j}"
-                kept = self.g.run(f"sha256sum {shlex.quote(m.group(1))}", timeout=120)
-                assert kept.ok and kept.out.split()[0] == want, f"job {job}: the kept buffer is not whole: {kept!r}"
+                if not m:
+                    self.fault(f"job {job}: its log was not delivered and no buffer is named: {j}")
+                    continue
+                kept = self.g.run(f"stat -c %s {shlex.quote(m.group(1))} && sha256sum {shlex.quote(m.group(1))}",
+                                  timeout=120)
+                words = kept.out.split()
+                if not kept.ok or len(words) < 2 or words[1] != want:
+                    self.fault(f"job {job}: the buffer named as kept ({m.group(1)}) is not the output: "
+                               f"{words[0] if words else '?'} of {size} bytes ({kept.describe()})")
                 said["buffer kept and named"] += 1
                 continue
             got = self.g.run(f"sha256sum {shlex.quote(log)}", timeout=120, user=user)
-            assert got.ok and got.out.split()[0] == want, \
-                f"job {job}: the log {log} is said delivered but is not whole ({size} bytes): {got!r}"
+            if not got.ok or got.out.split()[0] != want:
+                self.fault(f"job {job}: the log {log} is said delivered but is not whole ({size} bytes): {got!r}")
             said["log whole"] += 1
         return said
 
@@ -339,5 +363,7 @@ def test_power_cuts(guest_image, project_wheel, tmp_path, request):
             say(line)
         for job, why in sorted(pc.never_ran.items()):
             say(f"acknowledged job {job} never ran: {why}")
+        assert not pc.faults, "broken after power cuts (seed %d):\n" % SEED + "\n".join(
+            f"cut {n}: {what}" for what, n in pc.faults.items())
     finally:
         pc.close()
