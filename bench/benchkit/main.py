@@ -31,6 +31,7 @@ from . import (
     rows,
     scale,
     shepherd,
+    vm,
 )
 from .context import FULL, SMOKE, Context
 from .report import Figure
@@ -59,6 +60,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scale-json", metavar="PATH",
                    help="add the figures of a run of tests/integration/test_scale.py (the JSON it writes to "
                    "$HPC_BATCH_SCALE_REPORT) as a section")
+    p.add_argument("--vm-json", metavar="PATH",
+                   help="fill row (12) from the JSON of a `bench/run --in-guest` run in the system tier's guest "
+                   "(tests/system/test_bench_guest.py writes it to $HPC_BATCH_VM_BENCH_REPORT)")
+    p.add_argument("--in-guest", metavar="OUT", help="run inside the system tier's guest (root, the installed "
+                   "service running): measure only row (12)'s figures there and write them as JSON to OUT")
+    p.add_argument("--probe", metavar="EXE", help="with --in-guest: the static probe to time (built on the host; "
+                   "default: build one here, or fall back to date)")
     p.add_argument("--note", action="append", default=[], metavar="TEXT",
                    help="a line for the report's notes on this run (repeatable), e.g. what else ran")
     return p
@@ -116,6 +124,20 @@ def _measurements(ctx: Context) -> list[tuple[str, Callable[[dict[str, Figure]],
     ]
 
 
+def _in_guest(args: argparse.Namespace, scratch_parent: str) -> int:
+    """``--in-guest OUT``: row (12)'s figures, measured in this guest, as JSON (see benchkit/vm.py)."""
+    if os.geteuid() != 0:
+        return _fail("--in-guest runs as root in the system tier's guest")
+    scratch = tempfile.mkdtemp(prefix="hpcb-vmbench-", dir=scratch_parent)
+    os.chmod(scratch, 0o755)
+    try:
+        vm.run_in_guest(scratch, args.runs or FULL.runs, os.path.abspath(args.in_guest), args.probe,
+                        lambda m: print(f"bench: {m}", file=sys.stderr, flush=True))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.smoke and not args.output:
@@ -140,6 +162,14 @@ def main(argv: list[str]) -> int:
     if not os.path.isdir(scratch_parent):
         return _fail(f"--scratch {scratch_parent}: no such directory")
 
+    if args.in_guest:
+        return _in_guest(args, scratch_parent)
+    vm_report = None
+    if args.vm_json:
+        try:
+            vm_report = vm.load(args.vm_json)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return _fail(f"--vm-json {args.vm_json}: not a report of bench/run --in-guest ({exc})")
     scale_report, sections = None, None
     if args.scale_json:
         try:
@@ -160,6 +190,8 @@ def main(argv: list[str]) -> int:
     where = machine.describe(ROOT)
     ctx.notes.append(_installed_matches_checkout())
     ctx.notes += args.note
+    if vm_report is not None:
+        vm.fill(figs["vm"], vm_report)
     errors = 0
     loads = []
     try:
@@ -193,7 +225,8 @@ def main(argv: list[str]) -> int:
         md.write(text)
     if args.json:
         with open(args.json, "w") as js:
-            json.dump({**report.as_json(figures, where, command, ctx.notes), "scale": scale_report}, js, indent=1)
+            json.dump({**report.as_json(figures, where, command, ctx.notes), "scale": scale_report,
+                       "vm": vm_report}, js, indent=1)
     print(text)
     incomplete = [f.key for f in figures if not f.is_complete()]
     if incomplete:

@@ -111,7 +111,15 @@ def pytest_collection_modifyitems(config, items):
     smt_modules = {item.module for item in items
                    if getattr(item, "module", None) is not None
                    and _uses(item, "smt_guest")}
-    items.sort(key=lambda item: getattr(item, "module", None) in smt_modules)
+    # Modules that boot guests of their own (they use the image, not a
+    # session guest) run after those, so no idle session guest shares the
+    # cores with theirs.
+    own_modules = {item.module for item in items
+                   if getattr(item, "module", None) is not None
+                   and _uses(item, "guest_image")
+                   and not any(_uses(item, n) for n in GUEST_FIXTURES)}
+    items.sort(key=lambda item: (getattr(item, "module", None) in own_modules,
+                                 getattr(item, "module", None) in smt_modules))
     # Each session guest is powered off right after the last test that uses
     # it, not at the end of the session: modules that boot guests of their
     # own should not share two cores with an idle one.

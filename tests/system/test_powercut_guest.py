@@ -1,0 +1,369 @@
+"""Power cuts: QEMU SIGKILLed in the middle of the daemon's work, then the guest booted again.
+
+The guest runs from a qcow2 overlay of the cached image that lives for the
+whole test, opened with ``cache=writethrough``: every write the guest's
+kernel sends reaches the host file before QEMU acknowledges it, and a guest
+flush is a host flush, so a SIGKILL of QEMU loses exactly what a power cut
+loses of a disk without a volatile cache: the guest's page cache and the
+requests in flight, never what was flushed. (``cache=unsafe``, the other
+tests' mode, would drop flushes and could lose what the daemon fsynced.)
+
+Each cut lands in one of four kinds of work, in turn:
+
+``burst``   alice and bob each submit single jobs back to back (a loop of
+            ``dispatch new``); every line dispatch printed goes to the host
+            at once over 9p, so an id the host read was acknowledged; the
+            cut comes once a random number of them arrived.
+``drain``   one ``--array`` submit of many short jobs (acknowledged when
+            the host got dispatch's answer), cut after a random number ran.
+``reload``  jobs running and queued, ``systemctl reload hpc-batch`` (the
+            daemon re-executes itself), cut a random instant later.
+``output``  a job writing a few MiB to a log (under ``--max-output-buffer``,
+            so the shepherd copies its buffer at the end), cut once the
+            copy has reached a random size in the guest.
+
+Every job appends its id to ``~/runs`` and fsyncs it before it exits with
+``id % 5``. After each reboot (the daemon must come up on its own, with no
+restart) and once the queue has drained, the test checks that every
+acknowledged job is listed exactly once under its name and user; that no
+job ran twice (an id twice in ``runs``); that every exit code is the job's
+own and belongs to a job that ran (a job that ended "error", never run, must
+have no line in ``runs``; such jobs are listed with the results); that
+every job that ran is known; and
+that each delivered log is whole, or else its buffer is kept and named in
+``list``.
+
+A broken guarantee is printed when it is seen and the cuts go on; the test
+fails at the end with all of them, each with the cut after which it showed.
+
+``$HPC_BATCH_POWERCUT_CUTS`` sets the number of cuts (default 4, one of each
+kind; 50 for the long run) and ``$HPC_BATCH_POWERCUT_SEED`` the random
+seed (printed with the results, so a failing run can be repeated).
+"""
+
+import collections
+import hashlib
+import json
+import os
+import random
+import re
+import shlex
+import signal
+import subprocess
+import time
+
+import pytest
+from guestlib import GUEST_BIN, dispatch, set_flags, wait_for
+from harness import Guest
+
+pytestmark = [pytest.mark.system, pytest.mark.slow]
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CUTS = int(os.environ.get("HPC_BATCH_POWERCUT_CUTS", "4"))
+SEED = int(os.environ.get("HPC_BATCH_POWERCUT_SEED") or time.time_ns() % 1_000_000)
+KINDS = ("burst", "drain", "reload", "output")
+USERS = ("alice", "bob")
+CACHE = "writethrough"
+FLAGS = ("--keep-finished", "1000000", "--max-output-buffer", "8M")
+BOOT_TIMEOUT = 600
+DRAIN_JOBS = 60
+PATTERN = b"0123456789abcdef\n"
+# Each job: its id into ~/runs, fsynced, before it exits with id % 5 ($1: seconds to sleep first).
+JOB = ('sleep "$1"; echo "$HPC_BATCH_JOB_ID" >> "$HOME/runs" && sync "$HOME/runs"; '
+       'exit $((HPC_BATCH_JOB_ID % 5))')
+BURST = """#!/bin/sh
+# burst CUT: submit single jobs back to back; each line dispatch printed goes to the host at once
+job='%s'
+i=0
+while :; do
+    i=$((i + 1))
+    name="b$1-$(id -un)-$i"
+    out=$(%s/dispatch new --no-output --name "$name" -- sh -c "$job" job 0) || exit 1
+    echo "$name $out" >> "/mnt/host/acks-$1"
+done
+""" % (JOB, GUEST_BIN)
+
+
+class DiskGuest(Guest):
+    """The harness's guest, booted from *overlay* (kept between boots) with flushes that reach the host."""
+
+    def __init__(self, image_dir, workdir, overlay, **kw):
+        super().__init__(image_dir, workdir, **kw)
+        self.overlay = overlay
+
+    def qemu_argv(self):
+        argv = super().qemu_argv()
+        at = argv.index("-drive") + 1
+        assert "snapshot=on" in argv[at], argv[at]   # the harness's drive, replaced whole
+        argv[at] = f"file={self.overlay},if=virtio,format=qcow2,cache={CACHE}"
+        return argv
+
+    def power_cut(self):
+        """SIGKILL QEMU: the guest gets no chance to write anything more."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(60)
+        self.close()
+
+
+def _system_conftest(config):
+    """tests/system/conftest.py as loaded by pytest (its install helpers)."""
+    for plugin in config.pluginmanager.get_plugins():
+        if getattr(plugin, "__file__", None) == os.path.join(HERE, "conftest.py"):
+            return plugin
+    raise AssertionError("tests/system/conftest.py is not loaded")
+
+
+def _expected_output(size):
+    return (PATTERN * (size // len(PATTERN) + 1))[:size]
+
+
+class PowerCuts:
+    """The guest across its reboots and what the host knows was acknowledged."""
+
+    def __init__(self, image, tmp_path, say):
+        self.image, self.tmp, self.say = image, tmp_path, say
+        self.overlay = str(tmp_path / "root-overlay.qcow2")
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b",
+                        os.path.join(image, "root.qcow2"), self.overlay], check=True, timeout=120)
+        self.boots = 0
+        self.g = None
+        self.acked = {}        # job id -> (user, name): dispatch printed it and the host read it
+        self.outputs = {}      # job id -> (user, log path, size)
+        self.results = []      # one line per cut
+        self.never_ran = {}    # job id -> why: acknowledged jobs that ended "error" without running
+        self.faults = {}       # what broke -> the cut after which it was first seen
+
+    def boot(self):
+        workdir = self.tmp / f"boot{self.boots}"
+        workdir.mkdir()
+        self.boots += 1
+        g = DiskGuest(self.image, str(workdir), self.overlay, nodes=2, cpus_per_node=2, mem_per_node_mb=2048,
+                      boot_timeout=BOOT_TIMEOUT, lifetime=3 * 3600, log=self.say)
+        try:
+            g.start()
+        except BaseException:
+            g.close()
+            raise
+        self.g = g
+        return g
+
+    def cut(self):
+        self.g.power_cut()
+        self.g = None
+
+    def close(self):
+        if self.g is not None:
+            self.g.close()
+
+    # --- the work a cut lands in -------------------------------------------------
+
+    def _runs(self, user):
+        r = self.g.run(f"cat /home/{user}/runs 2>/dev/null || true", timeout=60, check=True)
+        return [w for w in r.out.replace("\0", "").split() if w.isdigit()]
+
+    def burst(self, n, rng):
+        acks = os.path.join(self.g.share_dir, f"acks-{n}")
+        open(acks, "w").close()
+        os.chmod(acks, 0o666)
+        for user in USERS:
+            self.g.put_bytes(BURST, f"/home/{user}/burst.sh", mode=0o755, owner=user)
+        self.g.run("sync", timeout=120, check=True)
+        for user in USERS:
+            self.g.run(f"systemd-run --quiet --unit hpcb-burst-{n}-{user} --uid {user} "
+                       f"-p WorkingDirectory=/home/{user} /home/{user}/burst.sh {n}", timeout=60, check=True)
+        want = rng.randint(2, 16)
+
+        def lines():
+            with open(acks) as f:
+                return [ln for ln in f.read().split("\n")[:-1]]   # whole lines only
+        wait_for(lambda: len(lines()) >= want, 600, interval=0.02, what=f"{want} acknowledged submits")
+        self.cut()
+        for line in lines():
+            m = re.match(r"(b\d+-(\w+)-\d+) job (\d+) ", line)
+            assert m, f"cannot read an acknowledgement from {line!r}"
+            self.acked[int(m.group(3))] = (m.group(2), m.group(1))
+        return f"after {len(lines())} acknowledged submits"
+
+    def drain(self, n, rng):
+        before = len(self._runs("alice"))
+        r = dispatch(self.g, "alice", "new", "--array", f"1-{DRAIN_JOBS}", "--no-output", "--name", f"d{n}",
+                     "--", "sh", "-c", JOB, "job", "0", timeout=300)
+        m = re.match(r"jobs (\d+)-(\d+): ", r.out)
+        assert r.ok and m, r.describe()
+        for job in range(int(m.group(1)), int(m.group(2)) + 1):
+            self.acked[job] = ("alice", f"d{n}")
+        want = rng.randint(1, DRAIN_JOBS // 2)
+        wait_for(lambda: len(self._runs("alice")) - before >= want, 900, interval=0.2,
+                 what=f"{want} jobs of the drain to run")
+        self.cut()
+        return f"after {want}+ of {DRAIN_JOBS} jobs ran"
+
+    def reload(self, n, rng):
+        r = dispatch(self.g, "bob", "new", "--array", "1-8", "--no-output", "--name", f"r{n}",
+                     "--", "sh", "-c", JOB, "job", "2", timeout=300)
+        m = re.match(r"jobs (\d+)-(\d+): ", r.out)
+        assert r.ok and m, r.describe()
+        for job in range(int(m.group(1)), int(m.group(2)) + 1):
+            self.acked[job] = ("bob", f"r{n}")
+        def running():
+            r = dispatch(self.g, "bob", "list", "--json")
+            return r.ok and any(j["state"] == "running" for j in json.loads(r.out)["jobs"])
+        wait_for(running, 300, what="a job running")
+        delay = rng.uniform(0.0, 1.5)
+        self.g.run("systemctl reload --no-block hpc-batch", timeout=60, check=True)
+        # Not a wait for anything: where the cut lands, from the reload's request on.
+        time.sleep(delay)
+        self.cut()
+        return f"{delay:.2f} s after asking for the reload"
+
+    def output(self, n, rng):
+        size = rng.randint(2 << 20, 6 << 20)
+        at = rng.randint(1, size - 1)
+        log = f"/home/alice/big{n}.log"
+        go = os.path.join(self.g.share_dir, f"go-{n}")
+        watch = (f'while [ "$(stat -c %s {log} 2>/dev/null || echo 0)" -lt {at} ]; do sleep 0.01; done; '
+                 f'echo go > /mnt/host/go-{n}')
+        self.g.run(f"systemd-run --quiet --unit hpcb-watch-{n} sh -c {shlex.quote(watch)}", timeout=60, check=True)
+        r = dispatch(self.g, "alice", "new", "--output", log, "--name", f"o{n}", "--", "sh", "-c",
+                     f"yes 0123456789abcdef | head -c {size}; " + JOB, "job", "0", timeout=300)
+        m = re.match(r"job (\d+) ", r.out)
+        assert r.ok and m, r.describe()
+        job = int(m.group(1))
+        self.acked[job] = ("alice", f"o{n}")
+        self.outputs[job] = ("alice", log, size)
+        wait_for(lambda: os.path.exists(go), 900, interval=0.02, what=f"the log of job {job} to reach {at} bytes")
+        self.cut()
+        return f"with the log of a {size}-byte output at {at}+ bytes"
+
+    # --- after the reboot --------------------------------------------------------------
+
+    def fault(self, what):
+        """A broken guarantee: noted (once) and reported at the end, so the later cuts still run."""
+        if what not in self.faults:
+            self.faults[what] = len(self.results) + 1
+            self.say(f"FAULT after cut {self.faults[what]}: {what}")
+
+    def check(self):
+        """Everything the test knows must hold, once the daemon came up alone and drained its queue."""
+        g = self.g
+
+        def serving():
+            return (g.run("systemctl is-active hpc-batch", timeout=60).out.strip() == "active"
+                    and dispatch(g, "alice", "list", timeout=60).ok)
+        wait_for(serving, 300, what="hpc-batch to serve after the reboot, on its own")
+        restarts = g.run("systemctl show -p NRestarts --value hpc-batch", timeout=60).out.strip()
+        if restarts != "0":
+            self.fault(f"hpc-batch needed {restarts} restarts to come up\n{g.unit_report('hpc-batch')}")
+
+        def jobs(*flags):
+            r = dispatch(g, "root", "list", "--all", "--json", *flags, timeout=300)
+            assert r.ok, r.describe()
+            return json.loads(r.out)["jobs"]
+        wait_for(lambda: not jobs(), 1800, interval=2, what="the queue to drain after the reboot")
+        listed = jobs("--finished")
+        ids = collections.Counter(j["id"] for j in listed)
+        for i in (i for i, c in ids.items() if c > 1):
+            self.fault(f"job {i} listed twice")
+        by_id = {j["id"]: j for j in listed}
+        names = collections.Counter(j["name"] for j in listed if (j["name"] or "").startswith("b"))
+        for n in (n for n, c in names.items() if c > 1):
+            self.fault(f"one submit ({n}) became two jobs")
+        for job, (user, name) in self.acked.items():
+            if job not in by_id:
+                self.fault(f"acknowledged job {job} ({user}, {name}) is gone")
+                continue
+            got = (by_id[job]["user"], by_id[job]["name"] or "")
+            if got[0] != user or not got[1].startswith(name):
+                self.fault(f"acknowledged job {job} ({user}, {name}) is now {got}")
+
+        ran = {}
+        for user in USERS:
+            counted = collections.Counter(int(w) for w in self._runs(user))
+            for i in (i for i, c in counted.items() if c > 1):
+                self.fault(f"{user}'s job {i} ran {counted[i]} times")
+            ran.update(dict.fromkeys(counted, user))
+        for i in (i for i in ran if i not in by_id):
+            self.fault(f"job {i} ran, but the daemon does not know it")
+        kinds = collections.Counter()
+        for j in listed:
+            kind = (j["result"] or {}).get("kind")
+            kinds[kind] += 1
+            if kind == "exited":
+                if j["id"] not in ran:
+                    self.fault(f"job {j['id']} has exit {j['exit']} but never ran: {j}")
+                elif j["exit"] != str(j["id"] % 5):
+                    self.fault(f"job {j['id']}: exit {j['exit']}, not its own: {j}")
+            elif kind == "error":
+                # "It never ran": true only of a job with no line in runs. (Seen: a job whose start
+                # was durable but whose launch.json was not; its new shepherd could not read it.)
+                if j["id"] in ran:
+                    self.fault(f"job {j['id']} ran, yet is said never to have run: {j}")
+                self.never_ran[j["id"]] = j["result"]["note"]
+            elif kind != "lost" or j["exit"] != "lost":
+                self.fault(f"job {j['id']} ended {kind}: {j}")
+        return kinds, self._check_outputs(by_id)
+
+    def _check_outputs(self, by_id):
+        said = collections.Counter()
+        for job, (user, log, size) in self.outputs.items():
+            j = by_id.get(job)
+            if j is None:
+                continue   # a fault already
+            want = hashlib.sha256(_expected_output(size)).hexdigest()
+            if (j["result"] or {}).get("kind") == "lost":
+                said["lost, no delivery"] += 1
+                continue
+            if j["output_error"]:
+                m = re.search(r"the output is kept at (\S+)$", j["output_error"])
+                if not m:
+                    self.fault(f"job {job}: its log was not delivered and no buffer is named: {j}")
+                    continue
+                kept = self.g.run(f"stat -c %s {shlex.quote(m.group(1))} && sha256sum {shlex.quote(m.group(1))}",
+                                  timeout=120)
+                words = kept.out.split()
+                if not kept.ok or len(words) < 2 or words[1] != want:
+                    self.fault(f"job {job}: the buffer named as kept ({m.group(1)}) is not the output: "
+                               f"{words[0] if words else '?'} of {size} bytes ({kept.describe()})")
+                said["buffer kept and named"] += 1
+                continue
+            got = self.g.run(f"sha256sum {shlex.quote(log)}", timeout=120, user=user)
+            if not got.ok or got.out.split()[0] != want:
+                self.fault(f"job {job}: the log {log} is said delivered but is not whole ({size} bytes): {got!r}")
+            said["log whole"] += 1
+        return said
+
+
+@pytest.mark.timeout(1200 + 900 * CUTS, func_only=True)
+def test_power_cuts(guest_image, project_wheel, tmp_path, request):
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(msg):
+        (tr.write_line if tr else print)(f"[power cuts] {msg}")
+    rng = random.Random(SEED)
+    say(f"{CUTS} cuts, seed {SEED} (HPC_BATCH_POWERCUT_SEED repeats it), disk cache={CACHE}")
+    conftest = _system_conftest(request.config)
+    pc = PowerCuts(guest_image, tmp_path, say)
+    try:
+        g = pc.boot()
+        conftest.install_project(g, project_wheel, str(request.config.rootpath), by_hand=True)
+        conftest.make_users(g)
+        set_flags(g, FLAGS, how="restart")
+        g.run("sync", timeout=300, check=True)   # the install itself must survive the first cut
+        for n in range(CUTS):
+            kind = KINDS[n % len(KINDS)]
+            started = time.monotonic()
+            where = getattr(pc, kind)(n, rng)
+            pc.boot()
+            kinds, outputs = pc.check()
+            line = (f"cut {n + 1}/{CUTS} ({kind}, {where}): daemon up alone; {len(pc.acked)} acknowledged jobs "
+                    f"so far, all there once; results {dict(kinds)}"
+                    + (f"; outputs {dict(outputs)}" if outputs else "")
+                    + f" ({time.monotonic() - started:.0f} s)")
+            pc.results.append(line)
+            say(line)
+        for job, why in sorted(pc.never_ran.items()):
+            say(f"acknowledged job {job} never ran: {why}")
+        assert not pc.faults, "broken after power cuts (seed %d):\n" % SEED + "\n".join(
+            f"cut {n}: {what}" for what, n in pc.faults.items())
+    finally:
+        pc.close()
