@@ -85,6 +85,7 @@ def main(argv=None) -> int:
             sys.stderr.write(f"hpc-batch-shepherd: cannot join {spec.shepherd_cgroup}: {exc}\n")
     sup = Supervisor(job_dir, spec, lock_fd)
     result = sup.run_job()
+    sup.out.make_durable()   # before the record that makes the end final (see make_durable)
     _finish(job_dir, result)
     delivery.deliver(sup)
     return 0

@@ -34,6 +34,7 @@ import os
 import select
 import signal
 import stat
+import sys
 import time
 
 try:
@@ -533,6 +534,21 @@ class OutputPump:
         self.pipe_r = None
         self.relay = (pid, os.pidfd_open(pid), report_r)
         self.mode = "relay"
+
+    def make_durable(self) -> None:
+        """Flush the buffer to disk: called before the exit record, which makes the job's end final.
+
+        After a power cut the daemon names a buffer that outlived its delivery as where the
+        output is kept; without this it could be there but empty. Nothing to do when the job
+        wrote nothing. A failure is reported and the record still written: an outcome must
+        never wait on its output.
+        """
+        if self.buffered == 0:
+            return
+        try:
+            os.fdatasync(self.buf)
+        except OSError as exc:
+            sys.stderr.write(f"hpc-batch-shepherd: job {self.spec.id}: cannot flush the output buffer ({exc})\n")
 
     def finish(self) -> None:
         """The job has ended: take what it wrote before it ended, and tell the relay to finish."""

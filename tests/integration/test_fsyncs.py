@@ -91,3 +91,12 @@ def _log_before_buffer(d, scratch, trace):
                if call in (b"unlink", b"unlinkat") and b'"' + buf + b'"' in args and res == 0]
     assert synced and removed, (synced, removed)
     assert synced[0] < removed[0], "the buffer was removed before the log was fsynced"
+    # The buffer is flushed before the exit record makes the end final: after a power cut in the
+    # delivery, the buffer the daemon names as kept holds the output.
+    exit_tmp = os.path.join(d.state_dir, "jobs", str(job), "exit.json.tmp").encode()
+    flushed = [i for i, (call, args, res) in enumerate(calls)
+               if call in (b"fsync", b"fdatasync") and b"<" + buf + b">" in args and res == 0]
+    recorded = [i for i, (call, args, res) in enumerate(calls)
+                if call in (b"fsync", b"fdatasync") and b"<" + exit_tmp in args and res == 0]
+    assert flushed and recorded, (flushed, recorded)
+    assert flushed[0] < recorded[0], "the exit record was made durable before the output buffer"
