@@ -200,6 +200,13 @@ class Engine:
         elif os.path.exists(os.path.join(jdir, records.EXIT)):
             self._collect(job_id)
         elif records.read_pidfile(jdir) is None and os.path.exists(os.path.join(jdir, records.LAUNCH)):
+            launch = os.path.join(jdir, records.LAUNCH)
+            if records.read_record(launch, records.LaunchSpec) is None:
+                # Written without an fsync, it can come back empty after a power cut: a shepherd
+                # started now could only fail on it, and its stored environment is gone.
+                self._lost(job, f"its launch spec {launch} did not survive a crash of the machine before "
+                                f"its shepherd read it; it is not known to have started")
+                return
             try:  # the command cannot have run: starting its shepherd now is safe
                 self._watch(job_id, *launcher.spawn(job_id, job.user, jdir))
                 log.info("job %d: its shepherd never started; started it now", job_id)

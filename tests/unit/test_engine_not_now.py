@@ -98,3 +98,20 @@ def test_after_a_restart_an_unstarted_shepherd_waits_for_a_pid(world):  # noqa: 
     fake.spawn_error = None
     eng.tick(now + defaults.START_RETRY)
     assert fake.spawned == [5] and eng.jobs[5].state == jobs.RUNNING
+
+
+def test_after_a_power_cut_an_empty_launch_spec_ends_the_job_as_lost(world):  # noqa: F811
+    """A start made durable, but its launch spec (written without an fsync) back empty: no shepherd
+    is started on it (it could only fail), and the job ends as lost, saying why."""
+    eng, store, fake, _ = world
+    job = jobs.Job(id=6, uid=0, gid=0, user="root", argv=["true"], cwd="/", submitted=T0, max_time=60,
+                   budget={"mem": 1 << 20}, state=jobs.RUNNING, started=T0,
+                   alloc={"cpus": [0], "mem_by_node": [[0, 1 << 20]], "gpus": [], "exclusive": False})
+    store.records[6] = job.to_dict()
+    os.mkdir(store.job_dir(6))
+    open(os.path.join(store.job_dir(6), records.LAUNCH), "wb").close()
+    eng.recover()
+    eng.tick(T0 + defaults.SHEPHERD_START_GRACE + 100)
+    result = eng.jobs[6].get_result()
+    assert fake.spawned == [] and eng.jobs[6].state == jobs.FINISHED
+    assert result.kind == jobs.LOST and "did not survive a crash" in result.note, result
