@@ -80,14 +80,19 @@ def test_without_its_spec_or_once_killed_it_ends_instead(world):  # noqa: F811
     assert result.kind == jobs.KILLED and "before it could start" in result.note
 
 
+def _recorded_running(store, job_id):
+    """A job the store holds as running (as a daemon that died finds it), with its directory."""
+    job = jobs.Job(id=job_id, uid=0, gid=0, user="root", argv=["true"], cwd="/", submitted=T0, max_time=60,
+                   budget={"mem": 1 << 20}, state=jobs.RUNNING, started=T0,
+                   alloc={"cpus": [0], "mem_by_node": [[0, 1 << 20]], "gpus": [], "exclusive": False})
+    store.records[job_id] = job.to_dict()
+    os.mkdir(store.job_dir(job_id))
+
+
 def test_after_a_restart_an_unstarted_shepherd_waits_for_a_pid(world):  # noqa: F811
     """Recovery found a launch spec no shepherd read: starting it now fails out of pids, and is tried again."""
     eng, store, fake, _ = world
-    job = jobs.Job(id=5, uid=0, gid=0, user="root", argv=["true"], cwd="/", submitted=T0, max_time=60,
-                   budget={"mem": 1 << 20}, state=jobs.RUNNING, started=T0,
-                   alloc={"cpus": [0], "mem_by_node": [[0, 1 << 20]], "gpus": [], "exclusive": False})
-    store.records[5] = job.to_dict()
-    os.mkdir(store.job_dir(5))
+    _recorded_running(store, 5)
     _spec({}).write(os.path.join(store.job_dir(5), records.LAUNCH))
     eng.recover()
     fake.spawn_error = OSError(errno.EAGAIN, "Resource temporarily unavailable")
@@ -104,11 +109,7 @@ def test_after_a_power_cut_an_empty_launch_spec_ends_the_job_as_lost(world):  # 
     """A start made durable, but its launch spec (written without an fsync) back empty: no shepherd
     is started on it (it could only fail), and the job ends as lost, saying why."""
     eng, store, fake, _ = world
-    job = jobs.Job(id=6, uid=0, gid=0, user="root", argv=["true"], cwd="/", submitted=T0, max_time=60,
-                   budget={"mem": 1 << 20}, state=jobs.RUNNING, started=T0,
-                   alloc={"cpus": [0], "mem_by_node": [[0, 1 << 20]], "gpus": [], "exclusive": False})
-    store.records[6] = job.to_dict()
-    os.mkdir(store.job_dir(6))
+    _recorded_running(store, 6)
     open(os.path.join(store.job_dir(6), records.LAUNCH), "wb").close()
     eng.recover()
     eng.tick(T0 + defaults.SHEPHERD_START_GRACE + 100)
