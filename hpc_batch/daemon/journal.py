@@ -149,6 +149,12 @@ def line(entry: dict) -> bytes:
     return dumps_wire(entry).encode("ascii") + b"\n"
 
 
+def job_line(seq: int, record: bytes) -> bytes:
+    """What ``line({"seq": seq, "job": data})`` gives, for *data* already encoded (dumps_wire) as
+    *record*: the store encodes a job once, for its cache and for this line."""
+    return b'{"seq":%d,"job":%s}\n' % (seq, record)
+
+
 class Journal:
     """The open journal file: append batches durably, replace it by a snapshot."""
 

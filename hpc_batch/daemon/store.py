@@ -58,7 +58,7 @@ from ..core.cputopo import format_cpulist
 from ..core.jobs import QUEUED, WAITING, Job
 from ..core.sizes import format_mem
 from . import formats
-from .journal import Journal, JournalError, end_line, format_line, line
+from .journal import Journal, JournalError, end_line, format_line, job_line, line
 
 log = logging.getLogger("hpc-batchd")
 
@@ -818,8 +818,7 @@ class Store:
         record = dumps_wire(data).encode("ascii")    # once, for the cache and the journal line
         self._write_cache(job, data, record)
         if durable:
-            # The very bytes line({"seq": ..., "job": data}) gives.
-            self._pending.append((job.id, b'{"seq":%d,"job":%s}\n' % (self._seq, record)))
+            self._pending.append((job.id, job_line(self._seq, record)))
             self._live.add(job.id)
 
     def unstart(self, job: Job, env: dict) -> None:

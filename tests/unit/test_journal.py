@@ -83,3 +83,10 @@ def test_a_batch_that_lost_lines_is_an_error():
 def test_a_journal_without_batches_has_no_batch_number():
     c = journal.read_contents(_lines({"seq": 1, "job": {"id": 1}}))
     assert c.batch is None and [e["seq"] for e in c.entries] == [1]
+
+
+def test_a_job_line_from_its_encoded_record_is_the_line_of_the_entry():
+    from shepherd.jsoncodec import dumps_wire
+    data = {"id": 7, "argv": ["echo", "é\n"], "alloc": {"cpus": [0, 1]}, "note": None}
+    record = dumps_wire(data).encode("ascii")
+    assert journal.job_line(12, record) == journal.line({"seq": 12, "job": data})
