@@ -535,10 +535,15 @@ class Recorder:
             side.chunks.append(b"")
             self.record.setdefault("side_errors", {})[side.name] = f"took longer than {int(SIDE_LIMIT)}s"
 
-    def _side_json(self, name: str) -> dict | None:
+    def _reaped(self, name: str):
+        """The side task *name* (None if never spawned), its exit status collected once it is done."""
         side = self.sides.get(name)
         if side is not None and side.done:
             side.reap(REAP_WAIT)
+        return side
+
+    def _side_json(self, name: str) -> dict | None:
+        side = self._reaped(name)
         if side is None or not side.done or side.status != 0:
             return None
         try:
@@ -548,9 +553,7 @@ class Recorder:
         return value if isinstance(value, dict) and "error" not in value else None
 
     def _side_result(self, name: str, source: str) -> dict:
-        side = self.sides.get(name)
-        if side is not None and side.done:
-            side.reap(REAP_WAIT)
+        side = self._reaped(name)
         why = (self.record.get("side_errors") or {}).get(name)
         if side is None or why:
             return sysread.field(None, source, why or "not read")
