@@ -199,8 +199,7 @@ class Engine:
             self.hooks.watch_pidfd(found[1], job_id)
         elif os.path.exists(os.path.join(jdir, records.EXIT)):
             self._collect(job_id)
-        elif records.read_pidfile(jdir) is None and os.path.exists(os.path.join(jdir, records.LAUNCH)):
-            launch = os.path.join(jdir, records.LAUNCH)
+        elif records.read_pidfile(jdir) is None and os.path.exists(launch := os.path.join(jdir, records.LAUNCH)):
             if records.read_record(launch, records.LaunchSpec) is None:
                 # Written without an fsync, it can come back empty after a power cut: a shepherd
                 # started now could only fail on it, and its stored environment is gone.
@@ -667,11 +666,13 @@ class Engine:
         server forks the first shepherd, so the fork starts before the clients
         are woken, or at once when there is nothing to spawn.
         """
-        first = [meanwhile] if meanwhile is not None else []
+        pending = meanwhile
 
         def once() -> None:
-            while first:
-                first.pop()()
+            nonlocal pending
+            fn, pending = pending, None
+            if fn is not None:
+                fn()
 
         while self.to_spawn:
             spawns, self.to_spawn = self.to_spawn, []
