@@ -6,7 +6,8 @@ Like Slurm's slurmstepd, one shepherd sits beside each running job so the
 daemon can stop, reload or crash without touching it. The shepherd:
 
 1. closes every descriptor it inherited, takes the lock on
-   JOB_DIR/shepherd.pid and writes its pid and start time;
+   JOB_DIR/shepherd.pid and writes its pid and start time, durably (the
+   proof, after a power cut, that the job may have run);
 2. reads launch.json (the daemon's spec), and deletes it once the job is
    forked, so a forwarded environment is in no file while the job runs;
 3. makes the control FIFO, then forks the job: it joins its cgroup, pins
@@ -107,6 +108,10 @@ def _take_lock(job_dir: str) -> int | None:
     def write_pidfile() -> None:
         os.ftruncate(fd, 0)
         os.pwrite(fd, line, 0)
+        # Durable before the job is forked: after a power cut, a start with no pidfile (or an
+        # empty one) is one whose command never ran, so the next daemon may start it again.
+        os.fdatasync(fd)
+        records.fsync_dir(job_dir)
     _persist(write_pidfile, "the pidfile")
     return fd
 

@@ -185,7 +185,7 @@ class Engine:
             # second shepherd is never started beside a first.
             running.recheck_at = time.time() + defaults.SHEPHERD_START_GRACE
             return f"job {job.id}: its shepherd has not started yet; checking again shortly"
-        return self._lost(job, "its shepherd was killed or vanished while the daemon was down")
+        return self._lost(job, launcher.vanished(jdir))
 
     def _recheck(self, job_id: int) -> None:
         """Second look at a running job whose shepherd had not started at recovery."""
@@ -201,7 +201,8 @@ class Engine:
             self._collect(job_id)
         elif records.read_pidfile(jdir) is None and os.path.exists(launch := os.path.join(jdir, records.LAUNCH)):
             if records.read_record(launch, records.LaunchSpec) is None:
-                # Written without an fsync, it can come back empty after a power cut: a shepherd
+                # Fsynced before the start's commit (launcher.write_launch), so only a damaged disk (or a spec
+                # written by an older daemon, cut by a power cut) leaves it unreadable: a shepherd
                 # started now could only fail on it, and its stored environment is gone.
                 self._lost(job, f"its launch spec {launch} did not survive a crash of the machine before "
                                 f"its shepherd read it; it is not known to have started")
@@ -215,7 +216,7 @@ class Engine:
                     return
                 self._lost(job, f"its shepherd could not be started: {exc}")
         else:
-            self._lost(job, "its shepherd was killed or vanished while the daemon was down")
+            self._lost(job, launcher.vanished(jdir))
 
     def _lost(self, job: Job, why: str) -> str:
         self._collect(job.id, shepherd_gone=why, kind=LOST)
@@ -581,11 +582,11 @@ class Engine:
         return ",".join(str(i) for i in range(len(gpus)))
 
     def _start(self, job: Job, alloc, now: float) -> None:
-        # Order matters for crash safety: the launch spec (with the environment)
-        # first, then the record that says "running", then the spawn, which
-        # waits for this turn's commit (after which the store lets go of the
-        # stored environment). A crash in between leaves either a queued job
-        # or a launch spec the next daemon can start.
+        # Order matters for crash safety: the launch spec (with the environment,
+        # fsynced) first, then the record that says "running", then the spawn,
+        # which waits for this turn's commit (after which the store lets go of
+        # the stored environment). A crash or power cut in between leaves either
+        # a queued job or a launch spec the next daemon can start.
         jdir = self.store.job_dir(job.id)
         running = Running(alloc)
         self._move(job, RUNNING, now, running=running)

@@ -24,6 +24,7 @@ import select
 import signal
 import socket
 import sys
+import time
 
 import shepherd
 from shepherd import control, forkserver, records
@@ -52,11 +53,15 @@ def shepherd_script() -> str:
 
 
 def write_launch(job_dir: str, launch: records.LaunchSpec) -> None:
-    """Write the shepherd's spec (root-only: it holds the job's environment).
+    """Write the shepherd's spec (root-only: it holds the job's environment), durably.
 
     A job started before (queued again because its shepherd could not fork
     it) has that shepherd's records: they go first, durably, so that no
-    daemon ever reads them as this start's.
+    daemon ever reads them as this start's. The spec is fsynced before the
+    commit that says the job is running: after a power cut, a start the
+    journal holds always has its spec, and the next daemon starts a shepherd
+    on it when the pidfile shows none had forked the command (the stored
+    environment is gone by then).
     """
     stale = False
     for name in (records.EXIT, records.STATUS, records.DELIVERY, records.PIDFILE):
@@ -67,7 +72,7 @@ def write_launch(job_dir: str, launch: records.LaunchSpec) -> None:
             pass
     if stale:
         records.fsync_dir(job_dir)
-    launch.write(os.path.join(job_dir, records.LAUNCH), durable=False)
+    launch.write(os.path.join(job_dir, records.LAUNCH))
 
 
 _SIGDEF = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP, signal.SIGTERM, signal.SIGCHLD)
@@ -283,6 +288,23 @@ def adopt(job_dir: str):
     if fd is None:
         return None
     return pid, fd
+
+
+def vanished(job_dir: str) -> str:
+    """Why a running job has no live shepherd after a restart, for its ``lost`` note.
+
+    A pidfile older than this boot means the machine restarted under the job
+    (a power cut, a crash): its command may have run in part.
+    """
+    try:
+        with open("/proc/uptime", "rb") as f:
+            boot = time.time() - float(f.read().split()[0])
+        written = os.lstat(os.path.join(job_dir, records.PIDFILE)).st_mtime
+    except (OSError, ValueError, IndexError):
+        written = boot = 0.0
+    if written and written < boot:
+        return "the machine restarted while it ran (a power cut or a crash); it may have run in part"
+    return "its shepherd was killed or vanished while the daemon was down"
 
 
 def reap(pid: int) -> None:

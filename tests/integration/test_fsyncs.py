@@ -3,9 +3,11 @@
 strace comes from Debian's package (scripts/install-host-deps --host, which
 scripts/test runs before the host tests); the count covers the daemon, its
 fork server and every shepherd (-f), and each fsync or fdatasync call once.
-The same trace (with unlinks, and -y naming each descriptor's file) shows
-that a job's log is fsynced before its output buffer, the only other copy,
-is removed.
+The same trace (with unlinks, renames and execs, and -y naming each
+descriptor's file) shows that a job's log is fsynced before its output
+buffer, the only other copy, is removed, and what makes a start safe from
+a power cut: the launch spec is durable before the commit that says the job
+runs, and the shepherd's pidfile before the command is exec'd.
 """
 
 import os
@@ -20,6 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 
 CALL = re.compile(rb"\b(?:fsync|fdatasync)\(")
 LINE = re.compile(rb"^\d+ +(\w+)\((.*?)\) += (-?\d+)", re.M)   # pid call(args) = result
+START = re.compile(rb"^\d+ +(\w+)\((.*)$", re.M)                # pid call(args..., finished or not
 
 
 def _count(path):
@@ -46,7 +49,8 @@ def test_fsyncs_per_job(daemon_factory, users, scratch):
     assert strace, "strace is missing: scripts/install-host-deps --host installs it"
     trace = os.path.join(scratch, "fsyncs.trace")
     d = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0",
-                       wrap=[strace, "-f", "-qq", "-y", "-e", "trace=fsync,fdatasync,unlink,unlinkat", "-o", trace])
+                       wrap=[strace, "-f", "-qq", "-y", "-e",
+                             "trace=fsync,fdatasync,unlink,unlinkat,rename,renameat,renameat2,execve", "-o", trace])
     try:
         _measure(d, scratch, trace)
         _log_before_buffer(d, scratch, trace)
@@ -68,10 +72,12 @@ def _measure(d, scratch, trace):
     assert d.dispatch("wait", f"{first}-{first + 39}").returncode == 0
     bulk = _settled(d, scratch, trace) - base - singles
     print(f"fsyncs: {singles / 5:.1f} per lone job, {bulk / 40:.2f} per job of a 40-job array")
-    # 1 journal commit for a lone job's submit and start, 2 for its shepherd's exit record.
-    assert singles <= 5 * 3
+    # 1 journal commit for a lone job's submit and start, 2 for its launch spec (file, directory),
+    # 2 for its shepherd's pidfile (before the fork: the proof, after a power cut, that it may have
+    # run), 2 for its exit record.
+    assert singles <= 5 * 7
     # The array's submit is one commit; its ends and starts share one a turn.
-    assert bulk <= 40 * 3 + 2
+    assert bulk <= 40 * 7 + 2
 
 
 def _log_before_buffer(d, scratch, trace):
@@ -100,3 +106,27 @@ def _log_before_buffer(d, scratch, trace):
                 if call in (b"fsync", b"fdatasync") and b"<" + exit_tmp in args and res == 0]
     assert flushed and recorded, (flushed, recorded)
     assert flushed[0] < recorded[0], "the exit record was made durable before the output buffer"
+    _start_order(d, job, trace)
+
+
+def _start_order(d, job, trace):
+    """Power-cut safety of a start: its launch spec is durable before the journal's commit, and the
+    pidfile before the command runs (no pidfile then proves the command never ran)."""
+    jdir = os.path.join(d.state_dir, "jobs", str(job))
+    with open(trace, "rb") as f:   # each call where it starts (strace splits one another process interrupts)
+        starts = [(m.group(1), m.group(2)) for m in START.finditer(f.read())]
+
+    def synced(path):
+        return lambda call, args: call in (b"fsync", b"fdatasync") and f"<{path}".encode() in args
+
+    def first(pred, what, after=-1):
+        found = [i for i, (call, args) in enumerate(starts) if i > after and pred(call, args)]
+        assert found, f"no {what} in the trace"
+        return found[0]
+    spec = first(synced(f"{jdir}/launch.json.tmp"), "fsync of the launch spec")
+    renamed = first(lambda call, args: call.startswith(b"rename") and f'"{jdir}/launch.json"'.encode() in args,
+                    "rename of the launch spec", spec)
+    first(synced(f"{d.state_dir}/journal>"), "journal commit after the launch spec's rename", renamed)
+    pid_synced = first(synced(f"{jdir}/shepherd.pid>"), "fsync of the pidfile")
+    ran = first(lambda call, args: call == b"execve" and b'["echo", "kept"]' in args, "exec of the job")
+    assert pid_synced < ran, "the job ran before its pidfile was durable"

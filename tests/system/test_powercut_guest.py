@@ -294,13 +294,17 @@ class PowerCuts:
                 elif j["exit"] != str(j["id"] % 5):
                     self.fault(f"job {j['id']}: exit {j['exit']}, not its own: {j}")
             elif kind == "error":
-                # "It never ran": true only of a job with no line in runs. (Seen: a job whose start
-                # was durable but whose launch.json was not; its new shepherd could not read it.)
+                # "It never ran": true only of a job with no line in runs. (Seen before launch.json
+                # was fsynced before the start's commit: its new shepherd could not read it.)
                 if j["id"] in ran:
                     self.fault(f"job {j['id']} ran, yet is said never to have run: {j}")
                 self.never_ran[j["id"]] = j["result"]["note"]
             elif kind != "lost" or j["exit"] != "lost":
                 self.fault(f"job {j['id']} ended {kind}: {j}")
+            elif "the machine restarted while it ran" not in (j["result"].get("note") or ""):
+                # Lost is right only for a job the machine died under (its pidfile, fsynced before
+                # the fork, is from before the boot): not for one whose start was cut short.
+                self.fault(f"job {j['id']} is lost, but not to the cut: {j}")
         return kinds, self._check_outputs(by_id)
 
     def _check_outputs(self, by_id):

@@ -11,6 +11,7 @@ import pwd
 import shutil
 
 from hpc_batch.core import jobs, resources
+from hpc_batch.daemon import launcher
 from hpc_batch.daemon.access import Caller
 from hpc_batch.daemon.engine import Engine
 from hpc_batch.daemon.main import Config
@@ -157,6 +158,7 @@ class FakeLauncher:
         pass
 
     adoptable = None   # (pid, pidfd) a live shepherd holding the job's lock, if any
+    vanished = staticmethod(launcher.vanished)   # reads only the job's pidfile and /proc/uptime
 
     def adopt(self, job_dir):
         found, self.adoptable = self.adoptable, None
