@@ -6,8 +6,8 @@ Like Slurm's slurmstepd, one shepherd sits beside each running job so the
 daemon can stop, reload or crash without touching it. The shepherd:
 
 1. closes every descriptor it inherited, takes the lock on
-   JOB_DIR/shepherd.pid and writes its pid and start time, durably (the
-   proof, after a power cut, that the job may have run);
+   JOB_DIR/shepherd.pid and writes its pid and start time (fsynced before
+   the command may run: the proof, after a power cut, that it may have);
 2. reads launch.json (the daemon's spec), and deletes it once the job is
    forked, so a forwarded environment is in no file while the job runs;
 3. makes the control FIFO, then forks the job: it joins its cgroup, pins
@@ -108,11 +108,7 @@ def _take_lock(job_dir: str) -> int | None:
     def write_pidfile() -> None:
         os.ftruncate(fd, 0)
         os.pwrite(fd, line, 0)
-        # Durable before the job is forked: after a power cut, a start with no pidfile (or an
-        # empty one) is one whose command never ran, so the next daemon may start it again.
-        os.fdatasync(fd)
-        records.fsync_dir(job_dir)
-    _persist(write_pidfile, "the pidfile")
+    _persist(write_pidfile, "the pidfile")   # made durable before the job runs: see run_job
     return fd
 
 
@@ -190,21 +186,27 @@ class Supervisor:
                                      _fork, self.watch, self.unwatch)
         pipe_r, pipe_w = output.make_pipe()
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        if self.recorder is not None:
-            self.recorder.before_start()
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
         try:
             pid = self.fork_retrying(lambda: self.stop_reason is not None)
         except OSError as exc:
-            for fd in (pipe_r, pipe_w, err_r, err_w):
+            for fd in (pipe_r, pipe_w, err_r, err_w, go_r, go_w):
                 os.close(fd)
             return self._not_forked(exc)
         if pid == 0:
             try:
-                _child(spec, pipe_w, err_w, self.groups)
+                _child(spec, pipe_w, err_w, self.groups, go_r)
             finally:
                 os._exit(127)
-        os.close(pipe_w)
-        os.close(err_w)
+        for fd in (pipe_w, err_w, go_r):
+            os.close(fd)
+        # While the child confines itself: the record's start snapshot, and the pidfile made
+        # durable (after a power cut, a start with no pidfile, or an empty one, is one whose
+        # command never ran, so the next daemon may start it again). Then the child may exec.
+        if self.recorder is not None:
+            self.recorder.before_start()
+        _persist(lambda: _sync(self.lock_fd, self.job_dir), "the pidfile")
+        _go(go_w)
         self.pid = pid
         records.unlink(os.path.join(self.job_dir, records.LAUNCH))   # the environment is in no file while the job runs
         pidfd = os.pidfd_open(pid)
@@ -463,8 +465,24 @@ def _fork() -> int:
     return pid
 
 
-def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int, groups: list[int] | None = None) -> None:
-    """In the forked child: confine, drop privileges, exec. Never returns."""
+def _sync(fd: int, job_dir: str) -> None:
+    os.fdatasync(fd)
+    records.fsync_dir(job_dir)
+
+
+def _go(go_w: int) -> None:
+    """Let the child exec (it may have failed its set-up and gone: that it reported)."""
+    try:
+        os.write(go_w, b"g")
+    except BrokenPipeError:
+        pass
+    os.close(go_w)
+
+
+def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int, groups: list[int] | None = None,
+           go_r: int | None = None) -> None:
+    """In the forked child: confine, drop privileges, wait for the shepherd's go on *go_r*, exec.
+    Never returns; without the go (the shepherd died first) the command is not run."""
     stage = "setup"
     try:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, *_STOP_SIGNALS):  # Python changed these; jobs must not see it
@@ -475,7 +493,8 @@ def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int, groups: list[int] 
         os.dup2(null, 0)
         os.dup2(pipe_w, 1)
         os.dup2(pipe_w, 2)
-        process.keep_only(err_w)  # a job starts with 0, 1 and 2 only (err_w closes at exec)
+        process.keep_only(err_w, *(() if go_r is None else (go_r,)))  # a job starts with 0, 1 and 2 only
+        # (err_w and go_r close at exec)
         if spec.cgroup:
             stage = "joining the job's cgroup"
             cgroup.join(spec.cgroup)
@@ -496,6 +515,8 @@ def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int, groups: list[int] 
         os.umask(spec.umask & 0o777)
         stage = f"entering {spec.cwd}"
         os.chdir(spec.cwd)
+        if go_r is not None and os.read(go_r, 1) != b"g":
+            os._exit(127)   # its shepherd is gone: nobody would supervise the job
         stage = f"running {spec.argv[0]!r}"
         os.execvpe(spec.argv[0], spec.argv, spec.env)
     except BaseException as exc:  # report everything: the job must never run half-set-up

@@ -199,6 +199,8 @@ class Engine:
             self.hooks.watch_pidfd(found[1], job_id)
         elif os.path.exists(os.path.join(jdir, records.EXIT)):
             self._collect(job_id)
+        elif launcher.shepherd_alive(jdir):   # its lock taken, its pidfile not written yet: look again
+            running.recheck_at = time.time() + defaults.START_RETRY
         elif records.read_pidfile(jdir) is None and os.path.exists(launch := os.path.join(jdir, records.LAUNCH)):
             if records.read_record(launch, records.LaunchSpec) is None:
                 # Fsynced before the start's commit (launcher.write_launch), so only a damaged disk (or a spec
@@ -207,14 +209,11 @@ class Engine:
                 self._lost(job, f"its launch spec {launch} did not survive a crash of the machine before "
                                 f"its shepherd read it; it is not known to have started")
                 return
-            try:  # the command cannot have run: starting its shepherd now is safe
-                self._watch(job_id, *launcher.spawn(job_id, job.user, jdir))
-                log.info("job %d: its shepherd never started; started it now", job_id)
-            except OSError as exc:
-                if records.not_now(exc):   # out of pids: look again shortly
-                    running.recheck_at = time.time() + defaults.START_RETRY
-                    return
-                self._lost(job, f"its shepherd could not be started: {exc}")
+            # The command cannot have run (the pidfile is durable before it may): it starts afresh
+            # from the queue, as after a fork that failed, since after a reboot the spec's cgroup and
+            # quieted cores are gone.
+            self._not_now(job, running.cgroup, "its shepherd had not started when the last daemon stopped",
+                          time.time())
         else:
             self._lost(job, launcher.vanished(jdir))
 
@@ -838,7 +837,7 @@ class Engine:
         The environment it was to get (its launch spec's) goes back to the
         store, which had let go of it once the start was durable; the launch
         spec stays until the next start replaces it, so a crash before this
-        turn's commit leaves a running job whose shepherd the next daemon starts.
+        turn's commit leaves a running job the next daemon queues again (``_recheck``).
         """
         spec = records.read_record(os.path.join(self.store.job_dir(job.id), records.LAUNCH), records.LaunchSpec)
         env = spec.env if spec is not None else None

@@ -159,6 +159,7 @@ class FakeLauncher:
 
     adoptable = None   # (pid, pidfd) a live shepherd holding the job's lock, if any
     vanished = staticmethod(launcher.vanished)   # reads only the job's pidfile and /proc/uptime
+    shepherd_alive = staticmethod(launcher.shepherd_alive)   # tries the pidfile's lock
 
     def adopt(self, job_dir):
         found, self.adoptable = self.adoptable, None

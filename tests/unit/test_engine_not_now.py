@@ -89,25 +89,51 @@ def _recorded_running(store, job_id):
     os.mkdir(store.job_dir(job_id))
 
 
-def test_after_a_restart_an_unstarted_shepherd_waits_for_a_pid(world):  # noqa: F811
-    """Recovery found a launch spec no shepherd read: starting it now fails out of pids, and is tried again."""
-    eng, store, fake, _ = world
+def test_after_a_restart_an_unstarted_shepherd_is_queued_again_with_its_environment(world):  # noqa: F811
+    """Recovery found a launch spec no shepherd read (no pidfile: the command never ran). After a
+    reboot its cgroup is gone, so the job is not started on that spec but queued again, with the
+    spec's environment, and started afresh; out of pids, that start waits like any other."""
+    eng, store, fake, hooks = world
     _recorded_running(store, 5)
-    _spec({}).write(os.path.join(store.job_dir(5), records.LAUNCH))
+    _spec({"PATH": "/bin", "FOO": "bar"}).write(os.path.join(store.job_dir(5), records.LAUNCH))
     eng.recover()
     fake.spawn_error = OSError(errno.EAGAIN, "Resource temporarily unavailable")
     now = T0 + defaults.SHEPHERD_START_GRACE + 100
-    eng.tick(now)                                                  # the second look: no pid for its shepherd
-    # (recovery's clock is the real one)
-    assert eng.jobs[5].state == jobs.RUNNING and eng.table.running[5].recheck_at is not None
+    eng.tick(now)                                                  # the second look: queued again
+    assert fake.spawned == [] and (5, "finished") not in hooks.events
+    assert store.env[5] == {"forward": {"PATH": "/bin", "FOO": "bar"}}
+    eng.tick(now + defaults.START_RETRY)                           # started: no pid for its shepherd
+    assert eng.jobs[5].state == jobs.QUEUED and fake.spawned == []
     fake.spawn_error = None
-    eng.tick(now + defaults.START_RETRY)
+    eng.tick(now + 3 * defaults.START_RETRY)
     assert fake.spawned == [5] and eng.jobs[5].state == jobs.RUNNING
+    assert fake.last_launch.env["FOO"] == "bar" and fake.last_launch.env["HPC_BATCH_JOB_ID"] == "5"
+    assert end(eng, store, 5, code=2).get_result().code == 2
+
+
+def test_after_a_restart_a_shepherd_holding_its_lock_is_waited_for(world):  # noqa: F811
+    """A shepherd that took the job's lock but has not written its pidfile yet is starting: the
+    job is neither queued again nor lost, and is looked at again."""
+    import fcntl
+    eng, store, fake, _ = world
+    _recorded_running(store, 7)
+    _spec({}).write(os.path.join(store.job_dir(7), records.LAUNCH))
+    fd = os.open(os.path.join(store.job_dir(7), records.PIDFILE), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        eng.recover()
+        now = T0 + defaults.SHEPHERD_START_GRACE + 100
+        eng.tick(now)
+        assert eng.jobs[7].state == jobs.RUNNING and eng.table.running[7].recheck_at is not None
+        assert fake.spawned == []
+    finally:
+        os.close(fd)
 
 
 def test_after_a_power_cut_an_empty_launch_spec_ends_the_job_as_lost(world):  # noqa: F811
-    """A start made durable, but its launch spec (written without an fsync) back empty: no shepherd
-    is started on it (it could only fail), and the job ends as lost, saying why."""
+    """A start made durable, but its launch spec back empty (a damaged disk, or one an older daemon
+    wrote without an fsync): no shepherd is started on it (it could only fail), and the job ends as
+    lost, saying why."""
     eng, store, fake, _ = world
     _recorded_running(store, 6)
     open(os.path.join(store.job_dir(6), records.LAUNCH), "wb").close()
