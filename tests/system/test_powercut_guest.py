@@ -294,11 +294,13 @@ class PowerCuts:
                 elif j["exit"] != str(j["id"] % 5):
                     self.fault(f"job {j['id']}: exit {j['exit']}, not its own: {j}")
             elif kind == "error":
-                # "It never ran": true only of a job with no line in runs. (Seen before launch.json
-                # was fsynced before the start's commit: its new shepherd could not read it.)
+                # Every job here can run: one whose start a cut interrupted before its command ran
+                # is queued again. (Seen before: a shepherd started on the spec of the boot before,
+                # whose cgroup was gone; a spec cut short, before it was fsynced.)
                 if j["id"] in ran:
                     self.fault(f"job {j['id']} ran, yet is said never to have run: {j}")
                 self.never_ran[j["id"]] = j["result"]["note"]
+                self.fault(f"acknowledged job {j['id']} never ran: {j['result']['note']}")
             elif kind != "lost" or j["exit"] != "lost":
                 self.fault(f"job {j['id']} ended {kind}: {j}")
             elif "the machine restarted while it ran" not in (j["result"].get("note") or ""):
