@@ -73,8 +73,8 @@ def main(argv=None) -> int:
     job_dir = args[4]
     os.closerange(3, process.fd_ceiling())   # whatever the daemon's parent left open is not ours to pass on
     os.umask(0o077)
-    lock_fd = _take_lock(job_dir)
-    if lock_fd is None:
+    locked = _take_lock(job_dir)
+    if locked is None:
         return 75
     spec = _read_launch(job_dir)
     if spec is None:
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
             cgroup.join(spec.shepherd_cgroup)
         except OSError as exc:
             sys.stderr.write(f"hpc-batch-shepherd: cannot join {spec.shepherd_cgroup}: {exc}\n")
-    sup = Supervisor(job_dir, spec, lock_fd)
+    sup = Supervisor(job_dir, spec, *locked)
     result = sup.run_job()
     sup.out.make_durable()   # before the record that makes the end final (see make_durable)
     _finish(job_dir, result)
@@ -92,9 +92,14 @@ def main(argv=None) -> int:
     return 0
 
 
-def _take_lock(job_dir: str) -> int | None:
+def _take_lock(job_dir: str) -> tuple[int, bool] | None:
+    """The pidfile's descriptor, locked and written, and whether it had to be created (the daemon
+    makes it, empty and durable, with the launch spec); None when another shepherd holds it."""
     path = os.path.join(job_dir, records.PIDFILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fd, created = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC), False
+    except FileNotFoundError:
+        fd, created = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -108,8 +113,8 @@ def _take_lock(job_dir: str) -> int | None:
     def write_pidfile() -> None:
         os.ftruncate(fd, 0)
         os.pwrite(fd, line, 0)
-    _persist(write_pidfile, "the pidfile")   # made durable before the job runs: see run_job
-    return fd
+    _persist(write_pidfile, "the pidfile")   # made durable by the job's child, before it execs
+    return fd, created
 
 
 def _read_launch(job_dir: str) -> records.LaunchSpec | None:
@@ -124,10 +129,11 @@ def _read_launch(job_dir: str) -> records.LaunchSpec | None:
 class Supervisor:
     """One job from fork to delivery; all waiting is one poll() with deadlines."""
 
-    def __init__(self, job_dir: str, spec: records.LaunchSpec, lock_fd: int):
+    def __init__(self, job_dir: str, spec: records.LaunchSpec, lock_fd: int, created: bool = False):
         self.job_dir = job_dir
         self.spec = spec
         self.lock_fd = lock_fd
+        self.created = created   # the pidfile was not made by the daemon: its name needs an fsync too
         self.grace = spec.kill_grace
         self.deadline = spec.deadline
         self.delivery_limit = spec.delivery_limit
@@ -195,17 +201,16 @@ class Supervisor:
             return self._not_forked(exc)
         if pid == 0:
             try:
-                _child(spec, pipe_w, err_w, self.groups, go_r)
+                _child(spec, pipe_w, err_w, self.groups, go_r,
+                       (self.lock_fd, self.job_dir if self.created else None))
             finally:
                 os._exit(127)
         for fd in (pipe_w, err_w, go_r):
             os.close(fd)
-        # While the child confines itself: the record's start snapshot, and the pidfile made
-        # durable (after a power cut, a start with no pidfile, or an empty one, is one whose
-        # command never ran, so the next daemon may start it again). Then the child may exec.
+        # The record's start snapshot while the child confines itself and makes the pidfile
+        # durable; then the child may exec.
         if self.recorder is not None:
             self.recorder.before_start()
-        _persist(lambda: _sync(self.lock_fd, self.job_dir), "the pidfile")
         _go(go_w)
         self.pid = pid
         records.unlink(os.path.join(self.job_dir, records.LAUNCH))   # the environment is in no file while the job runs
@@ -465,11 +470,6 @@ def _fork() -> int:
     return pid
 
 
-def _sync(fd: int, job_dir: str) -> None:
-    os.fdatasync(fd)
-    records.fsync_dir(job_dir)
-
-
 def _go(go_w: int) -> None:
     """Let the child exec (it may have failed its set-up and gone: that it reported)."""
     try:
@@ -480,11 +480,22 @@ def _go(go_w: int) -> None:
 
 
 def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int, groups: list[int] | None = None,
-           go_r: int | None = None) -> None:
-    """In the forked child: confine, drop privileges, wait for the shepherd's go on *go_r*, exec.
-    Never returns; without the go (the shepherd died first) the command is not run."""
+           go_r: int | None = None, pidfile: tuple[int, str | None] | None = None) -> None:
+    """In the forked child: confine, make the pidfile durable, drop privileges, wait for the
+    shepherd's go on *go_r*, exec. Never returns; without the go (the shepherd died first) the
+    command is not run.
+
+    *pidfile* is ``(fd, directory)``: the pidfile's data is fdatasynced (its directory too when the
+    shepherd created it) before the command may run, so after a power cut a pidfile empty or gone
+    proves it never did. Done here, it overlaps the shepherd's start snapshot.
+    """
     stage = "setup"
     try:
+        if pidfile is not None:
+            stage = "making its shepherd's pidfile durable"
+            os.fdatasync(pidfile[0])
+            if pidfile[1] is not None:
+                records.fsync_dir(pidfile[1])
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, *_STOP_SIGNALS):  # Python changed these; jobs must not see it
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)   # blocked by _fork; exec keeps the mask

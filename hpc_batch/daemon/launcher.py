@@ -56,22 +56,22 @@ def write_launch(job_dir: str, launch: records.LaunchSpec) -> None:
     """Write the shepherd's spec (root-only: it holds the job's environment), durably.
 
     A job started before (queued again because its shepherd could not fork
-    it) has that shepherd's records: they go first, durably, so that no
-    daemon ever reads them as this start's. The spec is fsynced before the
-    commit that says the job is running: after a power cut, a start the
-    journal holds always has its spec, and the next daemon starts a shepherd
-    on it when the pidfile shows none had forked the command (the stored
-    environment is gone by then).
+    it) has that shepherd's records: they go first, so that no daemon ever
+    reads them as this start's. The spec is fsynced, and then the directory,
+    before the commit that says the job is running: after a power cut, a
+    start the journal holds always has its spec (the stored environment is
+    gone by then). The same fsync makes the name of the shepherd's pidfile,
+    created empty here, durable: the shepherd then only fdatasyncs what it
+    writes in it before the command may run, and a pidfile still empty after
+    a power cut proves the command never ran.
     """
-    stale = False
     for name in (records.EXIT, records.STATUS, records.DELIVERY, records.PIDFILE):
         try:
             os.unlink(os.path.join(job_dir, name))
-            stale = True
         except FileNotFoundError:
             pass
-    if stale:
-        records.fsync_dir(job_dir)
+    os.close(os.open(os.path.join(job_dir, records.PIDFILE),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
     launch.write(os.path.join(job_dir, records.LAUNCH))
 
 

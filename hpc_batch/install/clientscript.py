@@ -50,13 +50,13 @@ import sys
 
 sys.path += {paths!r}
 try:
-    from hpc_batch.client.cli import main
+    from hpc_batch.client.cli import leave, main
 except ImportError:   # the install has moved since: let site find it, as the plain script does
     import site
 
     site.main()
-    from hpc_batch.client.cli import main
-sys.exit(main())
+    from hpc_batch.client.cli import leave, main
+leave(main())
 '''
 
 

@@ -72,12 +72,12 @@ def _measure(d, scratch, trace):
     assert d.dispatch("wait", f"{first}-{first + 39}").returncode == 0
     bulk = _settled(d, scratch, trace) - base - singles
     print(f"fsyncs: {singles / 5:.1f} per lone job, {bulk / 40:.2f} per job of a 40-job array")
-    # 1 journal commit for a lone job's submit and start, 2 for its launch spec (file, directory),
-    # 2 for its shepherd's pidfile (before the fork: the proof, after a power cut, that it may have
-    # run), 2 for its exit record.
-    assert singles <= 5 * 7
+    # 1 journal commit for a lone job's submit and start, 2 for its launch spec (file, then the
+    # directory, which also holds the pidfile's name), 1 for the pidfile's data (before the command
+    # runs: the proof, after a power cut, that it may have), 2 for its exit record.
+    assert singles <= 5 * 6
     # The array's submit is one commit; its ends and starts share one a turn.
-    assert bulk <= 40 * 7 + 2
+    assert bulk <= 40 * 6 + 2
 
 
 def _log_before_buffer(d, scratch, trace):

@@ -48,8 +48,8 @@ def test_rewritten_script_starts_without_site_and_runs_the_client(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("dispatch ")
     # The interpreter really skipped site, and found the hpc_batch the venv's python finds.
     spy = tmp_path / "spy"
-    spy.write_text(text.replace("from hpc_batch.client.cli import main", "import hpc_batch; main = None")
-                   .replace("sys.exit(main())", SPY))
+    spy.write_text(text.replace("from hpc_batch.client.cli import leave, main", "import hpc_batch; main = None")
+                   .replace("leave(main())", SPY))
     spy.chmod(0o755)
     installed = subprocess.run([sys.executable, "-I", "-c", "import hpc_batch; print(hpc_batch.__file__)"],
                                capture_output=True, text=True, cwd=str(tmp_path)).stdout.strip()

@@ -40,7 +40,7 @@ def test_wheel_contents(wheel):
     # dispatch is a plain script (no console-script wrapper and its import of re), its first line
     # left for the installer to point at the venv's python.
     script = zipfile.ZipFile(wheel).read(f"hpc_batch-{__version__}.data/scripts/dispatch").decode()
-    assert script.startswith("#!python\n") and "from hpc_batch.client.cli import main" in script
+    assert script.startswith("#!python\n") and "from hpc_batch.client.cli import leave, main" in script
     assert "dispatch = " not in eps
     unit = zipfile.ZipFile(wheel).read("hpc_batch/data/hpc-batch.service").decode()
     for line in ("Delegate=cpuset memory pids", "KillMode=process", "RestartPreventExitStatus=78"):
