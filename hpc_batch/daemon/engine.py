@@ -94,6 +94,9 @@ class Engine:
         # fsync (Store.commit), before replies go out and before started jobs are spawned.
         self.batch_new: set[int] = set()    # jobs submitted this turn (refused if the commit fails)
         self.to_spawn: list = []            # (job, cgroup) started this turn, spawned after the commit
+        # Jobs submitted this turn whose info.json is written just before the commit: one that
+        # starts in the same turn gets its one as it is spawned, not two.
+        self.info_due: list[int] = []
         # While any --benchmark=strict job is queued, the machine is watched (swap, throttling).
         self.bench_watch = benchmark.Watch(defaults.BENCH_PROBE_INTERVAL)
         self.history = History(store.root, cfg.history_per_user)
@@ -391,9 +394,9 @@ class Engine:
             jdir = self.store.job_dir(job.id)
             try:
                 devdir.create_output(jdir, job.uid, self.cfg.admin_gid)
-                devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
             except OSError:
                 pass
+            self.info_due.append(job.id)
             self.dev.add(job.id, job.uid, jdir)
             if job.state == WAITING and look:
                 self.to_settle.append(job.id)
@@ -652,6 +655,13 @@ class Engine:
         make durable: they are gone again, and their submitters must be told.
         """
         refused: set[int] = set()
+        due, self.info_due = self.info_due, []
+        for job in map(self.jobs.get, due):
+            if job is not None and job.state in (QUEUED, WAITING):
+                try:
+                    devdir.write_info(self.store.job_dir(job.id), self._info(job), job.uid, self.cfg.admin_gid)
+                except OSError:
+                    pass
         try:
             self.store.commit(now)
         except OSError as exc:
