@@ -128,7 +128,8 @@ def table(plan: Plan) -> list[Figure]:
                "every job (the default), against the same probe on a twin daemon with `--records none`, "
                "alternating (which goes first alternates too). Before the job's first instruction the record "
                "adds only its start snapshot (interrupts, throttle and swap counters, `/proc/stat`, pressure), "
-               "taken by the shepherd just before it forks the job; the rest runs after the start. Target: on "
+               "taken by the shepherd while the job's child sets itself up, before it execs; the rest runs "
+               "after the start. Target: on "
                "the median less the baseline's median.",
                Target("<= 5 ms more", "excess", "<=", 0.005), "the same daemon with `--records none`"),
         Figure("release", f"the loop's worst stall while a bulk of {plan.release_jobs:,} dependents is released",
