@@ -6,14 +6,17 @@ Like Slurm's slurmstepd, one shepherd sits beside each running job so the
 daemon can stop, reload or crash without touching it. The shepherd:
 
 1. closes every descriptor it inherited, takes the lock on
-   JOB_DIR/shepherd.pid and writes its pid and start time (fsynced before
-   the command may run: the proof, after a power cut, that it may have);
+   JOB_DIR/shepherd.pid (made empty by the daemon) and writes its pid and
+   start time, fsynced before the command may run: the proof, after a
+   power cut, that it may have;
 2. reads launch.json (the daemon's spec), and deletes it once the job is
    forked, so a forwarded environment is in no file while the job runs;
-3. makes the control FIFO, then forks the job: it joins its cgroup, pins
-   CPUs, drops to the user (checked), takes the submitter's umask, enters
-   the submit directory and execs the command with descriptors 0, 1 and 2
-   only, its output going into a pipe;
+3. makes the control FIFO, then forks the job: it fdatasyncs the pidfile,
+   joins its cgroup, pins CPUs, drops to the user (checked), takes the
+   submitter's umask, enters the submit directory, waits for the
+   shepherd's go (given once the record's start snapshot is taken) and
+   execs the command with descriptors 0, 1 and 2 only, its output going
+   into a pipe;
 4. sleeps in poll() until something happens: output (moved into the
    buffer by ``output.OutputPump``), a command on the FIFO ("stop killed"), the
    --max-time deadline, a signal, or the job's end. It never wakes while
