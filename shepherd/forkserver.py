@@ -8,10 +8,12 @@ of these: it has the shepherd's modules loaded (and frozen out of the
 garbage collector, so children do not dirty those pages), reads a request
 from the daemon a line at a time, ``JOB_ID USER JOB_DIR``, and for each:
 
-1. forks; the child starts a new session and forks again, so the shepherd
-   is nobody's child but init's, exactly as when the daemon that exec'd one
-   has since gone: it survives the daemon and this server alike, and is
-   re-adopted the usual way, through its pidfile and start time;
+1. forks once; the child starts a new session and is the shepherd. It is
+   this server's child, not the daemon's: it survives the daemon and this
+   server alike (once the server is gone, init's), and is re-adopted the
+   usual way, through its pidfile and start time. The server ignores
+   SIGCHLD, so the kernel reaps each shepherd as it exits: no zombie
+   waits on a server that never calls wait;
 2. the shepherd renames itself (its argv in place, over this server's
    padding) so that ``ps`` shows ``hpc-batch-shepherd --job ID --user NAME
    JOB_DIR``, then runs the same ``main`` an exec'd shepherd would;
@@ -49,6 +51,7 @@ def serve(sock_fd: int = 3) -> int:
     """Answer fork requests on *sock_fd* until EOF."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)   # its shepherds are reaped by the kernel
     try:   # specialised code and per-boot facts, shared by every shepherd (see main.warm_up)
         shepherd_main.warm_up()
     except Exception as exc:   # only ever a cost: a shepherd does the same work itself
@@ -132,38 +135,19 @@ def _fork_one(line: bytes, sock_fd: int) -> str:
         return f"{ERROR} malformed request"
     job_id, user, job_dir = request
     try:
-        r, w = os.pipe()
-    except OSError as exc:
-        return fork_error(exc)
-    try:
         pid = os.fork()
     except OSError as exc:   # out of pids (EAGAIN) or memory (ENOMEM): say so, and keep serving
-        os.close(r)
-        os.close(w)
         return fork_error(exc)
-    if pid == 0:  # the intermediate: new session, fork the shepherd, report it, go
+    if pid == 0:  # the shepherd: a session of its own, then the shepherd's main
         try:
-            os.close(r)
             os.close(sock_fd)
             os.setsid()
-            try:
-                shepherd = os.fork()
-            except OSError as exc:
-                os.write(w, fork_error(exc).encode())
-                os._exit(0)
-            if shepherd == 0:
-                os.close(w)
-                _become_shepherd(job_id, user, job_dir)
-            os.write(w, encode_answer(shepherd, records.proc_starttime(shepherd)).encode())
+            _become_shepherd(job_id, user, job_dir)
         finally:
-            os._exit(0)
-    os.close(w)
-    try:
-        answer = os.read(r, 256).decode()
-    finally:
-        os.close(r)
-        os.waitpid(pid, 0)
-    return answer or f"{ERROR} the shepherd could not be forked"
+            os._exit(1)
+    # Read before it can be reaped: a shepherd already gone reads None, which the daemon takes
+    # for a shepherd that has exited.
+    return encode_answer(pid, records.proc_starttime(pid))
 
 
 def _become_shepherd(job_id: int, user: str, job_dir: str) -> None:

@@ -1,4 +1,4 @@
-"""Shepherds forked by the resident fork server: named in ps, nobody's child, independent of the server;
+"""Shepherds forked by the resident fork server: named in ps, no child of the daemon, independent of the server;
 and exec'd by the daemon when no server can be had."""
 
 import os
@@ -54,7 +54,7 @@ def test_a_forked_shepherd_shows_its_job_and_user_and_is_not_the_daemons_child(d
     pid = wait_for(lambda: _shepherd_of(daemon, job), what="the shepherd in ps")
     argv = _cmdline(pid)
     assert argv[3:5] == ["--user", USERS["alice"]], argv
-    assert _ppid(pid) != daemon.proc.pid      # forked twice: the daemon's restarts never touch it
+    assert _ppid(pid) == _fork_servers(daemon)[0]   # the server's child: the daemon's restarts never touch it
     assert len(_fork_servers(daemon)) == 1
     daemon.ok("kill", str(job), user=USERS["alice"])
     assert exit_of(daemon.wait_finished(job, user=USERS["alice"])) == "killed"
