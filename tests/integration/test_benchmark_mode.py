@@ -60,7 +60,8 @@ def test_a_benchmark_job_runs_off_the_housekeeping_cpus_which_the_daemon_and_she
     log = d.log()
     assert f"housekeeping CPUs {','.join(map(str, sorted(hk)))} (the core of CPU {min(hk)}" in log, log
     assert _cpulist(_allowed_list(d.proc.pid)) == hk          # the daemon itself
-    job = d.submit("sh", "-c", "grep Cpus_allowed_list /proc/self/status; sleep 30",
+    seen = os.path.join(d.base, "cpus-seen")
+    job = d.submit("sh", "-c", f"grep Cpus_allowed_list /proc/self/status > {seen}; sleep 30",
                    flags=("--benchmark", "--cpu", "1"))
     shown = wait_for(lambda: (s := _show(d, job))["state"] == "running" and s, what="benchmark job to run")
     assert not set(shown["cpus"]) & hk
@@ -71,10 +72,11 @@ def test_a_benchmark_job_runs_off_the_housekeeping_cpus_which_the_daemon_and_she
     assert _cpulist(_allowed_list(shepherd)) == hk            # the shepherd inherits it
     text = d.ok("show", str(job))
     assert "benchmark: warn" in text and "fell short: " in text, text
+    # Killed once it has looked (running means started, not that its command has run yet).
+    line = wait_for(lambda: os.path.exists(seen) and open(seen).read().strip(), what="the job to read its CPUs")
     d.ok("kill", str(job))
     d.wait_finished(job)
-    with open(os.path.join(d.base, f"output.{job}.log")) as f:
-        assert _cpulist(f.read().split()[-1]) == set(shown["cpus"])   # the job ran on its cpuset
+    assert _cpulist(line.split()[-1]) == set(shown["cpus"])   # the job ran on its cpuset
 
 
 @needs_two
