@@ -155,6 +155,7 @@ class Supervisor:
         self.groups = identity.groups_of(spec.user, spec.gid)   # for the job and the record's side task
         self.recorder = record.Recorder(job_dir, spec, fork=_fork, groups=self.groups) if spec.record else None
         self.record_fds: list[int] = []
+        self.record_pidfd: int | None = None   # the job's pidfd while its record waits for the exec
         ctl_r, self._ctl_keeper = control.create(job_dir)
         self.control = control.Reader(ctl_r)
         self.watch(ctl_r, self._on_control)
@@ -222,16 +223,24 @@ class Supervisor:
         _persist(lambda: status.write(os.path.join(self.job_dir, records.STATUS), durable=False),
                  "the status record")
         self.out.start(pipe_r)
+        # The record's work while the job runs (a side task's fork, the static sections) waits for
+        # the exec: done meanwhile, it took the CPUs the child needs to get there.
+        self.record_pidfd = pidfd if self.recorder is not None else None
         self.watch(err_r, self._on_exec_report)
-        self._record_started(pidfd)
         ended = []
         self.watch(pidfd, lambda fd: ended.append(True))
         while not ended:
             self.wait(self._next_timer())
             self._timers()
+        self._start_record()   # the job ended before its exec was reported
         self.unwatch(pidfd)
         os.close(pidfd)
         return self._collect(err_r)
+
+    def _start_record(self) -> None:
+        pidfd, self.record_pidfd = self.record_pidfd, None
+        if pidfd is not None:
+            self._record_started(pidfd)
 
     def _record_started(self, pidfd: int) -> None:
         """The record's part while the job runs: static sections now, side tasks in the poll loop."""
@@ -366,6 +375,7 @@ class Supervisor:
         else:  # EOF: the exec happened, or the child is gone
             self.unwatch(fd)
             os.close(fd)
+            self._start_record()
 
     # -- the end -------------------------------------------------------------------------
     def _collect(self, err_r: int) -> records.ExitRecord:
