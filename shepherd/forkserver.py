@@ -11,9 +11,10 @@ from the daemon a line at a time, ``JOB_ID USER JOB_DIR``, and for each:
 1. forks once; the child starts a new session and is the shepherd. It is
    this server's child, not the daemon's: it survives the daemon and this
    server alike (once the server is gone, init's), and is re-adopted the
-   usual way, through its pidfile and start time. The server ignores
-   SIGCHLD, so the kernel reaps each shepherd as it exits: no zombie
-   waits on a server that never calls wait;
+   usual way, through its pidfile and start time. The server collects
+   each shepherd that exits from its SIGCHLD handler, and holds SIGCHLD
+   back until it has read the new one's start time, so the pid it
+   answers cannot have been reused;
 2. the shepherd renames itself (its argv in place, over this server's
    padding) so that ``ps`` shows ``hpc-batch-shepherd --job ID --user NAME
    JOB_DIR``, then runs the same ``main`` an exec'd shepherd would;
@@ -51,7 +52,7 @@ def serve(sock_fd: int = 3) -> int:
     """Answer fork requests on *sock_fd* until EOF."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)   # its shepherds are reaped by the kernel
+    signal.signal(signal.SIGCHLD, _reap)   # a shepherd that exits is collected at once
     try:   # specialised code and per-boot facts, shared by every shepherd (see main.warm_up)
         shepherd_main.warm_up()
     except Exception as exc:   # only ever a cost: a shepherd does the same work itself
@@ -134,20 +135,36 @@ def _fork_one(line: bytes, sock_fd: int) -> str:
     if request is None:
         return f"{ERROR} malformed request"
     job_id, user, job_dir = request
+    # SIGCHLD held back until the shepherd's start time is read: unreaped until then, its pid
+    # cannot be another process's, even if it has already exited.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGCHLD,))
     try:
-        pid = os.fork()
-    except OSError as exc:   # out of pids (EAGAIN) or memory (ENOMEM): say so, and keep serving
-        return fork_error(exc)
-    if pid == 0:  # the shepherd: a session of its own, then the shepherd's main
         try:
-            os.close(sock_fd)
-            os.setsid()
-            _become_shepherd(job_id, user, job_dir)
-        finally:
-            os._exit(1)
-    # Read before it can be reaped: a shepherd already gone reads None, which the daemon takes
-    # for a shepherd that has exited.
-    return encode_answer(pid, records.proc_starttime(pid))
+            pid = os.fork()
+        except OSError as exc:   # out of pids (EAGAIN) or memory (ENOMEM): say so, and keep serving
+            return fork_error(exc)
+        if pid == 0:  # the shepherd: a session of its own, then the shepherd's main
+            try:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+                os.close(sock_fd)
+                os.setsid()
+                _become_shepherd(job_id, user, job_dir)
+            finally:
+                os._exit(1)
+        return encode_answer(pid, records.proc_starttime(pid))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _reap(signum=None, frame=None) -> None:
+    """SIGCHLD's handler: collect every shepherd that has exited (none is left a zombie)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _become_shepherd(job_id: int, user: str, job_dir: str) -> None:
