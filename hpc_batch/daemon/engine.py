@@ -1215,7 +1215,7 @@ class Engine:
             wake = now + 2 if wake is None else min(wake, now + 2)
         sweep = self.undelivered.tick(now)   # undelivered/ past its bounds, every few minutes
         wake = sweep if wake is None else min(wake, sweep)
-        if self.unsettled:
+        if self.unsettled or self.store.compacting:   # more to do: the loop turns again at once
             wake = now
         return wake
 

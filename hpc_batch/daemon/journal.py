@@ -29,7 +29,11 @@ always was: only a torn last line may be dropped.
 When the journal has grown past twice its last snapshot, it is compacted: a
 snapshot of every live record, itself one batch, replaces it (temp file,
 fsync, rename, fsync of the directory). Compaction therefore costs the live
-state, once per doubling: amortised, a constant per change.
+state, once per doubling: amortised, a constant per change. The daemon
+writes the snapshot a slice per turn (:class:`Compaction`), so 100,000 live
+jobs never hold its loop; the batches appended meanwhile are copied after
+the snapshot when it is done, and replay after it, so each is newer than
+whatever the snapshot holds of the same record.
 
 Every snapshot begins with the format line, so the format is known from the
 first line alone, before the rest is parsed: a newer journal is refused
@@ -39,6 +43,7 @@ without it is from before formats were numbered (format 1).
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import NamedTuple
 
@@ -48,6 +53,7 @@ from . import formats
 
 NAME = "journal"
 MIN_COMPACT = 1 << 20      # never compact a journal smaller than this
+SYNC_EVERY = 1 << 20       # a snapshot's bytes flushed as it grows, so its last fsync has little left
 
 
 class JournalError(Exception):
@@ -197,22 +203,101 @@ class Journal:
 
     def replace(self, data: bytes) -> None:
         """Make *data* (a snapshot) the whole journal, durably, and append after it from now on."""
-        tmp = self.path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        c = self.begin(data, 0)
+        self.finish(c, b"")
+
+    def begin(self, head: bytes, lines: int) -> Compaction:
+        """Start writing a snapshot that opens with *head* (*lines* lines) into the temp file."""
+        return Compaction(self, head, lines)
+
+    def finish(self, c: Compaction, closing: bytes) -> None:
+        """End snapshot *c* with *closing*, copy after it what was appended since it began, and
+        make that the journal: fsync, rename, fsync of the directory. On OSError *c* is abandoned
+        and the journal is as it was, unless only the directory's fsync failed: the new one stands."""
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            c.add(closing, 0)
+            c.add(self._appended_since(c.start), 0)
+            c.sync()
+            c.close()
+            # Opened before the rename: appends go to the new file once it is the journal, whatever fails after.
+            new = os.open(c.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
-            os.close(fd)
-            os.unlink(tmp)
+            c.abandon()
             raise
-        os.close(fd)
-        os.rename(tmp, self.path)
-        fsync_dir(self.dir)
-        new = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.rename(c.path, self.path)
+        except OSError:
+            os.close(new)
+            c.abandon()
+            raise
         if self.fd is not None:
             os.close(self.fd)
         self.fd = new
-        self.size = self.snapshot_size = len(data)
+        self.size = self.snapshot_size = c.size
+        fsync_dir(self.dir)
+
+    def _appended_since(self, start: int) -> bytes:
+        """The journal's bytes from *start* to its end: whole batches, each already durable."""
+        if self.fd is None or self.size <= start:
+            return b""
+        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            data = os.pread(fd, self.size - start, start)
+        finally:
+            os.close(fd)
+        if len(data) != self.size - start:
+            raise OSError(errno.EIO, f"the journal is shorter than the {self.size} bytes written to it")
+        return data
+
+
+class Compaction:
+    """A snapshot being written into ``journal.tmp`` (see :meth:`Journal.begin`).
+
+    It counts its lines, for the batch end that closes it, and flushes every
+    SYNC_EVERY bytes, so that finishing a large one costs a small fsync.
+    """
+
+    def __init__(self, journal: Journal, head: bytes, lines: int):
+        self.path = journal.path + ".tmp"
+        self.start = journal.size       # what the journal holds now is what the snapshot replaces
+        self.lines = 0
+        self.size = 0
+        self._unsynced = 0
+        self.fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                      0o600)
+        try:
+            self.add(head, lines)
+        except OSError:
+            self.abandon()
+            raise
+
+    def add(self, data: bytes, lines: int) -> None:
+        """Append *data*, *lines* whole lines of the snapshot (the caller abandons it on OSError)."""
+        assert self.fd is not None, "a finished or abandoned compaction"
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+        self.size += len(data)
+        self.lines += lines
+        self._unsynced += len(data)
+        if self._unsynced >= SYNC_EVERY:
+            os.fdatasync(self.fd)
+            self._unsynced = 0
+
+    def sync(self) -> None:
+        """fsync what it holds."""
+        assert self.fd is not None, "a finished or abandoned compaction"
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def abandon(self) -> None:
+        """Give it up: the temp file goes, the journal stays as it is."""
+        self.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass

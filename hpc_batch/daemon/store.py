@@ -58,7 +58,7 @@ from ..core.cputopo import format_cpulist
 from ..core.jobs import QUEUED, WAITING, Job
 from ..core.sizes import format_mem
 from . import formats
-from .journal import Journal, JournalError, end_line, format_line, job_line, line
+from .journal import Compaction, Journal, JournalError, end_line, format_line, job_line, line
 
 log = logging.getLogger("hpc-batchd")
 
@@ -215,6 +215,17 @@ def _ranges(ids) -> str:
 
 
 UNSTARTED = (QUEUED, WAITING)
+COMPACT_SLICE = 0.01   # seconds of a commit spent on a compaction under way (the rest: next commit)
+
+
+class _Compacting:
+    """A compaction under way: its file, its batch number, and what is still to be read (last first)."""
+
+    def __init__(self, file: Compaction, number: int, shared: list, jobs: list):
+        self.file = file
+        self.number = number
+        self.shared = shared[::-1]
+        self.jobs = jobs[::-1]
 
 
 class Store:
@@ -243,6 +254,7 @@ class Store:
         self._torn: set[int] = set()       # jobs whose in-place cache rewrite failed half way
         self._meta: dict = {}
         self._loaded: tuple[dict, list] | None = None
+        self._compacting: _Compacting | None = None
 
     # -- set-up -------------------------------------------------------------
     def open(self, inherited_lock: int | None = None) -> None:
@@ -605,11 +617,16 @@ class Store:
                 sh.unstarted -= 1
                 self._let_go(sh)
         self._release.clear()
-        if self.journal.wants_compaction():
+        if self._compacting is not None or self.journal.wants_compaction():
             try:
-                self._snapshot()
+                self._compact(time.monotonic() + COMPACT_SLICE)
             except OSError as exc:   # the journal just grows until it can be compacted
                 log.error("cannot compact the journal (%s); it will be tried again", exc)
+
+    @property
+    def compacting(self) -> bool:
+        """True while a compaction is under way (each commit writes a slice of it)."""
+        return self._compacting is not None
 
     def _sync_env(self) -> None:
         """fsync the environment files written since the last commit, then env/ (their names)."""
@@ -633,17 +650,52 @@ class Store:
         self._fresh -= job_ids
 
     def _snapshot(self) -> None:
-        """Replace the journal by one batch: every shared record, every live job's (from its cache), the meta."""
-        if self._torn:   # a cache that cannot be read now would drop its job from the snapshot
-            raise OSError(errno.EAGAIN, f"the job.json of jobs {_ranges(sorted(self._torn))} is still to be rewritten")
-        self._sync_env()
-        self._seq += 1
-        lines = [format_line(self._seq)]
-        for key in sorted(self._shared):
+        """Replace the journal by one batch, at once (at start-up: nothing appends meanwhile)."""
+        self._compact(None)
+
+    def _compact(self, until: float | None) -> None:
+        """Write the snapshot that replaces the journal, until monotonic time *until* (None: to the end).
+
+        The snapshot is one batch: every shared record, every live job's
+        record (from its cache), the meta. A compaction begun here goes on at
+        the next commit; the records read for it are as new as when they were
+        read, and the batches appended meanwhile follow it in the new journal.
+        """
+        c = self._compacting
+        if c is None:
+            if self._torn:   # a cache that cannot be read now would drop its job from the snapshot
+                raise OSError(errno.EAGAIN,
+                              f"the job.json of jobs {_ranges(sorted(self._torn))} is still to be rewritten")
             self._seq += 1
-            lines.append(line({"seq": self._seq, "shared": self._shared[key].record()}))
-        live = set()
-        for job_id in sorted(self._live):
+            number = self.batch + 1 if until is None else self.batch
+            c = self._compacting = _Compacting(self.journal.begin(format_line(self._seq), 1), number,
+                                               sorted(self._shared), sorted(self._live))
+        try:
+            if self._compact_slice(c, until):
+                self._compacting = None
+        except BaseException:
+            c.file.abandon()
+            self._compacting = None
+            raise
+
+    def _compact_slice(self, c: _Compacting, until: float | None) -> bool:
+        """Write the next slice of *c*; True once it is the journal."""
+        lines: list[bytes] = []
+        done = 0
+        while c.shared or c.jobs:
+            done += 1
+            if until is not None and done % 64 == 0 and time.monotonic() >= until:
+                c.file.add(b"".join(lines), len(lines))
+                return False
+            if c.shared:
+                key = c.shared.pop()
+                if key in self._shared:
+                    self._seq += 1
+                    lines.append(line({"seq": self._seq, "shared": self._shared[key].record()}))
+                continue
+            job_id = c.jobs.pop()
+            if job_id in self._torn:
+                raise OSError(errno.EAGAIN, f"the job.json of job {job_id} is still to be rewritten")
             try:
                 data = self._read_cache(job_id)
             except formats.NewerFormat:   # not one this daemon wrote (set aside at start-up otherwise)
@@ -657,14 +709,15 @@ class Store:
                 self._seq += 1
                 seq = self._seq
             lines.append(line({"seq": seq, "job": data}))
-            live.add(job_id)
+        self._sync_env()
         self._seq += 1
         lines.append(line({"seq": self._seq, "meta": self._meta}))
         self._seq += 1
-        lines.append(end_line(self._seq, self.batch + 1, len(lines)))
-        self.journal.replace(b"".join(lines))
-        self.batch += 1
-        self._live = live
+        lines.append(end_line(self._seq, c.number, c.file.lines + len(lines)))
+        c.file.add(b"".join(lines), len(lines))
+        self.journal.finish(c.file, b"")
+        self.batch = max(self.batch, c.number)
+        return True
 
     def save_meta(self, meta: dict) -> None:
         """Stage the id floor and scheduler state (daemon.json is its readable cache)."""

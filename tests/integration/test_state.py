@@ -148,3 +148,30 @@ def test_a_journal_cut_in_half_loses_no_acknowledged_job(daemon_factory, users, 
     d2.ok("kill", str(blocker))
     assert d2.dispatch("wait", f"{queued[0]}-{queued[-1]}").returncode == 0
     assert d2.submit("true", flags=("--no-output",)) == queued[-1] + 1
+
+
+def _first_line(path):
+    with open(path, "rb") as f:
+        return f.readline()
+
+
+def test_a_compaction_begun_by_a_big_submit_ends_with_the_daemon_idle_and_loses_nothing(daemon_factory, users):
+    """A 4,000-job submit grows the journal past MIN_COMPACT; the snapshot that replaces it is
+    written a slice per turn, so the loop must turn by itself until it is done, and a kill -9
+    (during it or after) loses no job."""
+    flags = ("--reserve-cpu", "0", "--reserve-mem", "0", "--max-queued-per-user", "5000")
+    d = daemon_factory(*flags)
+    journal = os.path.join(d.state_dir, "journal")
+    wait_for(lambda: "ready on" in d.log(), what="the daemon's start-up")
+    before = _first_line(journal)          # the snapshot written at start-up
+    gate = d.submit("sleep", "600", flags=("--exclusive", "--no-output"))
+    d.ok("new", "--array", "1-4000", "--after-ok", str(gate), "--no-output", "--", "true")
+    assert os.path.getsize(journal) > 1 << 20
+    wait_for(lambda: _first_line(journal) != before and not os.path.exists(journal + ".tmp"), timeout=60,
+             what="the journal's compaction to end with nothing else to do")
+    d.kill9()
+    d2 = daemon_factory(*flags)
+    rows = d2.rows()
+    assert len(rows) == 4001 and gate in rows and max(rows) == gate + 4000
+    assert "rebuilt" not in d2.log()
+    d2.ok("kill", str(gate))

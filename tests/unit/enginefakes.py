@@ -66,6 +66,7 @@ class MemoryStore:
         self.meta = {}
         self.notes = []
         self.fail_writes = False
+        self.compacting = False   # a journal compaction under way (the real store's; none here)
 
     def load_meta(self):
         return dict(self.meta)

@@ -90,3 +90,39 @@ def test_a_job_line_from_its_encoded_record_is_the_line_of_the_entry():
     data = {"id": 7, "argv": ["echo", "é\n"], "alloc": {"cpus": [0, 1]}, "note": None}
     record = dumps_wire(data).encode("ascii")
     assert journal.job_line(12, record) == journal.line({"seq": 12, "job": data})
+
+
+def test_a_compaction_keeps_the_batches_appended_while_it_was_written(tmp_path):
+    j = journal.Journal(str(tmp_path))
+    j.replace(_batch(1, {"seq": 1, "job": {"id": 1}}))
+    c = j.begin(journal.format_line(10), 1)
+    j.append(_batch(2, {"seq": 11, "job": {"id": 2}}))        # a batch committed meanwhile
+    c.add(_lines({"seq": 1, "job": {"id": 1}}), 1)
+    j.append(_batch(3, {"seq": 12, "drop": 1}))
+    j.finish(c, journal.end_line(13, 1, c.lines))
+    contents = j.read()
+    assert [e["seq"] for e in contents.entries] == [10, 1, 11, 12] and contents.batch == 3
+    assert not os.path.exists(c.path) and j.size == os.path.getsize(j.path) == j.snapshot_size
+    j.append(_batch(4, {"seq": 14, "meta": {}}))               # appends go to the new file
+    assert j.read().batch == 4
+
+
+def test_an_abandoned_or_failed_compaction_leaves_the_journal_as_it_was(tmp_path, monkeypatch):
+    j = journal.Journal(str(tmp_path))
+    j.replace(_batch(1, {"seq": 1, "job": {"id": 1}}))
+    before = j.read()
+    c = j.begin(journal.format_line(10), 1)
+    c.abandon()
+    assert not os.path.exists(c.path) and j.read() == before
+    c = j.begin(journal.format_line(10), 1)
+
+    def refused(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "rename", refused)
+    with pytest.raises(OSError):
+        j.finish(c, journal.end_line(11, 1, c.lines))
+    monkeypatch.undo()
+    assert not os.path.exists(c.path) and j.read() == before
+    j.append(_batch(2, {"seq": 12, "job": {"id": 2}}))
+    assert j.read().batch == 2

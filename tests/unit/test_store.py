@@ -392,3 +392,40 @@ def test_a_jobs_dict_is_what_asdict_gives_and_shares_nothing_with_it():
     data["stats"]["nested"]["x"][1]["y"] = 7
     data["argv"].append("c")
     assert job.alloc["cpus"] == [0, 1] and job.stats["nested"]["x"][1]["y"] == 2 and job.argv == ["a", "b"]
+
+
+def test_a_compaction_written_over_many_commits_loses_nothing_that_changed_meanwhile(tmp_path, monkeypatch):
+    """Each commit writes one slice of it (64 records here); jobs started, evicted and submitted
+    before or after their slice come back as they were last committed, from the journal alone."""
+    from hpc_batch.daemon import store as store_module
+    monkeypatch.setattr(store_module, "COMPACT_SLICE", -1.0)   # every slice is cut at its first check
+    s = _open(tmp_path)
+    held = {}
+    for first in range(1, 301, 100):
+        bulk = [_job(i, first=first) for i in range(first, first + 100)]
+        s.add_jobs(bulk, {"base": {"PATH": "/bin"}}, None, argv=["true"])
+        held.update((j.id, j) for j in bulk)
+    s.commit()
+    s._compact(0.0)                        # begun: the shared records and the first jobs written
+    assert s.compacting
+    for job_id in (5, 250):                # 5 is in the snapshot already, 250 not yet
+        _start(held[job_id])
+        s.save_job(held[job_id])
+    s.remove_job(10)
+    s.remove_job(200)
+    new = _add(s, 301)
+    s.commit()
+    turns = 1
+    while s.compacting:
+        s.commit()
+        turns += 1
+    assert 3 < turns < 10, turns
+    assert not os.path.exists(os.path.join(tmp_path, "journal.tmp"))
+    s.sweeper.wait()
+    for name in os.listdir(os.path.join(tmp_path, "jobs")):   # the caches lost: the journal alone
+        os.unlink(os.path.join(tmp_path, "jobs", name, "job.json"))
+    s2 = _reopen(tmp_path, s)
+    loaded = {j.id: j for j in s2.load_jobs()}
+    assert sorted(loaded) == sorted(set(held) - {10, 200} | {new.id})
+    assert {i for i, j in loaded.items() if j.state == jobs.RUNNING} == {5, 250}
+    assert loaded[150].argv == ["true"] and loaded[301].state == jobs.QUEUED
