@@ -215,7 +215,7 @@ def _ranges(ids) -> str:
 
 
 UNSTARTED = (QUEUED, WAITING)
-COMPACT_SLICE = 0.01   # seconds of a commit spent on a compaction under way (the rest: next commit)
+COMPACT_SLICE = 0.005  # seconds of a commit spent on a compaction under way (the rest: next commit)
 
 
 class _Compacting:
@@ -684,7 +684,7 @@ class Store:
         done = 0
         while c.shared or c.jobs:
             done += 1
-            if until is not None and done % 64 == 0 and time.monotonic() >= until:
+            if until is not None and done % 32 == 0 and time.monotonic() >= until:
                 c.file.add(b"".join(lines), len(lines))
                 return False
             if c.shared:

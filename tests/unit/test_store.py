@@ -395,7 +395,7 @@ def test_a_jobs_dict_is_what_asdict_gives_and_shares_nothing_with_it():
 
 
 def test_a_compaction_written_over_many_commits_loses_nothing_that_changed_meanwhile(tmp_path, monkeypatch):
-    """Each commit writes one slice of it (64 records here); jobs started, evicted and submitted
+    """Each commit writes one slice of it (32 records here); jobs started, evicted and submitted
     before or after their slice come back as they were last committed, from the journal alone."""
     from hpc_batch.daemon import store as store_module
     monkeypatch.setattr(store_module, "COMPACT_SLICE", -1.0)   # every slice is cut at its first check
@@ -419,7 +419,7 @@ def test_a_compaction_written_over_many_commits_loses_nothing_that_changed_meanw
     while s.compacting:
         s.commit()
         turns += 1
-    assert 3 < turns < 10, turns
+    assert 3 < turns < 50, turns
     assert not os.path.exists(os.path.join(tmp_path, "journal.tmp"))
     s.sweeper.wait()
     for name in os.listdir(os.path.join(tmp_path, "jobs")):   # the caches lost: the journal alone
