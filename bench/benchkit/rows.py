@@ -137,7 +137,7 @@ def table(plan: Plan) -> list[Figure]:
                f"has a `sleep 3600` queued behind it, and `dispatch new --array 1-{plan.release_jobs} --after-ok "
                "GATE --no-output -- true` waiting on it; a fresh daemon each run. A loop of `ping` requests, "
                "back to back over the socket (with a `status` every 50 ms, timed too, to see when to stop), "
-               "first runs alone for "
+               "first runs alone, once the journal compaction the bulk submit began has ended, for "
                f"{plan.release_base:g} s, nothing released (the baseline); then the gate exits 0 and the loop "
                "runs until the daemon reports every dependent queued (the sleeper takes the CPU, so none runs). "
                "Each value is the slowest answer of one run's loop.",
