@@ -598,13 +598,22 @@ class Store:
         The environment files this batch's submits wrote are fsynced first,
         so no acknowledged submit can lose its environment. Once the batch is
         durable, the environments of jobs it started (or ended) go. The
-        journal is compacted when it has grown past twice its last snapshot.
+        journal is compacted when it has grown past twice its last snapshot,
+        about COMPACT_SLICE seconds of it per commit.
         """
         if self._pending:
             self._sync_env()
             self._seq += 1
             data = b"".join(data for _, data in self._pending)
-            self.journal.append(data + end_line(self._seq, self.batch + 1, len(self._pending)))
+            try:
+                self.journal.append(data + end_line(self._seq, self.batch + 1, len(self._pending)))
+            except OSError:
+                # A journal that cannot take a batch cannot be compacted either; the loop must not
+                # spin on a compaction it cannot go on with. It begins again once commits succeed.
+                if self._compacting is not None:
+                    self._compacting.file.abandon()
+                    self._compacting = None
+                raise
             self.batch += 1
             self._pending.clear()
         self._fresh.clear()

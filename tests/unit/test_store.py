@@ -429,3 +429,26 @@ def test_a_compaction_written_over_many_commits_loses_nothing_that_changed_meanw
     assert sorted(loaded) == sorted(set(held) - {10, 200} | {new.id})
     assert {i for i, j in loaded.items() if j.state == jobs.RUNNING} == {5, 250}
     assert loaded[150].argv == ["true"] and loaded[301].state == jobs.QUEUED
+
+
+def test_a_commit_that_fails_gives_up_the_compaction_under_way(tmp_path, monkeypatch):
+    """On a disk that refuses the batch, the loop must not spin on a compaction it cannot finish."""
+    from hpc_batch.daemon import store as store_module
+    monkeypatch.setattr(store_module, "COMPACT_SLICE", -1.0)
+    s = _open(tmp_path)
+    s.add_jobs([_job(i, first=1) for i in range(1, 101)], {"base": {"PATH": "/bin"}}, None, argv=["true"])
+    s.commit()
+    s._compact(0.0)
+    assert s.compacting and os.path.exists(os.path.join(tmp_path, "journal.tmp"))
+    _add(s, 101)
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fdatasync", full)
+    with pytest.raises(OSError):
+        s.commit()
+    monkeypatch.setattr(os, "fdatasync", os.fsync)
+    assert not s.compacting and not os.path.exists(os.path.join(tmp_path, "journal.tmp"))
+    s.commit()                                 # the batch, staged still, goes in once the disk takes it
+    assert sorted(j.id for j in _reopen(tmp_path, s).load_jobs()) == list(range(1, 102))
