@@ -157,14 +157,8 @@ def _fork_one(line: bytes, sock_fd: int) -> str:
 
 
 def _reap(signum=None, frame=None) -> None:
-    """SIGCHLD's handler: collect every shepherd that has exited (none is left a zombie)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    """SIGCHLD's handler: collect every shepherd that has exited."""
+    records.reap_children()
 
 
 def _become_shepherd(job_id: int, user: str, job_dir: str) -> None:

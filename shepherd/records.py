@@ -162,6 +162,17 @@ def _read_all(fd: int, limit: int = 16 << 20) -> bytes:
         chunks.append(chunk)
 
 
+def reap_children() -> None:
+    """Collect every child that has exited, without blocking (none is left a zombie)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def proc_starttime(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat).
 

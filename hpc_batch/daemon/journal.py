@@ -203,19 +203,17 @@ class Journal:
 
     def replace(self, data: bytes) -> None:
         """Make *data* (a snapshot) the whole journal, durably, and append after it from now on."""
-        c = self.begin(data, 0)
-        self.finish(c, b"")
+        self.finish(self.begin(data, 0))
 
     def begin(self, head: bytes, lines: int) -> Compaction:
         """Start writing a snapshot that opens with *head* (*lines* lines) into the temp file."""
         return Compaction(self, head, lines)
 
-    def finish(self, c: Compaction, closing: bytes) -> None:
-        """End snapshot *c* with *closing*, copy after it what was appended since it began, and
-        make that the journal: fsync, rename, fsync of the directory. On OSError *c* is abandoned
+    def finish(self, c: Compaction) -> None:
+        """Copy after snapshot *c* (whole, its end line written) what was appended since it began,
+        and make that the journal: fsync, rename, fsync of the directory. On OSError *c* is abandoned
         and the journal is as it was, unless only the directory's fsync failed: the new one stands."""
         try:
-            c.add(closing, 0)
             c.add(self._appended_since(c.start), 0)
             c.sync()
             c.close()

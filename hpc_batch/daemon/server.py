@@ -31,6 +31,8 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from shepherd.records import reap_children
+
 from ..wire import framing, protocol
 from . import access
 from .engine import Engine, Refused
@@ -50,17 +52,6 @@ ACCEPT_PAUSE = 1.0           # out of descriptors: stop accepting for this long
 HELD_REPLY_BYTES = 1 << 18   # replies one connection may have waiting for a commit (pipelined requests)
 PENDING_PER_USER = 2 * framing.MAX_FRAME   # unfinished frame bytes one user may hold in the daemon
 _CRED = struct.Struct("3i")
-
-
-def _reap_children() -> None:
-    """Collect every exited child (shepherds outlive us only as non-children)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 class Conn:
@@ -145,7 +136,7 @@ class Server:
         self.sel.register(rfd, selectors.EVENT_READ, ("signal", None))
         if self.streams.inotify:
             self.sel.register(self.streams.inotify.fd, selectors.EVENT_READ, ("inotify", None))
-        _reap_children()  # shepherds that ended while we were re-executing
+        reap_children()  # shepherds that ended while we were re-executing
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals.append(signum)
@@ -248,7 +239,7 @@ class Server:
             elif sig in (signal.SIGTERM, signal.SIGINT):
                 self.stop_reason = "terminate"
             elif sig == signal.SIGCHLD:
-                _reap_children()  # exits are learned through pidfds; this only clears zombies
+                reap_children()  # exits are learned through pidfds; this only clears zombies
 
     def _expire_idle(self) -> None:
         now = time.monotonic()

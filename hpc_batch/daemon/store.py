@@ -50,6 +50,7 @@ import stat
 import threading
 import time
 import zlib
+from collections.abc import Iterable
 
 from shepherd.records import dumps_wire, fsync_dir, write_atomic
 
@@ -221,11 +222,11 @@ COMPACT_SLICE = 0.005  # seconds of a commit spent on a compaction under way (th
 class _Compacting:
     """A compaction under way: its file, its batch number, and what is still to be read (last first)."""
 
-    def __init__(self, file: Compaction, number: int, shared: list, jobs: list):
+    def __init__(self, file: Compaction, number: int, shared: Iterable[int], jobs: Iterable[int]):
         self.file = file
         self.number = number
-        self.shared = shared[::-1]
-        self.jobs = jobs[::-1]
+        self.shared = sorted(shared, reverse=True)   # popped from the end: in id order
+        self.jobs = sorted(jobs, reverse=True)
 
 
 class Store:
@@ -678,7 +679,7 @@ class Store:
             self._seq += 1
             number = self.batch + 1 if until is None else self.batch
             c = self._compacting = _Compacting(self.journal.begin(format_line(self._seq), 1), number,
-                                               sorted(self._shared), sorted(self._live))
+                                               self._shared, self._live)
         try:
             if self._compact_slice(c, until):
                 self._compacting = None
@@ -724,7 +725,7 @@ class Store:
         self._seq += 1
         lines.append(end_line(self._seq, c.number, c.file.lines + len(lines)))
         c.file.add(b"".join(lines), len(lines))
-        self.journal.finish(c.file, b"")
+        self.journal.finish(c.file)
         self.batch = max(self.batch, c.number)
         return True
 

@@ -99,7 +99,8 @@ def test_a_compaction_keeps_the_batches_appended_while_it_was_written(tmp_path):
     j.append(_batch(2, {"seq": 11, "job": {"id": 2}}))        # a batch committed meanwhile
     c.add(_lines({"seq": 1, "job": {"id": 1}}), 1)
     j.append(_batch(3, {"seq": 12, "drop": 1}))
-    j.finish(c, journal.end_line(13, 1, c.lines))
+    c.add(journal.end_line(13, 1, c.lines), 0)
+    j.finish(c)
     contents = j.read()
     assert [e["seq"] for e in contents.entries] == [10, 1, 11, 12] and contents.batch == 3
     assert not os.path.exists(c.path) and j.size == os.path.getsize(j.path) == j.snapshot_size
@@ -121,7 +122,8 @@ def test_an_abandoned_or_failed_compaction_leaves_the_journal_as_it_was(tmp_path
 
     monkeypatch.setattr(os, "rename", refused)
     with pytest.raises(OSError):
-        j.finish(c, journal.end_line(11, 1, c.lines))
+        c.add(journal.end_line(11, 1, c.lines), 0)
+        j.finish(c)
     monkeypatch.undo()
     assert not os.path.exists(c.path) and j.read() == before
     j.append(_batch(2, {"seq": 12, "job": {"id": 2}}))
