@@ -90,12 +90,22 @@ def describe(rec: dict[str, Any] | None) -> list[tuple[str, str]]:
         return []
     if "error" in rec:
         return [("quiet cores", f"not set up: {rec['error']}")]
+    from ..core.cputopo import format_cpulist  # show only: off dispatch new's path
     out = []
     irqs = rec.get("irqs") or {}
-    unmovable = irqs.get("unmovable") or {}
-    text = f"{len(irqs.get('moved') or ())} moved to CPUs {irqs.get('to') or '-'}"
-    if unmovable:
-        text += "; unmovable: " + ", ".join(f"{irq} ({err})" for irq, err in sorted(unmovable.items()))
+    each = irqs.get("each") or {}
+    moved = irqs.get("moved") or []
+    text = f"{len(moved)} moved to CPUs {irqs.get('to') or '-'}"
+    if moved:
+        text += f" (IRQs {format_cpulist(moved)})"
+    if irqs.get("refused"):
+        text += "; refused: " + ", ".join(
+            f"{irq} ({each[str(irq)]['errno']}: {each[str(irq)]['error']})" if str(irq) in each else str(irq)
+            for irq in irqs["refused"])
+    if irqs.get("still_on_job_cpus"):
+        text += "; still on the job's CPUs: " + ", ".join(
+            f"{irq} (effective {each.get(str(irq), {}).get('effective') or 'unknown'})"
+            for irq in irqs["still_on_job_cpus"])
     out.append(("interrupts", text))
     if rec.get("irqbalance"):
         ban = rec.get("irqbalance_ban")

@@ -19,9 +19,21 @@ IRQBALANCE_SOCKET_DIR = "run/irqbalance"
 IRQBALANCE_UNIT = "irqbalance.service"
 
 
+# Each IRQ touched has an entry in the record; past this many (a large machine's IRQs all on
+# every CPU), moved ones whose effective affinity left the job's CPUs are dropped first.
+EACH_CAP = 512
+# The kernel makes the file only when built with it (Linux 4.13 on; x86 selects it).
+NO_EFFECTIVE = "no effective_affinity_list (a kernel without CONFIG_GENERIC_IRQ_EFFECTIVE_AFF_MASK)"
+
+
 def affinity_path(irq: int) -> str:
     """The affinity file of one IRQ, relative to the root prefix."""
     return f"{PROC_IRQ}/{irq}/smp_affinity_list"
+
+
+def effective_path(irq: int) -> str:
+    """Where the kernel says which CPUs the IRQ is delivered to now, relative to the root prefix."""
+    return f"{PROC_IRQ}/{irq}/effective_affinity_list"
 
 
 def read_affinities(root: str = "/") -> dict[int, str]:
@@ -64,6 +76,50 @@ def plan(affinities: dict[int, str], held, housekeeping) -> list[kfiles.Write]:
 def irq_of(write: kfiles.Write) -> int:
     """The IRQ number a write of :func:`plan` is for."""
     return int(write.path.split("/")[2])
+
+
+def outcome(root: str, writes: list[kfiles.Write], refused: dict[str, OSError], held, to: str) -> dict:
+    """What the start did to each IRQ of *writes* (the plan; *refused* maps a path to the kernel's
+    error), with the effective affinity read back: one read per IRQ, after all the writes.
+
+    ``still_on_job_cpus`` names the IRQs that can still land on a CPU of *held*: by the effective
+    affinity, or where the kernel shows none, by the affinity the IRQ kept.
+    """
+    held_set = set(held)
+    moved: list[int] = []
+    refused_irqs: list[int] = []
+    still: list[int] = []
+    each: dict[str, dict] = {}
+    for w in writes:
+        irq = irq_of(w)
+        exc = refused.get(w.path)
+        entry: dict = {"result": "moved" if exc is None else "refused"}
+        if exc is not None:
+            entry["errno"] = kfiles.why(exc)
+            entry["error"] = os.strerror(exc.errno) if exc.errno else str(exc)
+            refused_irqs.append(irq)
+        else:
+            moved.append(irq)
+        entry["old"], entry["new"] = w.old, w.new   # new: what was written, or tried
+        effective, why = kfiles.read_why(root, effective_path(irq))
+        entry["effective"] = effective
+        if effective is None:
+            entry["effective_error"] = NO_EFFECTIVE if why == "ENOENT" else why
+        try:
+            lands = set(parse_cpulist(effective if effective is not None else
+                                      (w.old if exc is not None else w.new)))
+        except ValueError:
+            lands = set()
+        if lands & held_set:
+            still.append(irq)
+        each[str(irq)] = entry
+    out: dict = {"to": to, "moved": moved, "refused": refused_irqs, "still_on_job_cpus": still, "each": each}
+    if len(each) > EACH_CAP:
+        plain = {str(irq) for irq in moved} - {str(irq) for irq in still}
+        kept = set(sorted(each, key=lambda k: (k in plain, int(k)))[:EACH_CAP])
+        out["each"] = {k: v for k, v in each.items() if k in kept}
+        out["each_cut"] = len(each) - EACH_CAP
+    return out
 
 
 def irqbalance_pids(root: str = "/") -> list[int]:

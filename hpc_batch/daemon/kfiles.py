@@ -41,14 +41,19 @@ def join(root: str, rel: str) -> str:
 
 def read(root: str, rel: str) -> str | None:
     """The stripped contents of a kernel file, or None when absent or unreadable."""
+    return read_why(root, rel)[0]
+
+
+def read_why(root: str, rel: str) -> tuple[str | None, str | None]:
+    """As :func:`read`, with the errno word (ENOENT, EACCES...) when there is no value."""
     try:
         fd = os.open(join(root, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
+    except OSError as exc:
+        return None, why(exc)
     try:
-        return os.read(fd, 4096).decode("ascii", "replace").strip()
-    except OSError:
-        return None
+        return os.read(fd, 4096).decode("ascii", "replace").strip(), None
+    except OSError as exc:
+        return None, why(exc)
     finally:
         os.close(fd)
 
@@ -80,15 +85,15 @@ def why(exc: OSError) -> str:
     return errno.errorcode.get(exc.errno or 0, str(exc.errno)) if exc.errno else str(exc)
 
 
-def apply(root: str, writes: list[Write]) -> tuple[list[Write], list[tuple[Write, str]]]:
-    """Carry out *writes* in order; returns (done, [(refused, errno word)])."""
+def apply(root: str, writes: list[Write]) -> tuple[list[Write], list[tuple[Write, OSError]]]:
+    """Carry out *writes* in order; returns (done, [(refused, the kernel's error)])."""
     done: list[Write] = []
-    refused: list[tuple[Write, str]] = []
+    refused: list[tuple[Write, OSError]] = []
     for w in writes:
         try:
             write(root, w.path, w.new)
         except OSError as exc:
-            refused.append((w, why(exc)))
+            refused.append((w, exc))
         else:
             done.append(w)
     return done, refused

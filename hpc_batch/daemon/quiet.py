@@ -4,8 +4,9 @@ At a benchmark job's start (:func:`begin`, called by the engine just before
 its shepherd is spawned, once the job's "running" record is durable):
 
 - every IRQ whose affinity touches a CPU the job holds goes to the
-  housekeeping CPUs (:mod:`irqsteer`); IRQs the kernel refuses to move
-  (EIO for managed IRQs) are recorded as unmovable;
+  housekeeping CPUs (:mod:`irqsteer`); each is recorded as moved or refused
+  (with the kernel's errno: EIO for managed IRQs, EPERM...), with its
+  effective affinity read back, and those still on the job's CPUs named;
 - under ``--cpufreq enforce`` the job's own cpufreq policies get governor
   ``performance`` and minimum = maximum frequency, and with
   ``--allow-turbo-off`` turbo goes off (:mod:`cpufreq`); under ``record``
@@ -14,8 +15,10 @@ its shepherd is spawned, once the job's "running" record is durable):
   (:mod:`cpupartition`).
 
 Every planned write is persisted first, in ``<job dir>/quiet.json`` (root
-only), so whichever daemon sees the job end (this one, one started
-after a reload or a crash) undoes it with :func:`end`: each value goes back
+only); once done, the file keeps only the writes the kernel took, and
+(``record``) what the job's record copies. Whichever daemon sees the job end
+(this one, one started after a reload or a crash) undoes them with
+:func:`end`: each value goes back
 only where the file still holds what hpc-batch wrote. An undo that would
 put interrupts back on another running benchmark job's CPUs (or turbo back
 on under it) is handed to that job instead. Nothing here runs while the
@@ -134,26 +137,29 @@ def begin(jdir: str, cpus, held, housekeeping, settings: Settings, others_runnin
                              "cgroup": cgroup, "partition": None}
     _persist(jdir, saved)   # before the first change: a crash after it can be undone
     done, refused = kfiles.apply(root, writes)
-    unmovable = {str(irqsteer.irq_of(w)): err for w, err in refused if w in irq_writes}
     rec: dict[str, Any] = {
         "housekeeping": format_cpulist(housekeeping),
-        "irqs": {"moved": [irqsteer.irq_of(w) for w in done if w in irq_writes],
-                 "unmovable": unmovable, "to": format_cpulist(set(housekeeping) - set(held))},
+        "irqs": irqsteer.outcome(root, irq_writes, {w.path: exc for w, exc in refused}, held,
+                                 format_cpulist(set(housekeeping) - set(held))),
         "cpufreq": freq_rec,
     }
     freq_rec["changed"] = [w.path.rsplit("/", 2)[-2:] for w in done if w in freq_writes]
-    freq_rec["refused"] = {w.path: err for w, err in refused if w in freq_writes}
+    freq_rec["refused"] = {w.path: kfiles.why(exc) for w, exc in refused if w in freq_writes}
+    # A refused write changed nothing of ours: it must never be "restored" (the file may hold
+    # the value tried by then, written by someone else), nor handed to another job.
+    saved["writes"] = [w.to_dict() for w in done]
     ib = irqbalance(root)
     rec["irqbalance"] = ib["how"] if not ib["active"] else (
         f"active ({ib['how']}): it may move the job's IRQs back"
         + ("" if settings.irqbalance_ban else "; the admin may pass --irqbalance-ban"))
     if cgroup:
         part = cpupartition.isolate(cgroup, cpus)
-        saved["partition"] = part
-        _persist(jdir, saved)   # what release() takes back out of the parent's exclusive CPUs
+        saved["partition"] = part   # what release() takes back out of the parent's exclusive CPUs
         rec["partition"] = {k: part[k] for k in ("partition", "state", "reason")}
     else:
         rec["partition"] = {"partition": "allocation-only", "state": None, "reason": "no cgroups"}
+    saved["record"] = rec   # what the job's record copies (machine.quiet): what was done, not planned
+    _persist(jdir, saved)
     return rec
 
 

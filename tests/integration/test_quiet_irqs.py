@@ -75,17 +75,25 @@ def _start(d, scratch, bench=True):
 
 
 def _check_moved(before, show):
-    rec = show["quiet"]
+    irqs = show["quiet"]["irqs"]
     held = set(show["cpus"])
-    assert rec["irqs"]["to"] == "0" and 0 not in held
+    assert irqs["to"] == "0" and 0 not in held
     touching = {irq for irq, v in before.items() if set(parse_cpulist(v)) & held}
     assert touching, "no IRQ on the job's CPUs: nothing to show"
-    assert set(rec["irqs"]["moved"]) | {int(i) for i in rec["irqs"]["unmovable"]} == touching
-    assert rec["irqs"]["moved"], f"every IRQ refused: {rec['irqs']['unmovable']}"
+    assert set(irqs["moved"]) | set(irqs["refused"]) == touching and set(irqs["each"]) == {str(i) for i in touching}
+    assert irqs["moved"], f"every IRQ refused: {irqs['each']}"
     now = irqsteer.read_affinities()
-    for irq in rec["irqs"]["moved"]:
-        assert now[irq] == "0", (irq, now[irq])
-    return rec["irqs"]["moved"]
+    for irq in irqs["moved"]:
+        assert now[irq] == "0" and irqs["each"][str(irq)]["result"] == "moved", (irq, now[irq])
+    for irq in irqs["refused"]:   # as this VM's IRQ 36 (EPERM): kept where it was, and said so
+        e = irqs["each"][str(irq)]
+        assert now[irq] == before[irq] and e["result"] == "refused" and e["errno"].startswith("E") and e["error"]
+    # The kernel's effective affinity, read back at the start: which IRQs can still land on the job's CPUs.
+    still = sorted(int(i) for i, e in irqs["each"].items()
+                   if e["effective"] is not None and set(parse_cpulist(e["effective"])) & held
+                   or e["effective"] is None and e["result"] == "refused")
+    assert irqs["still_on_job_cpus"] == still
+    return irqs["moved"]
 
 
 def _check_restored(before, moved):
@@ -101,12 +109,20 @@ def test_benchmark_job_moves_irqs_and_puts_them_back(daemon_factory, users, scra
     assert show["quiet"]["cpufreq"]["policy"] == "record"
     shown = d.ok("show", str(job))
     assert f"interrupts: {len(moved)} moved to CPUs 0" in shown and "frequency: record" in shown
+    for irq in show["quiet"]["irqs"]["refused"]:
+        assert f"{irq} ({show['quiet']['irqs']['each'][str(irq)]['errno']}: " in shown
     open(flag, "w").close()
     assert exit_of(d.wait_finished(job)) == "0"
     _check_restored(irqs, moved)
     after = json.loads(d.ok("show", "--json", str(job)))["quiet"]
     assert after["undone"] == {"restored": len(moved), "handed": 0, "left": []}
     assert not os.path.exists(os.path.join(d.state_dir, "jobs", str(job), quiet.FILE))
+    # The record says what the start did, as show does: not the planned writes.
+    machine = json.loads(d.ok("show", "--record", "--json", str(job)))["machine"]["quiet"]["value"]
+    assert machine["irqs"] == show["quiet"]["irqs"] and "writes" not in machine
+    text = d.ok("show", "--record", str(job))
+    for irq, e in show["quiet"]["irqs"]["each"].items():
+        assert f"quiet.irqs.each.{irq}.result: {e['result']}" in text
 
 
 def test_plain_job_moves_nothing(daemon_factory, users, scratch, irqs):

@@ -252,7 +252,7 @@ def test_virtio_irqs_leave_the_job_cpus_and_come_back_across_a_restart(smt_guest
     to = parse_cpulist(rec["to"])
     assert to and to <= housekeeping and not to & held, (rec, housekeeping)
     moved = {int(i) for i in rec["moved"]}
-    unmovable = {int(i) for i in rec["unmovable"]}
+    unmovable = {int(i) for i in rec["refused"]}
     touching = {irq for irq, v in before.items() if parse_cpulist(v) & held}
     print(f"virtio IRQs {virtio}; before {before}; held {sorted(held)}; record {rec}")
     assert moved | unmovable == touching, (rec, touching)

@@ -11,7 +11,9 @@ import threading
 import pytest
 
 from hpc_batch.client import listing
+from hpc_batch.core.cputopo import parse_cpulist
 from hpc_batch.daemon import cpufreq, cpupartition, irqsteer, kfiles, quiet
+from shepherd import record, records
 
 pytestmark = pytest.mark.timeout(60)
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "quiet")
@@ -34,6 +36,27 @@ def pol(root, n, name):
     return kfiles.read(root, f"{cpufreq.CPUFREQ}/policy{n}/{name}")
 
 
+def as_kernel(monkeypatch, refuse=None, pending=()):
+    """kfiles.write as the kernel answers in a fixture tree: the IRQs in *refuse* ({irq: errno})
+    refuse every write; a write taken moves the IRQ's effective_affinity_list (where the tree has
+    one) to the lowest CPU written, except for the IRQs in *pending* (a move the kernel defers)."""
+    real, refuse = kfiles.write, refuse or {}
+
+    def write(root, rel, value):
+        parts = rel.split("/")
+        if rel.startswith("proc/irq/") and parts[-1] == "smp_affinity_list":
+            irq = int(parts[2])
+            if irq in refuse:
+                raise OSError(refuse[irq], os.strerror(refuse[irq]))
+            real(root, rel, value)
+            if irq not in pending and os.path.exists(kfiles.join(root, irqsteer.effective_path(irq))):
+                real(root, irqsteer.effective_path(irq), str(min(parse_cpulist(value))))
+            return
+        real(root, rel, value)
+    monkeypatch.setattr(kfiles, "write", write)
+    return real
+
+
 # -- interrupts ---------------------------------------------------------------
 def test_plan_moves_only_irqs_touching_held_cpus():
     writes = irqsteer.plan({0: "0", 8: "0-7", 9: "4", 10: "6-7", 11: "junk"}, held=(4, 5), housekeeping=(0, 1))
@@ -45,12 +68,14 @@ def test_plan_needs_somewhere_to_go():
     assert irqsteer.plan({8: "0-7"}, held=(), housekeeping=(0,)) == []
 
 
-def test_begin_moves_and_end_restores(tree, tmp_path):
+def test_begin_moves_and_end_restores(tree, tmp_path, monkeypatch):
     root, jdir = tree("intel-pstate-turbo"), str(tmp_path)
+    as_kernel(monkeypatch)
     before = irqsteer.read_affinities(root)
     rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)
     assert rec["irqs"]["moved"] == [8, 9, 120, 121, 122]
-    assert rec["irqs"]["unmovable"] == {} and rec["irqs"]["to"] == "0-1"
+    assert rec["irqs"]["refused"] == [] and rec["irqs"]["to"] == "0-1"
+    assert rec["irqs"]["still_on_job_cpus"] == []
     assert all(aff(root, i) == "0-1" for i in (8, 9, 120, 121, 122))
     assert aff(root, 0) == "0" and aff(root, 123) == "6-7" and aff(root, 130) == "0-3"
     assert os.stat(os.path.join(jdir, quiet.FILE)).st_mode & 0o777 == 0o600
@@ -60,17 +85,11 @@ def test_begin_moves_and_end_restores(tree, tmp_path):
     assert not quiet.pending(jdir) and quiet.end(jdir, quiet.Settings(root=root)) is None
 
 
-def test_refused_irq_is_recorded_unmovable(tree, tmp_path, monkeypatch):
+def test_refused_irq_is_recorded_refused(tree, tmp_path, monkeypatch):
     root, jdir = tree("intel-pstate-turbo"), str(tmp_path)
-    real = kfiles.write
-
-    def managed(r, rel, value):   # what the kernel answers for a managed IRQ
-        if rel == irqsteer.affinity_path(120):
-            raise OSError(errno.EIO, "Input/output error")
-        real(r, rel, value)
-    monkeypatch.setattr(kfiles, "write", managed)
+    real = as_kernel(monkeypatch, refuse={120: errno.EIO})   # what the kernel answers for a managed IRQ
     rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)
-    assert rec["irqs"]["unmovable"] == {"120": "EIO"} and 120 not in rec["irqs"]["moved"]
+    assert rec["irqs"]["refused"] == [120] and 120 not in rec["irqs"]["moved"]
     monkeypatch.setattr(kfiles, "write", real)
     assert quiet.end(jdir, quiet.Settings(root=root))["restored"] == 4
     assert aff(root, 120) == "0-7" and aff(root, 8) == "0-7"
@@ -143,23 +162,107 @@ def test_file_from_another_boot_undoes_nothing(tree, tmp_path):
 
 def test_show_lines(tree, tmp_path, monkeypatch):
     root, jdir = tree("intel-pstate-turbo"), str(tmp_path)
-    real = kfiles.write
-
-    def managed(r, rel, value):
-        if rel == irqsteer.affinity_path(120):
-            raise OSError(errno.EIO, "Input/output error")
-        real(r, rel, value)
-    monkeypatch.setattr(kfiles, "write", managed)
+    as_kernel(monkeypatch, refuse={120: errno.EIO}, pending=(8,))
     rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(cpufreq="enforce", root=root), False)
     rec["undone"] = quiet.end(jdir, quiet.Settings(root=root))
     lines = dict(listing.describe(rec))
-    assert lines["interrupts"] == "4 moved to CPUs 0-1; unmovable: 120 (EIO)"
+    assert lines["interrupts"] == ("4 moved to CPUs 0-1 (IRQs 8-9,121-122); refused: 120 (EIO: Input/output error); "
+                                   "still on the job's CPUs: 8 (effective 4), 120 (effective 5)")
     assert lines["irqbalance"] == "not running"
     assert lines["cpu partition"] == "allocation-only: no cgroups"
     assert lines["frequency"] == ("enforce: driver intel_pstate, governor powersave, 4 settings changed; "
                                   "turbo on (--allow-turbo-off not given)")
     assert lines["undone at its end"] == "8 restored"
     assert listing.describe(None) == [] and listing.describe({"error": "boom"}) == [("quiet cores", "not set up: boom")]
+
+
+# -- what the start did to each IRQ, in the job's record ------------------------
+MOVED_8 = {"result": "moved", "old": "0-7", "new": "0-1", "effective": "0"}
+
+
+@pytest.mark.parametrize("machine,held,refuse,pending,irq,entry,still", [
+    pytest.param("intel-pstate-turbo", (4, 5), {}, (), 8, MOVED_8, [], id="moved"),
+    pytest.param("intel-pstate-turbo", (4, 5), {121: errno.EPERM}, (), 121,
+                 {"result": "refused", "errno": "EPERM", "error": "Operation not permitted",
+                  "old": "4", "new": "0-1", "effective": "4"}, [121], id="refused EPERM"),
+    pytest.param("intel-pstate-turbo", (4, 5), {9: errno.EIO}, (), 9,   # delivered to CPU 1 anyway
+                 {"result": "refused", "errno": "EIO", "error": "Input/output error",
+                  "old": "0-7", "new": "0-1", "effective": "1"}, [], id="refused EIO"),
+    pytest.param("intel-pstate-turbo", (4, 5), {}, (120,), 120,
+                 {"result": "moved", "old": "0-7", "new": "0-1", "effective": "5"}, [120],
+                 id="effective read back on a job CPU"),
+    pytest.param("acpi-cpufreq-boost", (2, 3), {}, (), 24,
+                 {"result": "moved", "old": "0-7", "new": "0-1", "effective": None,
+                  "effective_error": irqsteer.NO_EFFECTIVE}, [], id="effective_affinity_list missing"),
+    pytest.param("acpi-cpufreq-boost", (2, 3), {25: errno.EIO}, (), 25,   # no effective: by its affinity
+                 {"result": "refused", "errno": "EIO", "error": "Input/output error", "old": "2", "new": "0-1",
+                  "effective": None, "effective_error": irqsteer.NO_EFFECTIVE}, [25],
+                 id="refused, effective_affinity_list missing"),
+])
+def test_record_says_what_each_irq_did(tree, tmp_path, monkeypatch, machine, held, refuse, pending, irq,
+                                       entry, still):
+    root, jdir = tree(machine), str(tmp_path)
+    as_kernel(monkeypatch, refuse=refuse, pending=pending)
+    rec = quiet.begin(jdir, held[:1], held, (0, 1), quiet.Settings(root=root), others_running=False)
+    irqs = rec["irqs"]
+    assert irqs["each"][str(irq)] == entry
+    assert irqs["still_on_job_cpus"] == still
+    assert (irq in irqs["refused"], irq in irqs["moved"]) == (irq in refuse, irq not in refuse)
+    assert set(irqs["each"]) == {str(i) for i in irqs["moved"] + irqs["refused"]}
+    # The record copies what was done, not the planned writes.
+    field = record.quiet_field(jdir)
+    assert field["source"] == "quiet.json" and field["value"]["irqs"] == irqs and "writes" not in field["value"]
+    saved = records.read_json(os.path.join(jdir, quiet.FILE))
+    assert (irqsteer.affinity_path(irq) in {w["path"] for w in saved["writes"]}) == (irq not in refuse)
+
+
+def test_the_issues_machine_irq_36_refused_and_still_on_the_job_cpu(tmp_path, monkeypatch):
+    """The real recording: 19 IRQs on CPUs 0-1, the job on CPU 1; IRQ 36 refuses with EPERM."""
+    root = str(tmp_path / "m")
+    shutil.copytree(os.path.join(FIXTURES, "dev-container-real"), root)
+    as_kernel(monkeypatch, refuse={36: errno.EPERM})
+    rec = quiet.begin(str(tmp_path), (1,), (1,), (0,), quiet.Settings(root=root), others_running=False)
+    irqs = record.quiet_field(str(tmp_path))["value"]["irqs"]
+    assert len(irqs["moved"]) == 18 and irqs["refused"] == [36] and irqs["still_on_job_cpus"] == [36]
+    assert irqs["each"]["36"] == {"result": "refused", "errno": "EPERM", "error": "Operation not permitted",
+                                  "old": "0-1", "new": "0", "effective": "1"}
+    assert all(irqs["each"][str(i)]["effective"] == "0" for i in irqs["moved"])
+    assert dict(listing.describe(rec))["interrupts"].endswith(
+        "refused: 36 (EPERM: Operation not permitted); still on the job's CPUs: 36 (effective 1)")
+
+
+def test_a_refused_write_is_never_restored(tree, tmp_path, monkeypatch):
+    root, jdir = tree("intel-pstate-turbo"), str(tmp_path)
+    real = as_kernel(monkeypatch, refuse={121: errno.EPERM})
+    quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)
+    monkeypatch.setattr(kfiles, "write", real)
+    kfiles.write(root, irqsteer.affinity_path(121), "0-1")   # moved since by someone else, to what we tried
+    undone = quiet.end(jdir, quiet.Settings(root=root))
+    assert undone == {"restored": 4, "handed": 0, "left": []} and aff(root, 121) == "0-1"
+
+
+def test_a_refused_write_is_never_handed_over(tree, tmp_path, monkeypatch):
+    root = tree("intel-pstate-turbo")
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    real = as_kernel(monkeypatch, refuse={120: errno.EIO})
+    quiet.begin(str(a), (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)
+    quiet.begin(str(b), (6,), (6, 7), (0, 1), quiet.Settings(root=root), others_running=True)
+    monkeypatch.setattr(kfiles, "write", real)
+    kfiles.write(root, irqsteer.affinity_path(120), "0-1")   # someone else's since
+    assert quiet.end(str(a), quiet.Settings(root=root), others=[(str(b), (6, 7))])["handed"] == 2   # 8, 9
+    assert quiet.end(str(b), quiet.Settings(root=root))["restored"] == 3   # 8, 9 and its own 123
+    assert aff(root, 120) == "0-1" and aff(root, 8) == "0-7"
+
+
+def test_each_irq_is_bounded_keeping_the_refused_and_those_still_on_job_cpus(tree, tmp_path, monkeypatch):
+    root = tree("intel-pstate-turbo")
+    monkeypatch.setattr(irqsteer, "EACH_CAP", 2)
+    as_kernel(monkeypatch, refuse={122: errno.EIO})
+    irqs = quiet.begin(str(tmp_path), (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)["irqs"]
+    assert list(irqs["each"]) == ["8", "122"] and irqs["each_cut"] == 3
+    assert irqs["moved"] == [8, 9, 120, 121] and irqs["refused"] == [122] and irqs["still_on_job_cpus"] == [122]
 
 
 def test_real_recording_parses():

@@ -1,6 +1,7 @@
 """The engine's side of quiet cores: a benchmark job's start quiets its CPUs (in a fixture tree),
 its end undoes it, and so does the next daemon when the job ended while none ran."""
 
+import errno
 import os
 import shutil
 
@@ -10,6 +11,7 @@ from test_engine import ROOT, T0, Hooks, TurnEngine, end, start_pending, world  
 from hpc_batch.core import jobs
 from hpc_batch.daemon import cpufreq, devdir, irqsteer, kfiles, quiet
 from hpc_batch.wire.protocol import NewJob
+from shepherd import record, records
 
 pytestmark = pytest.mark.timeout(60)
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "quiet")
@@ -89,3 +91,29 @@ def test_a_restart_keeps_a_running_jobs_changes_until_it_ends(bench):
     assert new.benchmarks == {job: (0,)} and irqsteer.read_affinities(root) == moved
     end(new, store, job, code=0)
     assert irqsteer.read_affinities(root) == before
+
+
+def test_the_record_says_what_the_start_did_and_a_refusal_is_never_undone(bench, monkeypatch):
+    eng, store, fake, root = bench
+    real = kfiles.write
+
+    def kernel(r, rel, value):   # IRQ 0 cannot be moved (the kernel's EPERM)
+        if rel == irqsteer.affinity_path(0):
+            raise OSError(errno.EPERM, "Operation not permitted")
+        real(r, rel, value)
+    monkeypatch.setattr(kfiles, "write", kernel)
+    job = _submit(eng)
+    jdir = store.job_dir(job)
+    irqs = eng.jobs[job].quiet["irqs"]
+    assert irqs["moved"] == [8, 9, 120, 130] and irqs["refused"] == [0]
+    assert irqs["each"]["0"] == {"result": "refused", "errno": "EPERM", "error": "Operation not permitted",
+                                 "old": "0", "new": "1", "effective": "0"}
+    assert irqs["still_on_job_cpus"] == [0]   # the job holds CPU 0, where IRQ 0 stays
+    assert record.quiet_field(jdir)["value"] == eng.jobs[job].quiet   # the record: what show --json says
+    saved = records.read_json(os.path.join(jdir, quiet.FILE))
+    assert irqsteer.affinity_path(0) not in {w["path"] for w in saved["writes"]}
+    monkeypatch.setattr(kfiles, "write", real)
+    kfiles.write(root, irqsteer.affinity_path(0), "1")   # moved since by someone else, as we tried
+    end(eng, store, job, code=0)
+    assert eng.jobs[job].quiet["undone"] == {"restored": 6, "handed": 0, "left": []}
+    assert kfiles.read(root, irqsteer.affinity_path(0)) == "1"
