@@ -197,11 +197,17 @@ class Supervisor:
         pipe_r, pipe_w = output.make_pipe()
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        # Set here, never forwarded: a value from a job that submitted this one names that job's file.
+        spec.env.pop(record.FIGURES_ENV, None)
+        if self.recorder is not None:
+            self.recorder.make_figures_file(spec.env)
         try:
             pid = self.fork_retrying(lambda: self.stop_reason is not None)
         except OSError as exc:
             for fd in (pipe_r, pipe_w, err_r, err_w, go_r, go_w):
                 os.close(fd)
+            if self.recorder is not None:
+                self.recorder.drop_figures_file()
             return self._not_forked(exc)
         if pid == 0:
             try:

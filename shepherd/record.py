@@ -32,11 +32,13 @@ import signal
 import time
 
 try:
-    from shepherd import acl, collect, gpuquery, identity, records, sentinels, sysread, verdict
+    from shepherd import acl, collect, figurefile, figures, gpuquery, identity, records, sentinels, sysread, verdict
     from shepherd.jsoncodec import dumps_canonical
 except ImportError:  # run as a file: siblings are top-level modules
     import acl  # type: ignore[no-redef]
     import collect  # type: ignore[no-redef]
+    import figurefile  # type: ignore[no-redef]
+    import figures  # type: ignore[no-redef]
     import gpuquery  # type: ignore[no-redef]
     import identity  # type: ignore[no-redef]
     import records  # type: ignore[no-redef]
@@ -54,11 +56,12 @@ END_GPU_LIMIT = 5.0          # seconds the GPUs' end reading may take
 REAP_WAIT = 0.5              # seconds the job's end waits for a finished side task's exit status
 END_WAIT = 10.0              # seconds a job's end waits for side tasks still running (within SIDE_LIMIT)
 # Parts dropped, in this order, while a record is over MAX_BYTES: the raw snapshots first (their
-# deltas stay), then the largest static lists.
+# deltas stay), then the largest static lists, and last the job's own figures' values (each name
+# keeps its unit, count and last value): they are the results the record is about. "*": every key.
 _CUTS = (("sentinels", "start", "interrupts"), ("sentinels", "end", "interrupts"),
          ("sentinels", "start"), ("sentinels", "end"), ("cpu", "vulnerabilities"), ("cpu", "caches"),
          ("software", "environment", "values"), ("software", "environment", "keys"),
-         ("software", "argv"), ("sentinels", "delta", "interrupts"))
+         ("software", "argv"), ("sentinels", "delta", "interrupts"), ("metrics", "value", "names", "*", "values"))
 
 
 def cap(text: str, limit: int = STRING_CAP) -> str:
@@ -66,9 +69,12 @@ def cap(text: str, limit: int = STRING_CAP) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
-# What the daemon sets for each job (engine._job_env): they differ between any two jobs, so the
-# environment's digest without them says whether two jobs were submitted with the same one.
-PER_JOB_VARS = ("HPC_BATCH_JOB_ID", "HPC_BATCH_ARRAY_INDEX", "HPC_BATCH_ARRAY_JOB_ID", "CUDA_VISIBLE_DEVICES")
+# What the daemon (engine._job_env) and the shepherd (the figures' file) set for each job: they
+# differ between any two jobs, so the environment's digest without them says whether two jobs were
+# submitted with the same one.
+FIGURES_ENV = figures.ENV    # the job's own figures' file (shepherd/figurefile.py)
+PER_JOB_VARS = ("HPC_BATCH_JOB_ID", "HPC_BATCH_ARRAY_INDEX", "HPC_BATCH_ARRAY_JOB_ID", "CUDA_VISIBLE_DEVICES",
+                figures.ENV)
 
 
 def env_block(env: dict) -> bytes:
@@ -136,12 +142,15 @@ def bounded(record: dict, limit: int = MAX_BYTES) -> bytes:
     for path in _CUTS:
         if len(data) <= limit:
             break
-        parent = record
+        parents: list = [record]
         for key in path[:-1]:
-            parent = parent.get(key) if isinstance(parent, dict) else None  # type: ignore[assignment]
-        if not isinstance(parent, dict) or path[-1] not in parent:
+            parents = [c for p in parents if isinstance(p, dict)
+                       for c in (p.values() if key == "*" else [p.get(key)])]
+        parents = [p for p in parents if isinstance(p, dict) and path[-1] in p]
+        if not parents:
             continue
-        del parent[path[-1]]
+        for parent in parents:
+            del parent[path[-1]]
         record.setdefault("cut", []).append(".".join(path))
         record["digest"] = digest(record)
         data = records.dumps(record).encode()
@@ -150,7 +159,8 @@ def bounded(record: dict, limit: int = MAX_BYTES) -> bytes:
         keep = ("schema", "job", "complete", "cut")
         record = {k: record[k] for k in keep if k in record}
         record["verdict"] = {"verdict": judged.get("verdict", "unknown"),
-                             "reasons": [cap(str(r)) for r in (judged.get("reasons") or [])[:LIST_CAP // 8]]}
+                             "reasons": [cap(str(r)) for r in (judged.get("reasons") or [])[:LIST_CAP // 8]],
+                             "causes": [cap(str(c)) for c in (judged.get("causes") or [])[:LIST_CAP // 8]]}
         record.setdefault("cut", []).append("everything else (over the size bound)")
         record["digest"] = digest(record)
         data = records.dumps(record).encode()
@@ -176,6 +186,7 @@ def warm_up(spec: records.LaunchSpec, rounds: int = WARM_ROUNDS) -> None:
         rec.before_start()
         rec.static_sections()
         bounded(rec.complete(usage))
+        figures.parse(b"warm 1.5 s\n# a comment\nwarm x\n")
 
 
 def _run(argv: list[str], timeout: float = SIDE_LIMIT / 3) -> tuple[int, str]:
@@ -289,6 +300,22 @@ class _Side:
         return b"".join(self.chunks).decode("utf-8", "replace")
 
 
+def quiet_field(job_dir: str) -> dict:
+    """What a benchmark job's start did (the daemon's quiet.json ``record``), or null with why.
+
+    Not the file's ``writes``: those are the daemon's undo list, which says
+    nothing of refusals nor of where the kernel delivers each IRQ now.
+    """
+    data = records.read_json(os.path.join(job_dir, "quiet.json"))
+    if data is None:
+        return sysread.field(None, "quiet.json", "not a benchmark job, or nothing was changed")
+    rec = data.get("record") if isinstance(data, dict) else None
+    if not isinstance(rec, dict):
+        return sysread.field(None, "quiet.json", "it holds no record of what the start did (the start "
+                                                    "failed midway, or an older hpc-batch wrote it)")
+    return sysread.field(rec, "quiet.json")
+
+
 class Recorder:
     """One job's record, from the shepherd's first look to the end (see the module's text)."""
 
@@ -305,8 +332,25 @@ class Recorder:
         self.start_snap: dict | None = None
         self.sides: dict[str, _Side] = {}
         self.side_deadline: float | None = None
+        self.figures_file: tuple[str, str | None] | None = None   # the figures' file: (path, why it was not made)
 
     # -- 1. before the fork -----------------------------------------------------------------
+    def make_figures_file(self, env: dict) -> None:
+        """The job's file for its own figures, named in *env* (the job's) when it could be made."""
+        try:
+            path, why = figurefile.create(self.spec.id, self.spec.uid, self.spec.gid)
+        except Exception as exc:   # never the job's start
+            path, why = figurefile.DIRECTORY, f"cannot create it ({sysread.error_text(exc)})"
+        self.figures_file = (path, why)
+        if why is None:
+            env[figures.ENV] = path
+
+    def drop_figures_file(self) -> None:
+        """The job was never forked: its file goes."""
+        if self.figures_file is not None and self.figures_file[1] is None:
+            figurefile.remove(self.figures_file[0])
+        self.figures_file = None
+
     def before_start(self) -> None:
         """The sentinels' start snapshot (the only part between the submit and the job's start)."""
         try:
@@ -357,12 +401,7 @@ class Recorder:
         rec["gpu"] = []
 
     def _quiet(self) -> dict:
-        """What a benchmark job's start changed (quiet.json, the daemon's), or null with why."""
-        path = os.path.join(self.job_dir, "quiet.json")
-        data = records.read_json(path)
-        if data is None:
-            return sysread.field(None, "quiet.json", "not a benchmark job, or nothing was changed")
-        return sysread.field(data, "quiet.json")
+        return quiet_field(self.job_dir)
 
     def on_readable(self, fd: int) -> bool:
         """A side task's pipe is readable; True once that task is done (stop watching *fd*)."""
@@ -513,9 +552,23 @@ class Recorder:
         try:
             rec["verdict"] = verdict.judge(delta, self.conf.get("thresholds"), rec["gpu"])
         except Exception as exc:
-            rec["verdict"] = {"verdict": "unknown", "reasons": [f"no verdict: {sysread.error_text(exc)}"]}
+            rec["verdict"] = {"verdict": "unknown", "reasons": [f"no verdict: {sysread.error_text(exc)}"],
+                              "causes": [verdict.UNKNOWN + "verdict"]}
+        if self.figures_file is not None:   # (after the end snapshot, which it must not delay)
+            rec["metrics"] = self._figures()
         rec["complete"] = True
         return rec
+
+    def _figures(self) -> dict:
+        """The job's own figures as a field (docs/record.md, "The job's own figures")."""
+        assert self.figures_file is not None
+        path, why = self.figures_file
+        if why is not None:
+            return sysread.field(None, path, f"{why}: {figures.ENV} was not set")
+        try:
+            return figurefile.read(path, self.spec.uid)
+        except Exception as exc:   # the record must never cost the job anything
+            return sysread.field(None, path, sysread.error_text(exc))
 
     def _await_sides(self, until: float) -> None:
         poller = select.poll()

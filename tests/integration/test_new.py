@@ -83,8 +83,9 @@ def test_clean_environment_by_default(daemon, scratch):
     with open(os.path.join(scratch, f"output.{job}.log")) as f:
         env = dict(line.split("=", 1) for line in f.read().splitlines())
     assert set(env) == {"PATH", "HOME", "USER", "SHELL", "LANG", "HPC_BATCH_JOB_ID", "CUDA_VISIBLE_DEVICES",
-                        "CUDA_DEVICE_ORDER"}
+                        "CUDA_DEVICE_ORDER", "HPC_BATCH_METRICS_FILE"}
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["HPC_BATCH_JOB_ID"] == str(job)
+    assert env["HPC_BATCH_METRICS_FILE"].startswith(f"/tmp/hpc-batch-metrics.{job}.")   # the job's own figures
 
 
 def test_env_forwarded_but_daemon_values_win(daemon, scratch):
