@@ -15,22 +15,31 @@ sorting each difference into one of four kinds (:func:`classify`):
 - ``noted``: shown, not counted: which CPUs or GPUs of the same shape the
   job got (placement), the hpc-batch version, the boot, the schema.
 - ``run``: what happened during each run (the sentinels' deltas, the
-  verdict, GPU temperatures and clock-event reasons) and the machine's
-  state at the start (free memory, the other jobs beside it); reported in a
-  block of its own.
+  verdict, GPU temperatures and clock-event reasons, the job's own
+  figures) and the machine's state at the start (free memory, the other
+  jobs beside it); reported in a block of its own.
 - ``ignored``: never shown: times, the job id, the digest, the raw sentinel
   snapshots, pids, the job's cgroup path.
+
+The pairing and the rules are ``hpc_batch/core/setup.py``'s (the daemon
+digests each record's setup with them); this module formats what they find,
+and re-exports ``differences``, ``classify`` and ``comparable`` for the CLI.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import textwrap
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..core.cut import one_line
+from ..core.setup import Difference, classify, comparable
+from ..core.setup import differences as differences  # re-exported: cli.py's record diff
+from ..core.setup import is_field as _is_field
+from ..core.setup import is_scalar as _is_scalar
+from ..core.setup import join_key as _join
+from ..core.setup import unwrap as _unwrap
 
 WIDTH = 100     # a terminal's width and a bit; longer values wrap or are cut, --json has them whole
 
@@ -43,200 +52,6 @@ SETUP_WORDS = (("collector", "machine"), ("kernel", "kernel"), ("cpu", "CPU"),
                ("frequency", "frequency"), ("memory", "memory"),
                ("allocation", "allocation shape"), ("machine", "IRQs"),
                ("gpu", "GPUs"), ("software", "software"))
-
-
-class Difference(NamedTuple):
-    """One value that differs: its *section*, its dotted *key* inside it, and the value in each record.
-
-    A value that is null, or absent from a record, is ``None``.
-    """
-
-    section: str
-    key: str
-    a: Any
-    b: Any
-
-
-class _Absent:
-    """A key one record lacks (an older schema, a section that was not collected)."""
-
-
-_ABSENT = _Absent()
-
-
-def _is_field(node: Any) -> bool:
-    return isinstance(node, dict) and "value" in node and "source" in node
-
-
-def _unwrap(node: Any) -> Any:
-    """A field's value (None for a null one); anything else as it is."""
-    return node.get("value") if _is_field(node) else node
-
-
-def _is_scalar(value: Any) -> bool:
-    return not isinstance(value, (dict, list))
-
-
-_NUMBERED = re.compile(r"^(\D*?)(\d+)$")
-
-
-def _numbered(keys: list[str]) -> list[tuple[str, int, str]] | None:
-    """(prefix, number, key) for each key, in order, if every key is a name and a number."""
-    out = []
-    for k in keys:
-        m = _NUMBERED.match(k)
-        if m is None:
-            return None
-        out.append((m.group(1), int(m.group(2)), k))
-    return sorted(out)
-
-
-def _pair_keys(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
-    """(label, key in a, key in b) for the keys of two dicts.
-
-    Per-CPU, per-node and per-policy dicts (``cpu2``, ``node1``, ``policy4``,
-    ``"3"``) of two jobs placed on different CPUs have different keys for
-    the same role: when every key of both is a name and a number and the
-    names match one for one, they are paired in numeric order and the label
-    says both (``policy2(b:policy4)``).
-    """
-    if set(a) != set(b):
-        na, nb = _numbered(list(a)), _numbered(list(b))
-        if na is not None and nb is not None and len(na) == len(nb) \
-                and [p for p, _, _ in na] == [p for p, _, _ in nb]:
-            return [(ka if ka == kb else f"{ka}(b:{kb})", ka, kb) for (_, _, ka), (_, _, kb) in zip(na, nb)]
-    keys = list(a) + [k for k in b if k not in a]
-    return [(k, k if k in a else None, k if k in b else None) for k in keys]
-
-
-def _join(path: str, label: str) -> str:
-    return f"{path}.{label}" if path else label
-
-
-def _walk(a: Any, b: Any, path: str, out: list[tuple[str, Any, Any]]) -> None:
-    a, b = _unwrap(a), _unwrap(b)
-    if isinstance(a, dict) or isinstance(b, dict):
-        if isinstance(a, dict) and isinstance(b, dict):
-            pairs = _pair_keys(a, b)
-        elif isinstance(a, dict):      # the other is null, absent or not a dict: each leaf of this one differs
-            pairs = [(k, k, None) for k in a]
-        else:
-            pairs = [(k, None, k) for k in b]
-        da = a if isinstance(a, dict) else {}
-        db = b if isinstance(b, dict) else {}
-        if not pairs and not (isinstance(a, dict) and isinstance(b, dict)):
-            out.append((path, a, b))
-        for label, ka, kb in pairs:
-            _walk(da[ka] if ka is not None else _ABSENT, db[kb] if kb is not None else _ABSENT,
-                  _join(path, label), out)
-        return
-    structured = [v for v in (a, b) if isinstance(v, list) and not all(map(_is_scalar, v))]
-    if structured:                      # lists of sections (GPUs, caches): entry by entry
-        la = a if isinstance(a, list) else []
-        lb = b if isinstance(b, list) else []
-        for i in range(max(len(la), len(lb))):
-            _walk(la[i] if i < len(la) else _ABSENT, lb[i] if i < len(lb) else _ABSENT, f"{path}[{i}]", out)
-        return
-    va = None if isinstance(a, _Absent) else a
-    vb = None if isinstance(b, _Absent) else b
-    if va != vb or type(va) is bool and type(vb) is not bool or type(vb) is bool and type(va) is not bool:
-        out.append((path, va, vb))
-
-
-def differences(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
-    """Every value that differs between records *a* and *b*, in the records' order.
-
-    Fields compare by value only (never source or error); lists of plain
-    values compare whole, lists of sections entry by entry. Every
-    difference is listed, of every kind: :func:`classify` says which count.
-    """
-    out: list[tuple[str, Any, Any]] = []
-    _walk(a, b, "", out)
-    diffs = []
-    for path, va, vb in out:
-        section, _, key = path.partition(".")
-        if "[" in section and not key:      # a top-level list entry: "gpu[0]" -> section gpu
-            section, _, rest = section.partition("[")
-            key = "[" + rest
-        elif "[" in section:
-            section, _, rest = section.partition("[")
-            key = "[" + rest + "." + key
-        diffs.append(Difference(section, key, va, vb))
-    return diffs
-
-
-# classify's rules. Keys are matched as written in a Difference (dotted, with
-# [i] for list entries); kernel names with dots ("pids.max",
-# "cpuset.cpus.effective") stay readable, so the patterns take care with them.
-_PID = re.compile(r"(^|\.)(pid|pids|[a-z_]+_pid)($|\[|\.(?!max))")
-_TIME = re.compile(r"(^|\.)(utc|monotonic|uptime|time|now|clock|started|ended)[a-z_]*($|\.)")
-_RUN_MEMORY = re.compile(r"(free|used|rsvd|surp|swaps)", re.I)
-_RUN_GPU = re.compile(r"(^|\.)(start|end)(\.|$)|temperature|clocks_event_reasons|throttle_reasons")
-_PLACEMENT_GPU = re.compile(r"(^|\.)(uuid|pci\.bus_id|pci_bus_id|bus_id|index|minor_number|topo[a-z_]*)$")
-_PLACEMENT_ALLOC = re.compile(r"(cpus|cpu_list|cpulist|policies|siblings|l3|mems|gpus|nodes?)[a-z_.]*$")
-
-
-def _count(value: Any) -> int | None:
-    """How many ids a list or a kernel cpulist ("0-3,8") holds; None if it is neither."""
-    if isinstance(value, list):
-        return len(value)
-    if isinstance(value, str):
-        n = 0
-        for part in value.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            lo, _, hi = part.partition("-")
-            if not lo.isdigit() or hi and not hi.isdigit():
-                return None
-            n += int(hi) - int(lo) + 1 if hi else 1
-        return n
-    return None
-
-
-def classify(section: str, key: str, a: Any = None, b: Any = None) -> str:
-    """``setup``, ``noted``, ``run`` or ``ignored``: what a difference at *section*.*key* means.
-
-    *a* and *b* matter for placement: two jobs on different CPUs (or GPUs,
-    or NUMA nodes) of the same count differ in where they ran, not in shape.
-    """
-    if section in ("job", "digest") or _PID.search(key):
-        return "ignored"
-    if section == "sentinels":      # the raw snapshots are in the deltas, which are what happened
-        return "run" if key.startswith("delta") else "ignored"
-    if section in ("verdict", "complete"):
-        return "run"
-    if section == "collector":
-        if key == "job":
-            return "ignored"
-        if key.startswith("hostname"):
-            return "setup"
-        return "ignored" if _TIME.search(key) else "noted"   # version, commit, boot_id, schema
-    if section == "schema":
-        return "noted"
-    if section == "allocation" and re.search(r"(^|\.)cgroup($|\.)", key):
-        return "ignored"            # the cgroup's path names the job id
-    if section == "memory" and _RUN_MEMORY.search(key.rpartition(".")[2] or key):
-        return "run"
-    if section == "software" and re.fullmatch(r"environment\.(sha256|bytes)", key):
-        return "noted"              # these count the job's own id; submitted_sha256 leaves it out
-    if section == "machine" and "job" in key:
-        return "run"                # the other jobs beside this one: the state, not the setup
-    if section == "gpu":
-        if _RUN_GPU.search(key):
-            return "run"
-        if _PLACEMENT_GPU.search(key):
-            return "noted"
-    if section in ("allocation", "frequency") and _PLACEMENT_ALLOC.search(key):
-        ca, cb = _count(a), _count(b)
-        if ca is not None and ca == cb:
-            return "noted"
-    return "setup"
-
-
-def comparable(diffs: list[Difference]) -> bool:
-    """Whether no difference of kind ``setup`` is among *diffs*."""
-    return not any(classify(*d) == "setup" for d in diffs)
 
 
 def summary(diffs: list[Difference]) -> str:
@@ -300,7 +115,7 @@ def _tokens(value: Any) -> list[str] | None:
 
 def _diff_lines(key: str, a: Any, b: Any, indent: str, width: int) -> list[str]:
     """The lines of one difference: ``key: a | b`` when it fits, else what was added and taken away."""
-    label = key or "(value)"
+    label = one_line(key) or "(value)"
     ta, tb = (None, None) if key.endswith("argv") else (_tokens(a), _tokens(b))   # an argv's order counts
     if ta is not None and tb is not None and set(ta) != set(tb):
         only_a = [t for t in ta if t not in set(tb)]
@@ -402,7 +217,7 @@ def _render_node(node: Any, key: str, indent: str, width: int, lines: list[str])
         if not node:
             lines.append(f"{indent}{key}: (none)")
         for k, v in node.items():
-            _render_node(v, _join(key, str(k)), indent, width, lines)
+            _render_node(v, _join(key, one_line(str(k))), indent, width, lines)
     elif isinstance(node, list) and not all(map(_is_scalar, node)):
         for i, v in enumerate(node):
             _render_node(v, f"{key}[{i}]", indent, width, lines)
@@ -430,6 +245,51 @@ def _verdict_lines(verdict: Any, width: int) -> list[str]:
     return lines
 
 
+def _number(value: Any) -> str:
+    """A figure as people write it: ``31`` for 31.0, else as JSON has it."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return _text(value)
+
+
+def _metrics_lines(node: Any, width: int) -> list[str]:
+    """The job's own figures: one line a name (its last value and unit, then its values), then the
+    invalid lines quoted. Every string from the job's file is escaped (``one_line``)."""
+    source = node.get("source") if _is_field(node) else None
+    lines = [_cut("metrics" + (f" ({one_line(str(source))})" if source is not None else ""), width)]
+    value = _unwrap(node)
+    if value is None and isinstance(node, dict) and node.get("error"):
+        return lines + _wrapped(f"null ({one_line(str(node['error']))})", "  ", width)
+    if not isinstance(value, dict) or not isinstance(value.get("names"), dict):
+        _render_node(value, "value", "  ", width, lines)
+        return lines
+    if not value["names"]:
+        lines.append("  (none written)")
+    for name, entry in value["names"].items():
+        if not isinstance(entry, dict):
+            lines += _wrapped(f"{one_line(str(name))}: {_text(entry)}", "  ", width)
+            continue
+        unit = f" {one_line(str(entry['unit']))}" if entry.get("unit") else ""
+        count = entry.get("count")
+        said = f"{one_line(str(name))}: last {_number(entry.get('last'))}{unit}, " \
+               f"{_text(count)} value{'' if count == 1 else 's'}"
+        values = entry.get("values")
+        if isinstance(values, list) and values:
+            kept = f" (the first {len(values)})" if isinstance(count, int) and count > len(values) else ""
+            said += f"{kept}: " + ", ".join(_number(v) for v in values)
+        lines += _wrapped(said, "  ", width)
+    if value.get("cut"):
+        lines += _wrapped(f"cut: {_text(value['cut'])}", "  ", width)
+    invalid = value.get("invalid")
+    if isinstance(invalid, dict) and invalid.get("count"):
+        first = [q for q in invalid.get("first") or [] if isinstance(q, dict)]
+        lines.append(f"  invalid lines: {_text(invalid['count'])}" + (f", the first {len(first)}:" if first else ""))
+        for q in first:
+            lines += _wrapped(f"line {_text(q.get('line'))}: \"{_text(q.get('text'))}\" ({_text(q.get('why'))})",
+                              "    ", width)
+    return lines
+
+
 def render(record: dict[str, Any], width: int = WIDTH) -> str:
     """``dispatch show --record JOB`` for people: the verdict first, then each section, one line a value.
 
@@ -437,7 +297,8 @@ def render(record: dict[str, Any], width: int = WIDTH) -> str:
     directory)``). Lines fit *width*: a long value wraps onto a few more
     lines, indented, and is then cut (``--json`` has everything). The
     sentinels' start and end snapshots are left to ``--json``: their
-    differences (``delta``) are what a reader looks at.
+    differences (``delta``) are what a reader looks at. The job's own
+    figures (``metrics``) come right after the header: they are its results.
     """
     lines = _verdict_lines(record.get("verdict"), width)
     head = [f"schema {_text(_unwrap(record.get('schema')))}", f"job {_text(_unwrap(record.get('job')))}"]
@@ -446,7 +307,9 @@ def render(record: dict[str, Any], width: int = WIDTH) -> str:
     lines.append(_cut("record: " + ", ".join(head), width))
     if record.get("digest") is not None:
         lines.append(_cut(f"digest: {_text(_unwrap(record['digest']))}", width))
-    known = set(SECTIONS) | {"verdict", "schema", "job", "complete", "digest"}
+    if "metrics" in record:
+        lines += _metrics_lines(record["metrics"], width)
+    known = set(SECTIONS) | {"verdict", "schema", "job", "complete", "digest", "metrics"}
     for section in list(SECTIONS) + [k for k in record if k not in known]:
         if section not in record:
             continue
