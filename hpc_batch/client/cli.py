@@ -565,8 +565,19 @@ def cmd_attach(conn, a) -> int:
         deadline = time.monotonic() + 30
 
 
+def cmd_history(conn, a) -> int:
+    from .history import cmd_history as history
+    return history(conn, a, Out(a["--json"]))
+
+
+def cmd_report(conn, a) -> int:
+    from .history import cmd_report as report
+    return report(conn, a, Out(a["--json"]))
+
+
 COMMANDS = {"new": cmd_new, "list": cmd_list, "attach": cmd_attach, "kill": cmd_kill, "wait": cmd_wait,
-            "show": cmd_show, "record": cmd_record, "status": cmd_status, "job": cmd_job}
+            "show": cmd_show, "record": cmd_record, "status": cmd_status, "job": cmd_job,
+            "history": cmd_history, "report": cmd_report}
 
 
 def main(argv=None) -> int:

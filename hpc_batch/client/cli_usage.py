@@ -19,6 +19,8 @@ Usage:
   dispatch show [--json] [--record] <job>
   dispatch record diff [--json] <a> <b>
   dispatch status [--json]
+  dispatch history [options] [<job>...]
+  dispatch report [options] [<job>...]
   dispatch job <job> max-time (get | set <duration> | add <duration>)
   dispatch (-h | --help)
   dispatch --version
@@ -32,6 +34,8 @@ Commands:
   show     Everything about one job (--record: its reproducibility record).
   record   Compare two jobs' records: dispatch record diff A B.
   status   The machine at a glance: CPUs, memory and GPUs per NUMA node, the queue.
+  history  Your finished jobs, as far back as the daemon keeps them.
+  report   A series of runs side by side: times, verdicts, spread, a plot.
   job      Read a job's max time; admins can set it or add to it.
 
 A <job> is its id, or the --name it was given (your newest job of that name,
@@ -227,6 +231,67 @@ Options:
   -h --help    Show this help.
 """
 
+HISTORY_USAGE = """Your finished jobs, newest last, from the history the daemon keeps (for as long
+as the admin's hpc-batchd --history-days and --history-per-user say; dispatch
+list --finished shows only the most recent). Columns: id, name, array element (FIRST_INDEX), end time, wall
+time, CPU time, exit, verdict, command. dispatch show, show --record and
+record diff work on every job listed here.
+
+With jobs named (ids or FIRST-LAST ranges), only those.
+
+Usage:
+  dispatch history [options] [<job>...]
+  dispatch history (-h | --help)
+
+Options:
+  --name NAME       Jobs of this --name.
+  --array ID        The jobs of the bulk submit whose first job is ID.
+  --state RESULT    Jobs that ended so: exited, signalled, killed, timeout, oom,
+                    error, cancelled, dependency-failed, lost; or failed
+                    (anything but an exit 0).
+  --verdict V       Jobs whose record says clean, noisy or unknown; none: no record.
+  --since TIME      Jobs that ended at or after TIME: 2026-12-01, 2026-12-01T09:30,
+                    or a duration ago (7d, 12h).
+  --until TIME      Jobs that ended before TIME (same forms).
+  --setup DIGEST    Jobs whose setup digest is DIGEST (sha256:..., or its first 8+
+                    hex digits): runs that compare.
+  --limit N         At most the newest N jobs [default: 100].
+  --user USER       Another user's jobs (admins).
+  --all             Every user's jobs (admins).
+  --json            One JSON document: {"jobs": [...]} (fields in docs/json.md).
+  -h --help         Show this help.
+"""
+
+REPORT_USAGE = """A series of runs side by side: one row per run (id, start, wall time, CPU time,
+the verdict and its first cause, * where the setup differs from the first
+run's), then the spread of all runs and of the clean ones apart (n, median,
+IQR, min, max, coefficient of variation), the outliers (median +- 3 MAD),
+whether the runs compare (their setup digests), how many were noisy and why,
+and a plot: one mark per run, in order, o clean, x noisy, ? unknown.
+
+Select the runs from your history: by ids or FIRST-LAST ranges, or with
+the options --name, --array or --setup (together: all must hold).
+
+Usage:
+  dispatch report [options] [<job>...]
+  dispatch report (-h | --help)
+
+Options:
+  --name NAME       Runs of this --name.
+  --array ID        The runs of the bulk submit whose first job is ID.
+  --setup DIGEST    Runs with this setup digest (sha256:..., or 8+ hex digits).
+  --since TIME      Runs that ended at or after TIME (2026-12-01, or 7d ago).
+  --until TIME      Runs that ended before TIME.
+  --metric NAME     Summarise the job's own figure NAME (the lines it wrote to
+                    $HPC_BATCH_METRICS_FILE) instead of wall time.
+  --plot FILE       Also draw the series into FILE, an SVG image.
+  --no-plot         No plot on the terminal.
+  --limit N         At most the newest N runs [default: 1000].
+  --user USER       Another user's runs (admins).
+  --json            One JSON document (fields in docs/json.md).
+  -h --help         Show this help.
+"""
+
 JOB_USAGE = """Read a job's max time, or (admins only) change it: set a new one, or add to it.
 A running job's deadline moves with it (counted from when it started).
 
@@ -242,4 +307,4 @@ Options:
 
 SUBCOMMANDS = {"new": NEW_USAGE, "list": LIST_USAGE, "attach": ATTACH_USAGE, "kill": KILL_USAGE,
                "wait": WAIT_USAGE, "show": SHOW_USAGE, "record": RECORD_USAGE, "status": STATUS_USAGE,
-               "job": JOB_USAGE}
+               "history": HISTORY_USAGE, "report": REPORT_USAGE, "job": JOB_USAGE}

@@ -11,7 +11,7 @@ docs give:
 - ``watch_job``: the job of a ``watch`` stream's ``job`` event (the summary
   less the command, which can be large); ``end_fields`` and ``forgotten_end``:
   the ``end`` event that closes an ``attach`` stream;
-- ``history_line``: a finished job's line in its user's history file;
+- ``history_row``: a finished job's row in the history archive;
 - ``dev_info``: ``info.json`` of the job's ``/dev/hpc-batch/jobs/<id>`` entry.
 
 Inputs are plain: the job record (its allocation is ``job.alloc``), the
@@ -118,23 +118,29 @@ def forgotten_end(job_id: int) -> dict[str, Any]:
     return {"id": job_id, "state": "unknown", "exit": None, "note": None}
 
 
-def history_line(job: Job) -> dict[str, Any]:
-    """The history record of a finished job (``history.History`` writes it as one JSON line)."""
+def history_row(job: Job) -> dict[str, Any]:
+    """A finished job's row in the history archive (``dispatch history --json``; ``report`` reads it).
+
+    What the job's record adds (the verdict's ``causes`` and ``reasons``, the ``setup_digest``, the
+    job's own ``metrics``) is empty here: the archive fills it in when it reads the record.
+    """
     res = job.get_result()
     alloc = job.alloc or {}
     started, ended = job.started, job.ended
     command, command_len = job.shown
+    array = None if job.array is None else {k: job.array.get(k) for k in ("first", "index", "limit")}
     return {
-        "id": job.id, "user": job.user, "uid": job.uid, "name": job.name, "command": command,
-        "command_len": command_len,
+        "id": job.id, "user": job.user, "uid": job.uid, "name": job.name, "array": array,
+        "command": command, "command_len": command_len,
         "submitted": job.submitted, "started": started, "ended": ended,
-        "wall": (ended - started) if started is not None and ended is not None else None,
-        "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
+        "wall_s": (ended - started) if started is not None and ended is not None else None,
+        "cpu_s": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
         "state": job.state, "result": res.kind if res else None, "exit": exit_column(res),
         **_how_it_ended(res), "max_time": job.max_time, "mem": job.budget.get("mem"),
         "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"), "output": job.output,
         "output_error": job.output_error,
         "verdict": job.stats.get("verdict"), "record_digest": job.stats.get("record_digest"),
+        "causes": [], "reasons": [], "setup_digest": None, "metrics": {},
     }
 
 

@@ -53,9 +53,8 @@ from ..core.jobs import (
 from ..core.jobtable import JobTable, Running, request_of
 from ..core.sizes import format_mem
 from ..wire.protocol import JobSetting, NewJob
-from . import cgroups, devdir, jobrecord, launcher, probe, quiet
+from . import archive, cgroups, devdir, jobrecord, launcher, probe, quiet
 from .access import Caller
-from .history import History
 from .store import is_disk_full
 from .undelivered import Bounds as UndeliveredBounds
 from .undelivered import Undelivered
@@ -74,7 +73,7 @@ class Refused(Exception):
 class Engine:
     """Queue, running set and finished history, backed by a Store."""
 
-    def __init__(self, cfg, store, machine, limits, dev: devdir.DevDir, hooks):
+    def __init__(self, cfg, store, machine, limits, dev: devdir.DevDir, hooks, history=None):
         self.cfg = cfg
         self.store = store
         self.machine = machine
@@ -99,7 +98,12 @@ class Engine:
         self.info_due: list[int] = []
         # While any --benchmark=strict job is queued, the machine is watched (swap, throttling).
         self.bench_watch = benchmark.Watch(defaults.BENCH_PROBE_INTERVAL)
-        self.history = History(store.root, cfg.history_per_user)
+        # Every finished job goes on to the history archive; its directory is evicted only once
+        # its row is committed there (unarchived: finished, not yet; evict_archived: evicted, waiting).
+        self.archive = history if history is not None else archive.Archive(
+            store.root, cfg.history_per_user, cfg.history_days)
+        self.unarchived: set[int] = set()
+        self.evict_archived: dict[int, int] = {}
         self.undelivered = Undelivered(store.root, UndeliveredBounds(
             cfg.undelivered_max, cfg.undelivered_per_user, cfg.undelivered_max_age))
         self.next_id = 1
@@ -155,6 +159,10 @@ class Engine:
         # bounded number per turn (start-up never works through them all before serving).
         table = self.table
         self.to_settle.extend(sorted(table.waiting))
+        self.archive.start(self.next_id)
+        for job in jobs:   # what a crash kept from the archive; the writer skips those it has
+            if job.state == FINISHED and job.id in self.jobs:
+                self._archive(job, if_absent=True)
         self.dev.prune(set(table.queued) | set(table.running) | table.waiting)
         if self.cfg.cgroups:
             gone = cgroups.prune(self.cfg.cgroup_root, set(table.running))
@@ -1015,7 +1023,7 @@ class Engine:
         self.dev.remove(job.id)
         log.info("job %d finished: %s%s", job.id, exit_column(result),
                  f" ({result.note})" if result.note else "")
-        self.history.record(job)
+        self._archive(job)
         self.hooks.job_event(job.id, "finished")
         self._evict(job.uid)
         if handle is not None:
@@ -1099,7 +1107,8 @@ class Engine:
             self.save_meta()
 
     def _evict(self, uid: int) -> None:
-        """Forget the user's oldest finished jobs past --keep-finished (a heap: no scan of all jobs)."""
+        """Forget the user's oldest finished jobs past --keep-finished (a heap: no scan of all jobs);
+        one whose archive row is not committed yet goes once it is (:meth:`archived`)."""
         ids = self.table.take_evictable(uid, self.cfg.keep_finished)
         if not ids:
             return
@@ -1108,10 +1117,52 @@ class Engine:
             self.table.put_back(uid, ids)
             return
         for job in [self.jobs[i] for i in ids]:
-            if job.output_error:
-                self._keep_undelivered(job)
-            self.store.remove_job(job.id)
-            self.table.forget([job])
+            if job.id in self.unarchived:
+                self.evict_archived[job.id] = uid
+                self.archive.want_durable()
+            else:
+                self._forget(job)
+
+    def _forget(self, job: Job) -> None:
+        if job.output_error:
+            self._keep_undelivered(job)
+        self.store.remove_job(job.id)
+        self.table.forget([job])
+
+    # -- the history archive ----------------------------------------------------
+    def _archive(self, job: Job, if_absent: bool = False) -> None:
+        """Hand a finished job to the archive's writer (its record is read there, off the loop)."""
+        row = views.history_row(job)
+        try:
+            doc = views.show(job, self.machine, position=None, why=None, cgroup=None, now=job.ended or 0.0)
+        except Exception:   # a record too damaged to describe (its allocation): keep what the row says
+            log.exception("job %d: cannot describe it for the history; keeping its summary row", job.id)
+            doc = dict(row)
+        command, length = job.shown
+        if length > len(command):   # a huge command is kept cut, as the listing shows it
+            doc.update(command=command, argv=None)
+        res = job.get_result()
+        rec = os.path.join(self.store.job_dir(job.id), records.RECORD) if job.started is not None else None
+        if not self.archive.put(archive.Entry(
+                id=job.id, uid=job.uid, user=job.user, name=job.name,
+                array_first=job.array.get("first") if isinstance(job.array, dict) else None,
+                result=res.kind if res else None, code=res.code if res else None, started=job.started,
+                ended=job.ended or 0.0, row=row, show=doc, record_path=rec, if_absent=if_absent)):
+            self.unarchived.add(job.id)
+
+    def archived(self, ids: list[int]) -> None:
+        """The archive committed these jobs' rows: evict those that waited for it."""
+        for job_id in ids:
+            self.unarchived.discard(job_id)
+            if self.evict_archived.pop(job_id, None) is not None and job_id in self.jobs:
+                self._forget(self.jobs[job_id])
+
+    def archive_query(self, caller: Caller, kind: str, ref: Any, now: float,
+                      filters: archive.Filters | None = None) -> archive.Query:
+        """A question for the archive's reader, as *caller* may ask it."""
+        return archive.Query(kind=kind, uid=caller.uid, is_admin=caller.is_admin,
+                             list_public=self.cfg.list_is_public, token=None, ref=ref, filters=filters,
+                             next_id=self.next_id, now=now)
 
     def _keep_undelivered(self, job: Job) -> None:
         self.undelivered.keep(job.id, job.user, os.path.join(self.store.job_dir(job.id), records.OUTPUT), time.time())

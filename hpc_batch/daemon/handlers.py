@@ -1,9 +1,11 @@
 """One handler per verb: the daemon's side of each ``dispatch`` command.
 
 Each takes the engine, the caller (from SO_PEERCRED) and the validated
-payload, and returns a reply message. ``attach``, ``wait`` and ``watch``
-are not here: they hold their connection until the daemon has something to
-say, so the server owns them.
+payload, and returns a reply message, or a :class:`Deferred`: a question for
+the history archive's reader thread (``history``, and ``show``/``record`` of a
+job the daemon no longer holds), whose answer the server sends when it comes.
+``attach``, ``wait`` and ``watch`` are not here: they hold their connection
+until the daemon has something to say, so the server owns them.
 """
 
 from collections.abc import Callable
@@ -15,12 +17,21 @@ from .. import __version__
 from ..core.jobs import Job
 from ..core.listrows import format_row
 from ..wire import protocol
-from ..wire.protocol import JobRef, JobSetting, ListJobs, NewJob, Ping, Status
+from ..wire.protocol import History, JobRef, JobSetting, ListJobs, NewJob, Ping, Status
 from .access import Caller
+from .archive import Filters, Query
 from .engine import Engine, Refused
 
-# (engine, caller, validated payload of the handler's own verb, now) -> reply message
-Handler = Callable[[Engine, Caller, Any, float], dict[str, Any]]
+
+class Deferred:
+    """A reply the archive's reader gives later; the server holds the connection until it comes."""
+
+    def __init__(self, query: Query):
+        self.query = query
+
+
+# (engine, caller, validated payload of the handler's own verb, now) -> reply message, or Deferred
+Handler = Callable[[Engine, Caller, Any, float], "dict[str, Any] | Deferred"]
 
 
 def new(engine: Engine, caller: Caller, req: NewJob, now: float) -> dict[str, Any]:
@@ -99,14 +110,35 @@ def job(engine: Engine, caller: Caller, req: JobSetting, now: float) -> dict[str
     return protocol.ok(**engine.job_setting(caller, req, now))
 
 
-def show(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, Any]:
-    """``dispatch show JOB``."""
-    return protocol.ok(job=engine.show(caller, req.id, now), now=now)
+def show(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, Any] | Deferred:
+    """``dispatch show JOB``: a job the daemon holds, else one from the history."""
+    try:
+        return protocol.ok(job=engine.show(caller, req.id, now), now=now)
+    except Refused as exc:
+        if exc.code != "not_found":
+            raise
+        return Deferred(engine.archive_query(caller, "show", req.id, now))
 
 
-def record(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, Any]:
-    """``dispatch show --record JOB`` and ``dispatch record diff``: one job's record."""
-    return protocol.ok(record=engine.record(caller, req.id))
+def record(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, Any] | Deferred:
+    """``dispatch show --record JOB`` and ``dispatch record diff``: one job's record (from the
+    history for a job the daemon no longer holds)."""
+    try:
+        return protocol.ok(record=engine.record(caller, req.id))
+    except Refused as exc:
+        if exc.code != "not_found":
+            raise
+        return Deferred(engine.archive_query(caller, "record", req.id, now))
+
+
+def history(engine: Engine, caller: Caller, req: History, now: float) -> Deferred:
+    """``dispatch history`` and ``dispatch report``: a page of finished jobs from the archive."""
+    if (req.all or (req.user is not None and req.user != caller.name)) and not caller.is_admin:
+        raise Refused("only members of the admin group may read other users' history", "forbidden")
+    filters = Filters(user=req.user, all_users=req.all, name=req.name, array=req.array, ids=req.ids,
+                      result=req.result, verdict=req.verdict, since=req.since, until=req.until,
+                      setup=req.setup, before=req.before, limit=req.limit)
+    return Deferred(engine.archive_query(caller, "history", None, now, filters))
 
 
 def status(engine: Engine, caller: Caller, req: Status, now: float) -> dict[str, Any]:
@@ -120,4 +152,4 @@ def ping(engine: Engine, caller: Caller, req: Ping, now: float) -> dict[str, Any
 
 
 HANDLERS: dict[str, Handler] = {"new": new, "list": list_jobs, "kill": kill, "show": show, "record": record,
-                                 "status": status, "job": job, "ping": ping}
+                                 "status": status, "job": job, "ping": ping, "history": history}

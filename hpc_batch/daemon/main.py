@@ -103,8 +103,11 @@ Options:
   --max-output-buffer SIZE Output kept for attach in the state dir; the rest
                            goes straight to the job's log file
                            [default: {defaults.MAX_OUTPUT_BUFFER}]
-  --history-per-user SIZE  Accounting lines kept per user under
-                           <state-dir>/history/ [default: {defaults.HISTORY_PER_USER}]
+  --history-per-user SIZE  Finished jobs and their records kept per user in
+                           <state-dir>/history.db, compressed; a user's oldest
+                           go first [default: {defaults.HISTORY_PER_USER}]
+  --history-days N         Days a finished job stays in the history
+                           [default: {defaults.HISTORY_DAYS}]
   --undelivered-max SIZE   Outputs whose delivery failed, kept in all
                            [default: {defaults.UNDELIVERED_MAX}]
   --undelivered-per-user SIZE
@@ -168,6 +171,7 @@ class Config:
     metrics_gid: int = -1             # the metrics file's group (--metrics-group, or its directory's)
     # The flags' defaults, for a Config made without parse_args (tests): one definition, in defaults.py.
     history_per_user: int = parse_size(defaults.HISTORY_PER_USER, "M")
+    history_days: int = defaults.HISTORY_DAYS
     undelivered_max: int = parse_size(defaults.UNDELIVERED_MAX, "M")
     undelivered_per_user: int = parse_size(defaults.UNDELIVERED_PER_USER, "M")
     undelivered_max_age: int = parse_duration(defaults.UNDELIVERED_MAX_AGE)
@@ -253,6 +257,7 @@ def parse_args(argv) -> Config:
         cgroups=not a["--no-cgroups"],
         gpu_mask=not a["--no-gpu-mask"],
         history_per_user=_size("--history-per-user", a["--history-per-user"], "M", 64 << 10),
+        history_days=_count("--history-days", a["--history-days"], 1, 36500),
         undelivered_max=_size("--undelivered-max", a["--undelivered-max"], "M"),
         undelivered_per_user=_size("--undelivered-per-user", a["--undelivered-per-user"], "M"),
         undelivered_max_age=_duration("--undelivered-max-age", a["--undelivered-max-age"]),
@@ -482,6 +487,7 @@ def main(argv=None) -> int:
     sdnotify.ready()
     reason = server.run()
     server.close_clients()
+    server.engine.archive.stop()   # what it has not written yet is handed to it again at the next start
     launcher.stop_fork_server()   # the shepherds it forked are not its children: they run on
     if reason == "reload":
         sdnotify.reloading()

@@ -1,11 +1,13 @@
 """The daemon's event loop: the socket, client connections, kernel events.
 
-One thread, one selector (the only other thread deletes evicted job
-directories: store.Sweeper). Every socket is non-blocking and every reply is
-buffered, so a slow or malicious client can only stall itself. The loop
+One thread, one selector (the other threads delete evicted job directories,
+store.Sweeper, and write and read the history archive, archive.Archive).
+Every socket is non-blocking and every reply is buffered, so a slow or
+malicious client can only stall itself. The loop
 sleeps until something happens: a client writes, a shepherd exits (its pidfd
 becomes readable), a job writes output someone is attached to (inotify), a
-signal arrives (the wakeup fd), or the engine's next deadline comes.
+signal arrives (the wakeup fd), the history archive has committed jobs or
+answered a query (its pipe), or the engine's next deadline comes.
 
 Every client is bounded: connections per user (--max-connections-per-user),
 bytes of unfinished frames per user, reply bytes a user leaves unread
@@ -36,7 +38,7 @@ from shepherd.records import reap_children
 from ..wire import framing, protocol
 from . import access
 from .engine import Engine, Refused
-from .handlers import HANDLERS
+from .handlers import HANDLERS, Deferred
 from .ratelog import RateLimited
 from .streams import CHUNK, FALLBACK_POLL, AttachState, Streams
 
@@ -72,11 +74,13 @@ class Conn:
         self.unsent = False                       # a reply held until this turn's commit
         self.submitted: set[int] = set()          # jobs that held reply acknowledges
         self.watching = False                     # a watch: told of each of its user's job changes
+        self.deferred = False                     # its reply comes from the history archive's reader
 
     def may_take_request(self) -> bool:
-        """Backpressure: no new request while a reply is unsent, unless that reply only
-        waits for this turn's commit (then pipelined requests share the commit, up to a bound)."""
-        return not self.out or (self.unsent and len(self.out) < HELD_REPLY_BYTES)
+        """Backpressure: no new request while a reply is unsent (or still to come from the archive),
+        unless that reply only waits for this turn's commit (then pipelined requests share the
+        commit, up to a bound)."""
+        return not self.deferred and (not self.out or (self.unsent and len(self.out) < HELD_REPLY_BYTES))
 
     @property
     def held(self) -> bool:
@@ -134,6 +138,7 @@ class Server:
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
         self.sel.register(rfd, selectors.EVENT_READ, ("signal", None))
+        self.sel.register(engine.archive.fd, selectors.EVENT_READ, ("archive", None))
         if self.streams.inotify:
             self.sel.register(self.streams.inotify.fd, selectors.EVENT_READ, ("inotify", None))
         reap_children()  # shepherds that ended while we were re-executing
@@ -188,6 +193,8 @@ class Server:
                         self.streams.on_inotify()
                     elif kind == "signal":
                         self._drain_signals()
+                    elif kind == "archive":
+                        self._archive_done()
                 except Exception:  # one bad event must not take the daemon down
                     rlog.exception(f"event-{kind}", "error handling %s event", kind)
                     if kind == "conn":
@@ -226,6 +233,19 @@ class Server:
                 self._flush(conn)
             if conn.open() and not conn.out and conn.decoder.pending:
                 self.resume.append(conn)   # pipelined requests it sent meanwhile: next turn
+
+    def _archive_done(self) -> None:
+        """What the history archive's threads finished: jobs it holds now, answers to send."""
+        assert self.engine is not None
+        done = self.engine.archive.take()
+        if done.archived:
+            self.engine.archived(done.archived)
+        for conn, answer in done.answers:
+            if conn.open() and conn.deferred:
+                conn.deferred = False
+                self._reply(conn, answer)
+                if conn.open() and conn.decoder.pending:
+                    self.resume.append(conn)   # requests it pipelined behind the query
 
     def _drain_signals(self) -> None:
         try:
@@ -445,7 +465,15 @@ class Server:
                     self.streams.watch(conn)
                     continue
                 reply = HANDLERS[op](self.engine, conn.caller, payload, now)
-                if op == "new" and reply.get("ok"):
+                if isinstance(reply, Deferred):
+                    reply.query.token = conn
+                    busy = self.engine.archive.ask(reply.query)
+                    if busy is None:
+                        conn.deferred = True   # answered from _archive_done
+                        self.engine.run_pending(now)
+                        return
+                    reply = protocol.error(busy, "busy")
+                elif op == "new" and reply.get("ok"):
                     first = reply["result"]["id"]
                     conn.submitted |= set(range(first, reply["result"].get("last", first) + 1))
             except Refused as exc:

@@ -18,7 +18,7 @@ from .. import bounds
 
 # Re-exported (``protocol.ok(...)`` and the rest): the redundant aliases mark them public.
 from ..core.jobnames import NAME_RULE, split_ref, valid_name
-from ..core.jobs import MAX_AFTER
+from ..core.jobs import MAX_AFTER, RESULTS
 from .messages import VERSION as VERSION
 from .messages import error as error
 from .messages import event as event
@@ -367,13 +367,91 @@ class JobSetting:
         return cls(id=ref.id, setting=setting, action=action, seconds=seconds)
 
 
+# A history reply is one page, newest first: at most this many rows and about this many bytes.
+HISTORY_PAGE_ROWS = 1000
+HISTORY_PAGE_BYTES = 1 << 20
+HISTORY_ID_RANGES = 64              # id ranges one history request may name
+HISTORY_RESULTS = RESULTS + ("failed",)   # "failed": anything but an exit 0
+HISTORY_VERDICTS = ("clean", "noisy", "unknown", "none")   # "none": no record
+SETUP_PREFIX = "sha256:"
+MAX_EPOCH = 1e11                    # seconds since 1970: a bound for since/until
+
+
+def _epoch(args: Args, name: str) -> float | None:
+    value = _get(args, name, (int, float), default=None, allow_none=True)
+    if value is not None and not 0 <= value <= MAX_EPOCH:
+        raise ProtocolError(f"field {name!r} must be a time in seconds since 1970")
+    return None if value is None else float(value)
+
+
+def _setup(args: Args) -> str | None:
+    value: str | None = _get(args, "setup", (str,), default=None, allow_none=True)
+    if value is None:
+        return None
+    digits = value.removeprefix(SETUP_PREFIX)
+    if not (8 <= len(digits) <= 64 and all(c in "0123456789abcdef" for c in digits)):
+        raise ProtocolError("field 'setup' must be a setup digest (sha256:...), or at least its first 8 "
+                            "hex digits")
+    return SETUP_PREFIX + digits
+
+
+def _ranges(args: Args) -> tuple[tuple[int, int], ...]:
+    value = _get(args, "ids", (list,), default=[])
+    if len(value) > HISTORY_ID_RANGES:
+        raise ProtocolError(f"field 'ids' may hold at most {HISTORY_ID_RANGES} ranges")
+    out = []
+    for pair in value:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(
+                type(n) is int and 0 < n <= bounds.MAX_ID for n in pair) and pair[0] <= pair[1]):
+            raise ProtocolError("field 'ids' must hold [first, last] pairs of job ids, first <= last")
+        out.append((pair[0], pair[1]))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class History:
+    """``dispatch history`` and ``dispatch report``: one page of the caller's finished jobs, newest first.
+
+    Every filter is optional. Only admins may name another *user* or ask for
+    *all* users. The reply's ``more`` is the *before* of the next page (older
+    jobs), or None at the end.
+    """
+
+    user: str | None = None
+    all: bool = False
+    name: str | None = None
+    array: int | None = None
+    ids: tuple[tuple[int, int], ...] = ()
+    result: str | None = None
+    verdict: str | None = None
+    since: float | None = None
+    until: float | None = None
+    setup: str | None = None
+    before: int | None = None
+    limit: int = HISTORY_PAGE_ROWS
+
+    @classmethod
+    def from_args(cls, args: Args) -> "History":
+        user = _get(args, "user", (str,), default=None, allow_none=True)
+        if user is not None and split_ref(f"{user}:x") is None:
+            raise ProtocolError("field 'user' must be a login name")
+        return cls(user=user, all=_get(args, "all", (bool,), default=False), name=_name(args),
+                   array=_int(args, "array", 1, bounds.MAX_ID, default=None, allow_none=True),
+                   ids=_ranges(args),
+                   result=_choice(args, "result", HISTORY_RESULTS, None),
+                   verdict=_choice(args, "verdict", HISTORY_VERDICTS, None),
+                   since=_epoch(args, "since"), until=_epoch(args, "until"), setup=_setup(args),
+                   before=_int(args, "before", 1, bounds.MAX_ID, default=None, allow_none=True),
+                   limit=_int(args, "limit", 1, HISTORY_PAGE_ROWS, default=HISTORY_PAGE_ROWS))
+
+
 # A validated request, whichever verb it is.
-Payload = NewJob | ListJobs | Attach | JobRef | Ping | JobSetting | WaitJobs | Status | Watch
+Payload = NewJob | ListJobs | Attach | JobRef | Ping | JobSetting | WaitJobs | Status | Watch | History
 
 # One line a verb: the daemon's dispatch table is keyed on the same names.
 REQUESTS: dict[str, type[Payload]] = {"new": NewJob, "list": ListJobs, "attach": Attach, "kill": JobRef,
                                       "wait": WaitJobs, "show": JobRef, "record": JobRef, "status": Status,
-                                      "job": JobSetting, "ping": Ping, "watch": Watch}
+                                      "job": JobSetting, "ping": Ping, "watch": Watch, "history": History}
 
 
 def _short(value: object) -> str:

@@ -92,10 +92,13 @@ def test_a_finished_job_has_a_complete_record_its_owner_can_read_and_nobody_else
     # For people: the verdict first.
     text = d.ok("show", "--record", str(job), user=ALICE)
     assert text.splitlines()[0].lower().startswith("verdict"), text[:300]
-    # The history line carries the verdict and the digest.
-    with open(os.path.join(d.state_dir, "history", f"{ALICE}.jsonl")) as f:
-        line = [json.loads(x) for x in f if json.loads(x)["id"] == job][0]
+    # The history row carries the verdict, its causes and the digest.
+    def row():
+        rows = json.loads(d.ok("history", "--json", str(job), user=ALICE))["jobs"]
+        return rows[0] if rows else None
+    line = wait_for(row, what=f"job {job} in the history")
     assert line["verdict"] == rec["verdict"]["verdict"] and line["record_digest"] == rec["digest"]
+    assert line["causes"] == rec["verdict"]["causes"][:5]
 
 
 def test_a_queued_job_has_no_record_yet_and_a_running_one_has_a_partial_one(daemon, users, scratch):
@@ -248,3 +251,66 @@ def test_a_record_survives_a_daemon_restart_mid_job(daemon_factory, users, scrat
     rec = _record(d, job)
     assert rec["complete"] is True and rec["verdict"]["verdict"] in VERDICTS
     assert rec["sentinels"]["delta"], rec["sentinels"]
+
+
+# -- the job's own figures (issue 30) -------------------------------------------------
+
+def test_a_jobs_own_figures_are_kept_in_its_record_and_bad_lines_quoted_escaped(daemon, users, scratch):
+    d = daemon
+    # The file is the job's own, new and empty; a value forwarded with --env never wins.
+    script = ('case "$HPC_BATCH_METRICS_FILE" in /tmp/hpc-batch-metrics.*) ;; *) exit 8;; esac; '
+              '[ -f "$HPC_BATCH_METRICS_FILE" ] && [ -O "$HPC_BATCH_METRICS_FILE" ] '
+              '&& [ ! -s "$HPC_BATCH_METRICS_FILE" ] || exit 9; '
+              'printf "solve 1.5 s\\nsolve 2.5 s\\n# a comment\\ngflops 31\\nnot a figure line\\n'
+              '\\033[31mred 1\\nsolve nan s\\n" >> "$HPC_BATCH_METRICS_FILE"')
+    job = _sub(d, "sh", "-c", script, flags=("--env",), env={"HPC_BATCH_METRICS_FILE": "/tmp/forwarded"})
+    row = _finished(d, job)
+    assert exit_of(row) == "0", row
+    rec = _record(d, job)
+    metrics = rec["metrics"]
+    path = metrics["source"]
+    assert path.startswith(f"/tmp/hpc-batch-metrics.{job}."), metrics
+    value = metrics["value"]
+    assert value["names"] == {"solve": {"unit": "s", "values": [1.5, 2.5], "count": 2, "last": 2.5},
+                              "gflops": {"unit": None, "values": [31.0], "count": 1, "last": 31.0}}
+    assert value["invalid"]["count"] == 3
+    assert [(q["line"], q["text"]) for q in value["invalid"]["first"]] == [
+        (5, "not a figure line"), (6, "\\x1b[31mred 1"), (7, "solve nan s")]
+    assert not os.path.lexists(path)     # removed once read
+    # The variable is in the environment the record describes, and left out of the submitted digest.
+    assert "HPC_BATCH_METRICS_FILE" in rec["software"]["environment"]["keys"]["value"]
+    assert "HPC_BATCH_METRICS_FILE" in rec["software"]["environment"]["submitted_sha256"]["source"]
+    # For people: one line a name, nothing from the file reaching the terminal unescaped.
+    text = d.ok("show", "--record", str(job), user=ALICE)
+    assert "  solve: last 2.5 s, 2 values: 1.5, 2.5" in text.splitlines(), text
+    assert "\x1b" not in text and '"\\x1b[31mred 1"' in text
+
+
+def test_figures_replaced_by_a_symlink_or_a_fifo_are_refused_and_the_daemon_goes_on(daemon, users, scratch):
+    d = daemon
+    # alice cannot read /etc/shadow; root must not read it for her through the name it gave her.
+    link = _sub(d, "sh", "-c", 'ln -sf /etc/shadow "$HPC_BATCH_METRICS_FILE"')
+    fifo = _sub(d, "sh", "-c", 'rm -f "$HPC_BATCH_METRICS_FILE" && mkfifo "$HPC_BATCH_METRICS_FILE"')
+    left = []
+    try:
+        for job in (link, fifo):
+            assert exit_of(_finished(d, job)) == "0"
+        got = _record(d, link)["metrics"]
+        left.append(got["source"])
+        assert set(got) == {"value", "source", "error"} and got["value"] is None, got
+        assert "symbolic link" in got["error"] and "not read" in got["error"], got
+        assert os.path.islink(got["source"]) and os.readlink(got["source"]) == "/etc/shadow"
+        # A FIFO with no writer: opened without blocking, never read; the shepherd finished the record.
+        got = _record(d, fifo)["metrics"]
+        left.append(got["source"])
+        assert got["value"] is None and "FIFO" in got["error"], got
+        assert not os.path.lexists(got["source"])
+        # The daemon and the next job's shepherd go on as ever.
+        after = _sub(d, "sh", "-c", 'echo "t 1" > "$HPC_BATCH_METRICS_FILE"')
+        _finished(d, after)
+        assert _record(d, after)["metrics"]["value"]["names"]["t"]["values"] == [1.0]
+        assert d.ping()
+    finally:
+        for path in left:
+            if os.path.islink(path):
+                os.unlink(path)

@@ -79,8 +79,11 @@ def test_the_record_reads_back_the_cgroup_is_unknown_here_and_survives_a_daemon_
     # The file in the state directory: root's, 0640.
     mode = g.run(f"stat -c '%U %a' /var/lib/hpc-batch/jobs/{job}/record.json", timeout=30, check=True).out.split()
     assert mode == ["root", "640"], mode
-    # The verdict and digest reached the history line.
-    hist = g.run(f"grep '\"id\": {job},' /var/lib/hpc-batch/history/alice.jsonl || "
-                 f"grep '\"id\":{job},' /var/lib/hpc-batch/history/alice.jsonl", timeout=30, check=True).out
-    line = json.loads(hist.strip().splitlines()[-1])
+    # The verdict and digest reached the history archive (its writer commits the row just after the end).
+    def row():
+        out = g.run(f"dispatch history --json {job}", user="alice", timeout=30, check=True).out
+        rows = json.loads(out)["jobs"]
+        return rows[0] if rows else None
+    line = wait_for(row, 60, what=f"job {job} in alice's history")
     assert line["verdict"] == rec["verdict"]["verdict"] and line["record_digest"] == rec["digest"]
+    assert line["setup_digest"] and line["setup_digest"].startswith("sha256:")

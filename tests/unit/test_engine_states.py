@@ -37,7 +37,17 @@ import tempfile
 from dataclasses import dataclass
 
 import pytest
-from enginefakes import ROOT, T0, FakeLauncher, FakePasswd, Hooks, MemoryStore, make_config, make_machine
+from enginefakes import (
+    ROOT,
+    T0,
+    FakeLauncher,
+    FakePasswd,
+    Hooks,
+    InstantArchive,
+    MemoryStore,
+    make_config,
+    make_machine,
+)
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -266,7 +276,8 @@ class EngineStates(RuleBasedStateMachine):
     def _start(self) -> None:
         """A daemon start: a fresh Engine on the same store recovers, schedules and commits (daemon.build)."""
         self.watcher = Watcher()
-        self.eng = Engine(self.cfg, self.store, self.machine, self.limits, devdir.DevDir(None, 0), self.watcher)
+        self.eng = Engine(self.cfg, self.store, self.machine, self.limits, devdir.DevDir(None, 0), self.watcher,
+                          history=InstantArchive())
         self.watcher.eng = self.eng
         self.eng.root_mode = True
         self.eng.recover()

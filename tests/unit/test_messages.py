@@ -153,7 +153,8 @@ def test_verbs_agree_between_cli_protocol_and_daemon():
     # Every request has a handler (attach, wait and watch hold their
     # connection, so the server owns them) and every CLI command sends one;
     # ping is the protocol's own liveness probe and watch is the event stream
-    # programs read (the PSI/J executor), neither a command of their own.
+    # programs read (the PSI/J executor), neither a command of their own;
+    # report is history's rows set side by side, so it sends history.
     assert set(protocol.REQUESTS) == set(HANDLERS) | {"attach", "wait", "watch"}
-    assert set(cli.COMMANDS) == set(protocol.REQUESTS) - {"ping", "watch"}
+    assert set(cli.COMMANDS) == set(protocol.REQUESTS) - {"ping", "watch"} | {"report"}
     assert set(cli.SUBCOMMANDS) == set(cli.COMMANDS)

@@ -29,7 +29,7 @@ PASSAGES = {
     "wait": ("- `wait`: `jobs` (", ") and `exit`"),
     "watch": ("each `job` event's `job` has", "; the `end` event"),
     "end": ("the `end` event that closes an `attach` stream has", "- `status`:"),
-    "history": ("The fields are", "Versions before this one"),
+    "history": ("A history row has", "Rows migrated from"),
     "info": ("`info.json` (metadata, as in `list --json`:", ") and `output` (combined"),
 }
 _TOKEN = re.compile(r"`[^`]*`|[()]")
@@ -158,11 +158,13 @@ def test_attach_end_events_have_the_documented_fields():
     assert set(forgotten) <= documented("end") and forgotten["state"] == "unknown"
 
 
-def test_a_history_line_has_the_documented_fields_and_the_record_verdict():
-    line = views.history_line(_finished())
-    assert set(line) == documented("history")
-    assert (line["verdict"], line["record_digest"]) == ("clean", "sha256:ab")
-    assert (line["wall"], line["code"], line["exit"], line["result"]) == (60, 3, "3", "exited")
+def test_a_history_row_has_the_documented_fields_and_the_record_verdict():
+    row = views.history_row(_finished())
+    assert set(row) == documented("history")
+    assert (row["verdict"], row["record_digest"]) == ("clean", "sha256:ab")
+    assert (row["wall_s"], row["code"], row["exit"], row["result"]) == (60, 3, "3", "exited")
+    # What the record adds is the archive's to fill in: empty until then.
+    assert (row["causes"], row["reasons"], row["setup_digest"], row["metrics"]) == ([], [], None, {})
 
 
 @pytest.mark.parametrize("state", ("queued", "running"))

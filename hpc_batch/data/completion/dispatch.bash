@@ -34,6 +34,14 @@ _dispatch_verb_options() {
             valued+=" --array --commands --benchmark --aslr --thp --record "
             ;;
         list) opts="--all --finished --json -h --help" ;;
+        history)
+            opts="--name --array --state --verdict --since --until --setup --limit --user --all --json -h --help"
+            valued=" --name --array --state --verdict --since --until --setup --limit --user "
+            ;;
+        report)
+            opts="--name --array --setup --since --until --metric --plot --no-plot --limit --user --json -h --help"
+            valued=" --name --array --setup --since --until --metric --plot --limit --user "
+            ;;
         show) opts="--json --record -h --help" ;;
         wait | status | record) opts="--json -h --help" ;;
         attach | kill | job) opts="-h --help" ;;
@@ -178,6 +186,25 @@ _dispatch_new() {
     return 0
 }
 
+# history and report: a flag's value (--state and --verdict from their words,
+# --plot a file), else their options, else job ids.
+_dispatch_history() {
+    local opts valued
+    _dispatch_verb_options "$verb"
+    if [[ $valued == *" $prev "* ]]; then
+        case $prev in
+            --state) _dispatch_add exited signalled killed timeout oom error cancelled dependency-failed lost failed ;;
+            --verdict) _dispatch_add clean noisy unknown none ;;
+            --plot) mapfile -t -O "${#COMPREPLY[@]}" COMPREPLY < <(compgen -f -- "$cur") ;;
+        esac
+        return 0
+    fi
+    if [[ $cur == -* || -z $cur ]]; then
+        _dispatch_add_options
+    fi
+    return 0
+}
+
 _dispatch() {
     local IFS=$' \t\n'
     local cword=${COMP_CWORD-0}
@@ -203,12 +230,16 @@ _dispatch() {
         if [[ $cur == -* ]]; then
             _dispatch_add -h --help --version
         else
-            _dispatch_add new list attach kill wait show record status job
+            _dispatch_add new list attach kill wait show record status history report job
         fi
         return 0
     fi
     if [[ $verb == new ]]; then
         _dispatch_new
+        return 0
+    fi
+    if [[ $verb == history || $verb == report ]]; then
+        _dispatch_history
         return 0
     fi
     if [[ $cur == -* ]]; then
