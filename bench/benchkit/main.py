@@ -19,8 +19,10 @@ import hpc_batch
 
 from . import (
     benchmode,
+    calibration,
     client,
     drain,
+    history,
     machine,
     output,
     queue,
@@ -60,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scale-json", metavar="PATH",
                    help="add the figures of a run of tests/integration/test_scale.py (the JSON it writes to "
                    "$HPC_BATCH_SCALE_REPORT) as a section")
+    p.add_argument("--verdict-json", metavar="PATH",
+                   help="add the table of a `bench/verdict --json PATH` run (how often the record's verdict is "
+                   "right) as a section")
     p.add_argument("--vm-json", metavar="PATH",
                    help="fill row (12) from the JSON of a `bench/run --in-guest` run in the system tier's guest "
                    "(tests/system/test_bench_guest.py writes it to $HPC_BATCH_VM_BENCH_REPORT)")
@@ -121,6 +126,7 @@ def _measurements(ctx: Context) -> list[tuple[str, Callable[[dict[str, Figure]],
         ("benchmark", lambda figs: benchmode.measure(ctx, figs)),
         ("release", lambda figs: release.measure(ctx, figs)),
         ("record", lambda figs: recordrow.measure(ctx, figs)),
+        ("history", lambda figs: history.measure(ctx, figs)),
     ]
 
 
@@ -178,6 +184,14 @@ def main(argv: list[str]) -> int:
             sections = scale.section(scale_report)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return _fail(f"--scale-json {args.scale_json}: not a report of tests/integration/test_scale.py ({exc})")
+    verdict_report = None
+    if args.verdict_json:
+        try:
+            with open(args.verdict_json) as fh:
+                verdict_report = json.load(fh)
+            sections = (sections or []) + calibration.section(verdict_report)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return _fail(f"--verdict-json {args.verdict_json}: not a report of bench/verdict --json ({exc})")
     plan = SMOKE if args.smoke else FULL
     plan = dataclasses.replace(plan, runs=args.runs or plan.runs, drain_jobs=args.drain_jobs or plan.drain_jobs)
     figures = rows.table(plan)
@@ -226,7 +240,10 @@ def main(argv: list[str]) -> int:
     if args.json:
         with open(args.json, "w") as js:
             json.dump({**report.as_json(figures, where, command, ctx.notes), "scale": scale_report,
-                       "vm": vm_report}, js, indent=1)
+                       "vm": vm_report,
+                       "verdict": None if verdict_report is None else calibration.as_json(
+                           calibration.table(verdict_report["runs"], verdict_report.get("not_measured")))},
+                      js, indent=1)
     print(text)
     incomplete = [f.key for f in figures if not f.is_complete()]
     if incomplete:

@@ -20,6 +20,7 @@ GROUPS = {
     "benchmark": ("bench_start", "bench_wakeups"),
     "release": ("release",),
     "record": ("record_start",),
+    "history": ("history_query", "history_loop"),
 }
 
 
@@ -142,4 +143,18 @@ def table(plan: Plan) -> list[Figure]:
                "runs until the daemon reports every dependent queued (the sleeper takes the CPU, so none runs). "
                "Each value is the slowest answer of one run's loop.",
                Target("<= 100 ms", "median", "<=", 0.100), "the same loop, nothing released"),
+        Figure("history_query", f"`dispatch history` over {plan.history_rows:,} rows",
+               f"A daemon whose history archive holds {plan.history_rows:,} finished jobs of the user asking "
+               "(written into its `history.db` before it starts: one a minute, names, verdicts, failures, "
+               "setup digests and arrays in fixed proportions); each round asks for a page of 100 once with "
+               "each filter: none, a name, a verdict, failed, a setup digest, an array, a day's time range, "
+               "and one that matches nothing (so every row is looked at). Each value is a round's slowest "
+               "query, timed over the socket from request to reply; the baseline is the first three over an "
+               "archive of 1,000 rows.",
+               Target("<= 200 ms", "max", "<=", 0.200), "the same queries over 1,000 rows"),
+        Figure("history_loop", "the loop's slowest answer to another client while those queries run",
+               "A second client pings the same daemon back to back while one round of the queries above runs "
+               "(the archive's reader thread answers them, off the event loop); each value is a round's "
+               "slowest ping. Baseline: the same pings for 0.2 s with no query.",
+               Target("<= 100 ms", "max", "<=", 0.100), "the pings alone"),
     ]

@@ -102,3 +102,75 @@ def test_bad_command_lines_are_refused_in_one_line(args, says):
     assert r.returncode == 2
     assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert _digest(DOCS) == docs_before
+
+
+# --- bench/verdict: how often the record's verdict is right ----------------------------------------------------
+
+VERDICT = os.path.join(ROOT, "bench", "verdict")
+KINDS = ("quiet", "busy", "membw", "irq", "sibling", "swap", "throttle")
+
+
+def _verdict(*args, timeout=280):
+    return subprocess.run([sys.executable, VERDICT, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_verdict_smoke_gives_the_table_and_names_what_it_cannot_measure(users, scratch):
+    md, js = os.path.join(scratch, "verdict.md"), os.path.join(scratch, "verdict.json")
+    docs_before = _digest(DOCS)
+    try:
+        r = _verdict("--smoke", "--output", md, "--json", js, "--scratch", scratch)
+    finally:
+        kill_shepherds(scratch)
+    assert r.returncode == 0, f"bench/verdict --smoke exited {r.returncode}\n{r.stderr[-4000:]}"
+    assert _digest(DOCS) == docs_before
+    assert not [d for d in os.listdir(scratch) if d.startswith("hpcb-verdict-")], "scratch directory left behind"
+    with open(js) as f:
+        report = json.load(f)
+    with open(md) as f:
+        text = f.read()
+
+    # Every kind is either measured (its rows) or named as not measured with the reason; never both.
+    rows = report["table"]["rows"]
+    measured = {row["kind"] for row in rows} - {"all injected"}
+    not_measured = report["not_measured"]
+    assert measured | set(not_measured) == set(KINDS) and not measured & set(not_measured), (measured, not_measured)
+    assert {"quiet", "busy"} <= measured
+    assert "throttle" in not_measured                       # never injected on purpose
+    with open("/proc/swaps") as f:
+        if len(f.read().strip().splitlines()) < 2:
+            assert "no swap space" in not_measured["swap"]
+    smt = open("/sys/devices/system/cpu/smt/control").read().strip() if os.path.exists(
+        "/sys/devices/system/cpu/smt/control") else "notsupported"
+    if smt in ("notsupported", "off", "forceoff", "notimplemented"):
+        assert "no SMT sibling" in not_measured["sibling"]
+    for kind, why in not_measured.items():
+        line = next(x for x in text.splitlines() if x.startswith(f"| all | {kind} | "))
+        assert line.split(" | ")[2:4] == ["0", f"not measured: {why}"] and "%" not in line.replace(why, "")
+
+    # The table's shape: per workload its quiet row, each measured kind, the injected kinds pooled.
+    workloads = ("cpu", "memory")
+    assert [(r["workload"], r["kind"]) for r in rows] == [
+        (w, k) for w in workloads for k in [*[k for k in KINDS if k in measured], "all injected"]]
+    for row in rows:
+        if row["kind"] != "all injected":
+            assert row["runs"] == 2, row
+        for name in ("called_noisy", "recall", "right_cause", "false_alarms", "missed"):
+            share = row[name]
+            assert 0 <= share["num"] <= share["den"] <= row["runs"], (name, row)
+    assert all(r["time_s"] > 0 and r["verdict"] in ("clean", "noisy", "unknown") for r in report["runs"])
+    assert all(len(r["causes"]) == len(r["reasons"]) for r in report["runs"])
+    head = "| workload | kind | runs | median slowdown | called noisy | recall | right cause | false alarms | missed |"
+    assert head in text and "All runs together: recall " in text
+    assert "bench/verdict --smoke --output" in text and "- CPU: " in text
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--kinds", "busy,nonsense"], "--kinds takes names from"),
+    (["--workloads", "gpu"], "--workloads takes cpu and memory"),
+    (["--thresholds", "device_irqs_per_cpu_s=1"], "--thresholds judges the runs of --from-json"),
+])
+def test_verdict_bad_command_lines_are_refused_in_one_line(args, says):
+    r = _verdict(*args, timeout=60)
+    assert r.returncode == 2
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

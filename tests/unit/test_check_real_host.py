@@ -36,8 +36,16 @@ def test_defaults_and_choices():
     assert args.runs == 5 and args.only == {"a", "c"} and args.other_user == "bob"
 
 
+def test_calibrate_takes_its_own_defaults():
+    """--calibrate measures the verdict's error rate (bench/verdict's code) instead of the conditions a-c."""
+    args = crh.parse_args(["--calibrate"])
+    assert args.calibrate and args.runs == 20 and args.seconds == 1.0 and args.kinds is None
+    args = crh.parse_args(["--calibrate", "--runs", "5", "--kinds", "busy,irq", "--verdicts-only"])
+    assert args.runs == 5 and args.kinds == "busy,irq" and args.verdicts_only
+
+
 @pytest.mark.parametrize("argv", [["--only", "a,d"], ["--only", ","], ["--runs", "0"], ["--mib", "-1"],
-                                  ["--runs", "x"]])
+                                  ["--runs", "x"], ["--calibrate", "--seconds", "0"]])
 def test_bad_command_lines_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         crh.parse_args(argv)
