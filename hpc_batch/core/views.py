@@ -98,6 +98,17 @@ def wait_entry(job_id: int, job: Job | None) -> dict[str, Any]:
             "output_error": job.output_error}
 
 
+def archived_wait_entry(shown: dict[str, Any]) -> dict[str, Any]:
+    """A ``dispatch wait`` entry for a job known only from the history archive (its ``show`` document
+    as it ended): the same fields as :func:`wait_entry` gives a finished job."""
+    result = shown.get("result")
+    res = Result.from_dict(result) if isinstance(result, dict) and "kind" in result else None
+    return {"id": shown.get("id"), "name": shown.get("name"), "state": FINISHED,
+            "result": res.kind if res else None, "exit": exit_column(res), "wait_status": wait_status(res),
+            "note": res.note if res else None, "output": shown.get("output"),
+            "output_error": shown.get("output_error")}
+
+
 def watch_job(job: Job, machine: Machine) -> dict[str, Any]:
     """The job of a ``watch`` stream's ``job`` event: its summary's ``WATCH_FIELDS``."""
     s = summary(job, machine)

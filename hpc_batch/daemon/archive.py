@@ -49,6 +49,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core import views
 from ..core.durations import format_duration
 from ..core.sizes import format_size
 from ..wire import protocol
@@ -76,12 +77,13 @@ QUERIES_PER_USER = 4               # ... one user's
 class Query:
     """One question for the reader: a lookup (``show``, ``record``) or a listing (``history``)."""
 
-    kind: str                       # "show", "record" or "history"
+    kind: str                       # "show", "record", "wait" or "history"
     uid: int
     is_admin: bool
     list_public: bool
     token: Any                      # the loop's: which connection the answer is for
     ref: int | str | None = None
+    refs: tuple[int | str, ...] = ()  # a wait's jobs that the daemon no longer holds
     filters: Filters | None = None
     next_id: int = 0                # ids from here on were never given out (for "no such job")
     now: float = 0.0
@@ -361,7 +363,8 @@ class Archive:
                     db = self._connect(readonly=True)
                 answer = self._answer(db, q)
             except _NoArchive:
-                answer = self._missing(q, "the daemon keeps no history this run (see its log)")
+                answer = self._missing(q, q.ref if q.kind != "wait" else q.refs[0],
+                                       "the daemon keeps no history this run (see its log)")
             except sqlite3.DatabaseError as exc:
                 rlog.error("archive-read", "history: cannot read %s (%s)", self.path, exc)
                 if db is not None:
@@ -389,36 +392,49 @@ class Archive:
             rows, more = adb.page(db, q.filters, q.uid, q.is_admin, min(q.filters.limit, protocol.HISTORY_PAGE_ROWS),
                                   protocol.HISTORY_PAGE_BYTES)
             return protocol.ok(jobs=rows, more=more, began=self.began)
+        if q.kind == "wait":
+            entries = []
+            for ref in q.refs:
+                found = self._visible(db, q, ref)
+                if isinstance(found, dict):
+                    return found        # the first job it cannot answer for refuses the wait, as a live one does
+                entries.append(views.archived_wait_entry(found[0]))
+            return protocol.ok(jobs=entries)
         assert q.ref is not None
-        hit = adb.find(db, q.ref, q.uid, q.is_admin)
-        if hit is None:
-            return self._missing(q, None, db)
-        job_id, uid = hit
-        if uid != q.uid and not q.is_admin:
-            if q.list_public:
-                return protocol.error(f"job {q.ref} belongs to another user", "forbidden")
-            return self._missing(q, None, db)
-        found = adb.docs(db, job_id)
-        if found is None:
-            return self._missing(q, None, db)
+        found = self._visible(db, q, q.ref)
+        if isinstance(found, dict):
+            return found
         show, record, row = found
         if q.kind == "show":
             return protocol.ok(job={**show, "archived": True}, now=q.now)
         if record is None:
             why = row.get("record_note") or ("it ended before it started, the daemon ran with --records none, "
                                              "or it came from an older version's history")
-            return protocol.error(f"job {job_id} has no record: {why}", "refused")
+            return protocol.error(f"job {show.get('id', q.ref)} has no record: {why}", "refused")
         return protocol.ok(record=record)
 
-    def _missing(self, q: Query, why: str | None, db: sqlite3.Connection | None = None) -> dict[str, Any]:
+    def _visible(self, db: sqlite3.Connection, q: Query, ref: int | str):
+        """The archived job *ref* names as *q*'s caller may see it: (show, record, row), or the
+        refusal to answer with (a dict)."""
+        hit = adb.find(db, ref, q.uid, q.is_admin)
+        if hit is None:
+            return self._missing(q, ref, None, db)
+        job_id, uid = hit
+        if uid != q.uid and not q.is_admin:
+            if q.list_public:
+                return protocol.error(f"job {ref} belongs to another user", "forbidden")
+            return self._missing(q, ref, None, db)
+        found = adb.docs(db, job_id)
+        return found if found is not None else self._missing(q, ref, None, db)
+
+    def _missing(self, q: Query, ref: int | str | None, why: str | None,
+                 db: sqlite3.Connection | None = None) -> dict[str, Any]:
         """The answer for a job neither live nor archived: forgotten, or no such job."""
-        if q.kind == "history":
+        if q.kind == "history" or ref is None:
             return protocol.error(f"no history: {why}", "refused")
-        if isinstance(q.ref, str):
-            return protocol.error(f"no job named {q.ref!r} among your jobs or in your history"
+        if isinstance(ref, str):
+            return protocol.error(f"no job named {ref!r} among your jobs or in your history"
                                   + (f" ({why})" if why else ""), "not_found")
-        ref = q.ref
-        assert isinstance(ref, int)
         if why is None and ref < q.next_id and self._forgotten(db, q.uid, q.is_admin, ref):
             return protocol.error(self.forgotten_text(ref), "not_found")
         return protocol.error(f"no such job: {ref}" + (f" ({why})" if why else ""), "not_found")
@@ -430,11 +446,11 @@ class Archive:
         return db is not None and job_id <= adb.floor(db, uid, is_admin)
 
     def forgotten_text(self, job_id: int) -> str:
-        """What a user is told of a job past the retention: when it goes, and how to keep a record longer."""
-        return (f"job {job_id} is forgotten: finished jobs are kept {format_duration(self.days * 86400)} "
-                f"and {format_size(self.per_user)} per user (the admin's --history-days and "
-                f"--history-per-user); to keep a job's record as long as you like, submit it with "
-                f"--record PATH")
+        """What a user is told of a job past the retention: when jobs go, and how to keep a record longer."""
+        return (f"job {job_id} is forgotten: finished jobs are forgotten after "
+                f"{format_duration(self.days * 86400)}, or once their user's history passes "
+                f"{format_size(self.per_user)} (the admin's --history-days and --history-per-user); to keep "
+                f"a job's record as long as you like, submit it with --record PATH")
 
 class _NoArchive(Exception):
     """No archive this run."""

@@ -1158,11 +1158,11 @@ class Engine:
                 self._forget(self.jobs[job_id])
 
     def archive_query(self, caller: Caller, kind: str, ref: Any, now: float,
-                      filters: archive.Filters | None = None) -> archive.Query:
+                      filters: archive.Filters | None = None, refs: tuple = ()) -> archive.Query:
         """A question for the archive's reader, as *caller* may ask it."""
         return archive.Query(kind=kind, uid=caller.uid, is_admin=caller.is_admin,
-                             list_public=self.cfg.list_is_public, token=None, ref=ref, filters=filters,
-                             next_id=self.next_id, now=now)
+                             list_public=self.cfg.list_is_public, token=None, ref=ref, refs=refs,
+                             filters=filters, next_id=self.next_id, now=now)
 
     def _keep_undelivered(self, job: Job) -> None:
         self.undelivered.keep(job.id, job.user, os.path.join(self.store.job_dir(job.id), records.OUTPUT), time.time())

@@ -69,6 +69,8 @@ class Conn:
         self.partial_since: float | None = None   # when the unfinished frame in decoder began
         self.attach: AttachState | None = None    # while streaming (streams.py)
         self.waiting: list[int] | None = None     # the jobs a dispatch wait names, while it waits
+        self.wait_plan: list | None = None        # ... with those the archive answers for (streams.wait)
+        self.wait_archived: list | None = None    # ... the archive's entries for them, once they came
         self.wait_left = 0                        # ... how many of them are still to end
         self.stalled = False                      # its user is over --max-reply-bytes-per-user: not read
         self.unsent = False                       # a reply held until this turn's commit
@@ -111,7 +113,7 @@ class Server:
         self.stalled: dict[int, set[Conn]] = {}   # uid -> its connections waiting for its replies to drain
         self.accept_paused_until: float | None = None
         self.metrics: MetricsFile | None = None   # --metrics-file: told of job events, ticked by the loop
-        self.streams = Streams(self._reply, self._flush, self._close, self._held_back)
+        self.streams = Streams(self._reply, self._flush, self._close, self._held_back, self._ask_archive)
 
     # -- hooks the engine calls -------------------------------------------------
     def watch_pidfd(self, fd: int, job_id: int) -> None:
@@ -241,11 +243,19 @@ class Server:
         if done.archived:
             self.engine.archived(done.archived)
         for conn, answer in done.answers:
-            if conn.open() and conn.deferred:
+            if conn.open() and conn.waiting is not None:
+                self.streams.archived_wait(conn, answer)
+            elif conn.open() and conn.deferred:
                 conn.deferred = False
                 self._reply(conn, answer)
                 if conn.open() and conn.decoder.pending:
                     self.resume.append(conn)   # requests it pipelined behind the query
+
+    def _ask_archive(self, conn: Conn, query: Any) -> str | None:
+        """A question for the archive's reader on *conn*'s behalf; None, or why it was not taken."""
+        assert self.engine is not None
+        query.token = conn
+        return self.engine.archive.ask(query)
 
     def _drain_signals(self) -> None:
         try:
@@ -459,15 +469,14 @@ class Server:
                     continue
                 if op == "wait":
                     assert isinstance(payload, protocol.WaitJobs)
-                    self.streams.wait(conn, payload)
+                    self.streams.wait(conn, payload, now)
                     continue
                 if op == "watch":
                     self.streams.watch(conn)
                     continue
                 reply = HANDLERS[op](self.engine, conn.caller, payload, now)
                 if isinstance(reply, Deferred):
-                    reply.query.token = conn
-                    busy = self.engine.archive.ask(reply.query)
+                    busy = self._ask_archive(conn, reply.query)
                     if busy is None:
                         conn.deferred = True   # answered from _archive_done
                         self.engine.run_pending(now)

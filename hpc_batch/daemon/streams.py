@@ -28,6 +28,7 @@ from shepherd import records
 from ..core import views
 from ..core.jobs import FINISHED, QUEUED, WAITING, Job
 from ..wire import framing, protocol
+from .engine import Refused
 from .inotify import Inotify
 from .ratelog import RateLimited
 
@@ -58,11 +59,13 @@ class Streams:
     """Who attaches to, waits for or watches which jobs; woken by the engine's job events."""
 
     def __init__(self, reply: Callable[..., None], flush: Callable[["Conn"], None],
-                 close: Callable[["Conn"], None], held_back: Callable[["Conn"], bool]):
+                 close: Callable[["Conn"], None], held_back: Callable[["Conn"], bool],
+                 ask_archive: Callable[["Conn", Any], str | None]):
         self.reply = reply            # reply(conn, msg, close=False)
         self.flush = flush
         self.close = close
         self.held_back = held_back    # true: its user is over the reply budget, the conn now waits
+        self.ask_archive = ask_archive   # a question for the history archive, answered to archived_wait
         self.engine: Engine | None = None     # set by the server's start(), before the loop runs
         self.attached: dict[int, set[Conn]] = {}  # job id -> conns streaming it
         self.waiters: dict[int, set[Conn]] = {}   # job id -> conns waiting for it to end
@@ -131,31 +134,73 @@ class Streams:
                     del self.watchers[conn.caller.uid]
 
     # -- wait ---------------------------------------------------------------------
-    def wait(self, conn: "Conn", req: protocol.WaitJobs) -> None:
-        """dispatch wait: answer once every named job has ended; woken by their ends, never by polling."""
+    def wait(self, conn: "Conn", req: protocol.WaitJobs, now: float) -> None:
+        """dispatch wait: answer once every named job has ended; woken by their ends, never by polling.
+
+        A job the daemon no longer holds (past --keep-finished) has ended: the history archive
+        answers for it, on its reader thread (:meth:`archived_wait`).
+        """
         assert self.engine is not None
         # Each distinct ref is resolved once (100,000 copies of one name are one lookup), then
         # each distinct job counted once: the wait is answered when the count of those
         # still to end reaches 0, so its cost is O(refs) in all, never refs x ends.
-        ids = [self.engine.lookup(conn.caller, ref).id for ref in dict.fromkeys(req.ids)]
-        conn.waiting = list(dict.fromkeys(ids))
+        plan: list[Any] = []          # in the order given: a live job's id, or ("gone", i) of gone[i]
+        gone: list[int | str] = []
+        seen: set[int] = set()
+        for ref in dict.fromkeys(req.ids):
+            try:
+                job_id = self.engine.lookup(conn.caller, ref).id
+            except Refused as exc:
+                if exc.code != "not_found":
+                    raise
+                plan.append(("gone", len(gone)))
+                gone.append(ref)
+                continue
+            if job_id not in seen:
+                seen.add(job_id)
+                plan.append(job_id)
+        conn.waiting = [x for x in plan if isinstance(x, int)]
+        conn.wait_plan = plan if gone else None
+        conn.wait_archived = None
         left = 0
         for job_id in conn.waiting:
             if self.engine.jobs[job_id].state != FINISHED:
                 self.waiters.setdefault(job_id, set()).add(conn)
                 left += 1
         conn.wait_left = left
+        if gone:
+            busy = self.ask_archive(conn, self.engine.archive_query(conn.caller, "wait", None, now, refs=tuple(gone)))
+            if busy is not None:
+                self.reply(conn, protocol.error(busy, "busy"), close=True)
+            return
         if left == 0:
+            self.answer_wait(conn)
+
+    def archived_wait(self, conn: "Conn", answer: dict[str, Any]) -> None:
+        """The archive's entries for the jobs of a wait it no longer holds (or why it cannot say)."""
+        if not answer.get("ok"):
+            self.reply(conn, answer, close=True)
+            return
+        conn.wait_archived = answer["result"]["jobs"]
+        if conn.wait_left <= 0:
             self.answer_wait(conn)
 
     def answer_wait(self, conn: "Conn") -> None:
         """Reply to a wait whose jobs have all ended (or wait for its user's replies to drain)."""
         assert self.engine is not None and conn.waiting is not None
+        if conn.wait_plan is not None and conn.wait_archived is None:
+            return   # the archive's part is still to come: archived_wait answers
         if self.held_back(conn):
             return   # answered when its user's unread replies drop below the budget
         conn.last = time.monotonic()   # the idle clock for reading the answer starts now
         # A job forgotten (--keep-finished) while we waited is None: its entry says so rather than guess.
-        done = [views.wait_entry(job_id, self.engine.jobs.get(job_id)) for job_id in conn.waiting]
+        jobs = self.engine.jobs
+        if conn.wait_plan is None:
+            done = [views.wait_entry(job_id, jobs.get(job_id)) for job_id in conn.waiting]
+        else:
+            archived = conn.wait_archived or []
+            done = [views.wait_entry(x, jobs.get(x)) if isinstance(x, int) else archived[x[1]]
+                    for x in conn.wait_plan]
         self.reply(conn, protocol.ok(jobs=done), close=True)
 
     # -- watch --------------------------------------------------------------------

@@ -202,3 +202,22 @@ def test_a_report_of_20_runs_flags_the_5_with_a_busy_loop_on_their_cpu_and_no_ot
     marks = [e for e in svg.iter() if "run" in (e.get("class") or "").split()]
     assert len(marks) == 20 and sum("noisy" in e.get("class") for e in marks) >= 5
     assert os.stat(os.path.join(_home(ALICE), "series.svg")).st_uid == pwd.getpwnam(ALICE).pw_uid
+
+
+def test_wait_answers_for_a_job_the_daemon_no_longer_holds_from_the_history(daemon_factory, users):
+    d = daemon_factory("--keep-finished", "1")
+    first = d.submit("sh", "-c", "exit 7", flags=("--no-output", "--name", "seven"), user=ALICE, cwd=_home(ALICE))
+    d.wait_finished(first, user=ALICE)
+    later = _bulk(d, 3)
+    _wait_all(d, later)
+    _archived(d, [first, *later])
+    wait_for(lambda: first not in d.jobs("--finished", user=ALICE), what=f"job {first} evicted")
+    # Its exit code is not lost: wait answers from the archive, alone and beside a live job.
+    r = d.dispatch("wait", str(first), user=ALICE)
+    assert r.returncode == 7, (r.returncode, r.stdout, r.stderr)
+    both = d.dispatch("wait", "--json", str(later[-1]), "seven", user=ALICE)
+    answer = json.loads(both.stdout)
+    assert [j["id"] for j in answer["jobs"]] == [later[-1], first] and answer["exit"] == 7, answer
+    assert answer["jobs"][1]["state"] == "finished" and answer["jobs"][1]["exit"] == "7"
+    # Another user's archived job is still no such job to bob.
+    assert d.dispatch("wait", str(first), user=BOB).returncode == 3

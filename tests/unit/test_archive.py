@@ -142,7 +142,8 @@ def test_a_flood_pushes_out_only_the_flooders_own_oldest_rows_and_they_are_forgo
     gone = min(kept) - 1
     forgotten = ask(a, "show", ref=gone)
     assert forgotten["code"] == "not_found" and f"job {gone} is forgotten" in forgotten["error"]
-    assert "--record PATH" in forgotten["error"] and "64K per user" in forgotten["error"]
+    assert "forgotten after 365d" in forgotten["error"] and "passes 64K" in forgotten["error"]
+    assert "--record PATH" in forgotten["error"]
     never = ask(a, "show", ref=5000, next_id=1000)                # never given out: no such job
     assert never["error"] == "no such job: 5000"
 

@@ -71,7 +71,7 @@ def test_a_wait_resolves_each_distinct_ref_once_and_counts_down():
     answers = []
     real = srv.streams.answer_wait
     srv.streams.answer_wait = lambda c: (answers.append(c), real(c))
-    srv.streams.wait(conn, protocol.WaitJobs(ids=("j7",) * 100_000 + tuple(range(1, n + 1))))
+    srv.streams.wait(conn, protocol.WaitJobs(ids=("j7",) * 100_000 + tuple(range(1, n + 1))), 0.0)
     assert srv.engine.lookups == n + 1          # 100,000 copies of a name: one lookup
     assert conn.wait_left == n and answers == []
     for i in range(1, n + 1):                   # each end: a count down, no rescan
