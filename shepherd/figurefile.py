@@ -83,7 +83,7 @@ def read(path: str, uid: int, limit: int = figures.MAX_BYTES) -> dict:
             why = f"found a file of uid {st.st_uid}, not the job's user ({uid}): not read"
         elif st.st_nlink != 1:
             why = f"found a file with {st.st_nlink} hard links: not read"
-        data = b"" if why else _read_upto(fd, limit + 1)
+        data = b"" if why else sysread.read_upto(fd, limit + 1)
     except OSError as exc:
         return sysread.field(None, path, f"cannot read it ({sysread.error_text(exc)})")
     finally:
@@ -99,17 +99,6 @@ def read(path: str, uid: int, limit: int = figures.MAX_BYTES) -> dict:
         value["cut"] = (f"the file held more than {limit} bytes ({st.st_size} when read): "
                         "the rest, and the line the bound cut, were not read")
     return sysread.field(value, path)
-
-
-def _read_upto(fd: int, most: int) -> bytes:
-    chunks, left = [], most
-    while left > 0:
-        chunk = os.read(fd, min(left, 1 << 16))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
 
 
 def _remove_if_same(path: str, st: os.stat_result) -> None:

@@ -24,6 +24,18 @@ def field(value, source: str, error: str | None = None) -> dict:
     return {"value": value, "source": source}
 
 
+def read_upto(fd: int, most: int) -> bytes:
+    """At most *most* bytes of *fd*, from where it stands, in 64 KiB reads (fewer at its end)."""
+    chunks, left = [], most
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 16))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def error_text(exc: BaseException) -> str:
     """A short reason for a failed read: ``"No such file or directory"``, ``"ValueError: ..."``."""
     if isinstance(exc, OSError) and exc.strerror:
@@ -45,14 +57,7 @@ class Source:
         """The text of *path* (at most *limit* bytes); raises OSError."""
         fd = os.open(self.path(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            chunks, left = [], limit
-            while left > 0:
-                chunk = os.read(fd, min(left, 1 << 16))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                left -= len(chunk)
-            return b"".join(chunks).decode("utf-8", "replace")
+            return read_upto(fd, limit).decode("utf-8", "replace")
         finally:
             os.close(fd)
 

@@ -18,31 +18,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from shepherd import verdict
+
 from ..core import series
 from ..core.cut import one_line
 
-# A cause (a threshold's name in shepherd/verdict.py THRESHOLDS, or "unknown:<what>") in a
-# few words. Until the verdict carries its own words, these; a name not here is shown as it is.
-CAUSE_WORDS = {
-    "device_interrupts": "device IRQs",
-    "device_irqs_per_cpu_s": "device IRQs",
-    "error_interrupts": "thermal/MCE IRQs",
-    "ipis_per_cpu_s": "IPIs",
-    "throttle_events": "thermal throttling",
-    "swap_pages": "swapping",
-    "memory_events": "memory limit events",
-    "cpu_throttled_periods": "cpu.max throttling",
-    "others_cpu_fraction": "busy CPU",
-    "others_l3_fraction": "L3 neighbours",
-    "others_node_fraction": "busy NUMA node",
-    "nivcsw_per_cpu_s": "preemptions",
-    "job_cpu_pressure": "CPU pressure",
-    "job_memory_pressure": "memory pressure",
-    "gpu_slowdown_reasons": "GPU slowdown",
-    "unknown:cpufreq": "no cpufreq",
-    "unknown:throttle_counters": "no throttle counters",
-    "unstated": "cause not given",      # a verdict from before causes were recorded
-}
+# A cause in a few words: the verdict's own words (shepherd/verdict.py, the one definition), and
+# what a row from before causes were recorded says.
+CAUSE_WORDS = {**verdict.CAUSE_WORDS, "unstated": "cause not given"}
 CAUSE_CUT = 40      # characters of a cause's words (a name the daemon did not check)
 NUMBER_CUT = 12     # characters of a figure written with fixed decimals; longer, it is written 1.234e+300
 
