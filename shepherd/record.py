@@ -355,7 +355,8 @@ class Recorder:
         """The sentinels' start snapshot (the only part between the submit and the job's start)."""
         try:
             self.start_snap = sentinels.snapshot(self.src, self.cpus, self.conf.get("node_cpus") or self.cpus,
-                                                 self.conf.get("l3_cpus") or self.cpus, self.cgroup)
+                                                 self.conf.get("l3_cpus") or self.cpus, self.cgroup,
+                                                 self.conf.get("held_idle") or ())
         except Exception as exc:   # a record must never cost the job its start
             self.start_snap = {"error": sysread.error_text(exc)}
 
@@ -536,7 +537,8 @@ class Recorder:
                "usage_usec": int((usage.ru_utime + usage.ru_stime) * 1e6)} if usage is not None else None
         try:
             end = sentinels.snapshot(self.src, self.cpus, self.conf.get("node_cpus") or self.cpus,
-                                     self.conf.get("l3_cpus") or self.cpus, self.cgroup)
+                                     self.conf.get("l3_cpus") or self.cpus, self.cgroup,
+                                     self.conf.get("held_idle") or ())
         except Exception as exc:
             end = {"error": sysread.error_text(exc)}
         try:

@@ -48,18 +48,23 @@ except (OSError, ValueError):
     TICKS_PER_S = 100
 
 
-def snapshot(src: sysread.Source, cpus, node_cpus, l3_cpus, cgroup: str | None) -> dict:
+def snapshot(src: sysread.Source, cpus, node_cpus, l3_cpus, cgroup: str | None, held_cpus=()) -> dict:
     """The sentinel counters now, for a job on *cpus* in the cgroup *cgroup* (a machine path, or None).
 
     *node_cpus* and *l3_cpus* are the CPUs of the NUMA node(s) and L3(s) the
-    job's CPUs belong to; their busy time is kept so that :func:`delta` can
-    tell how much CPU time others used there. Interrupt lines whose counts
+    job's CPUs belong to, *held_cpus* those it holds idle outside its cpuset
+    (a benchmark job's SMT siblings, its L3 with --whole-l3): their busy
+    time is kept so that :func:`delta` can tell how much CPU time others
+    used there (on a held CPU, any is another's). Interrupt lines whose counts
     are zero on every job CPU are left out (a line absent from a snapshot
     counts zero there), which keeps a snapshot small on machines with
     hundreds of interrupt lines.
     """
     job = sorted({int(c) for c in cpus})
     groups = {"job": job, "node": sorted({int(c) for c in node_cpus}), "l3": sorted({int(c) for c in l3_cpus})}
+    held = sorted({int(c) for c in held_cpus} - set(job))
+    if held:
+        groups["held"] = held
     now = time.time()
     snap: dict = {
         "time": {
@@ -70,6 +75,7 @@ def snapshot(src: sysread.Source, cpus, node_cpus, l3_cpus, cgroup: str | None) 
         "cpus": job,
         "node_cpus": groups["node"],
         "l3_cpus": groups["l3"],
+        **({"held_cpus": held} if held else {}),
         "interrupts": _read(src, INTERRUPTS, lambda text: interrupts(text, job), INTERRUPTS_LIMIT, raw=True),
         "cpu_busy": _read(src, STAT, lambda text: busy(text, groups)),
         "throttle": throttle(src, job),
@@ -491,7 +497,8 @@ def _fact(start: dict, end: dict, name: str) -> dict:
 
 
 def _others(start: dict, end: dict, cpu_stat: dict | None, own: dict, wall: float | None) -> dict:
-    """CPU time used by others on the job's CPUs, its L3 and its node: busy + steal there minus the job's usage.
+    """CPU time used by others on the job's CPUs, its L3, its node and the CPUs it holds idle: busy + steal
+    there minus the job's usage.
 
     /proc/stat counts in ticks, so each group's figure is uncertain by about
     two ticks per CPU (``resolution_s``); the job's usage comes from its
@@ -511,7 +518,7 @@ def _others(start: dict, end: dict, cpu_stat: dict | None, own: dict, wall: floa
     tick = 1.0 / b.get("ticks_per_s", TICKS_PER_S)
     job = set(start.get("cpus") or [])
     out = {}
-    for group, key in (("job", "cpus"), ("l3", "l3_cpus"), ("node", "node_cpus")):
+    for group, key in (("job", "cpus"), ("l3", "l3_cpus"), ("node", "node_cpus"), ("held", "held_cpus")):
         members = start.get(key) or []
         if group not in a or group not in b or not members:
             continue

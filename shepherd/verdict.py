@@ -99,6 +99,14 @@ THRESHOLDS: dict = {
     # (median 2.8 %); the hog slowed the memory-bound job by 10 % and the
     # CPU-bound one by nothing, so a CPU-bound job beside it is a false alarm.
     "others_l3_fraction": 0.10,
+    # Others' CPU time on the CPUs the job holds idle outside its cpuset (a
+    # benchmark job's SMT siblings, its L3 with --whole-l3), as a fraction of
+    # their time. Nothing is to run there, so 2%, as on the job's own CPUs: a
+    # busy sibling shares the core's pipeline and caches with the job, and on
+    # a large L3 it is too small a share of the L3 to pass others_l3_fraction.
+    # The SMT guest's calibration (docs/benchmarks.md): a busy loop on the held
+    # sibling takes its whole CPU (about 100 %); quiet runs' held siblings 0 %.
+    "others_held_fraction": 0.02,
     # Others' CPU time on the job's NUMA node, as a fraction of the node's
     # CPU time. 25%: a batch machine normally runs other work on a node;
     # above a quarter of it busy, memory bandwidth is shared noticeably.
@@ -145,6 +153,7 @@ CAUSE_WORDS: dict = {
     "others_cpu_fraction": "busy CPU",
     "others_l3_fraction": "L3 neighbours",
     "others_node_fraction": "busy NUMA node",
+    "others_held_fraction": "busy held sibling",
     "nivcsw_per_cpu_s": "preemptions",
     "job_cpu_pressure": "CPU pressure",
     "job_memory_pressure": "memory pressure",
@@ -396,7 +405,8 @@ class _Judge:
             return
         for group, name, where in (("job", "others_cpu_fraction", "the job's CPUs"),
                                    ("l3", "others_l3_fraction", "the job's L3"),
-                                   ("node", "others_node_fraction", "the job's NUMA node")):
+                                   ("node", "others_node_fraction", "the job's NUMA node"),
+                                   ("held", "others_held_fraction", "the CPUs the job holds idle")):
             g = groups.get(group)
             if not g or "others_fraction" not in g or self.limits[name] is None:
                 continue

@@ -52,7 +52,7 @@ KINDS = (
     Kind("irq", "device interrupts on the job's CPU (O_DIRECT reads issued from another CPU)",
          ("device_irqs_per_cpu_s", "device_interrupts")),
     Kind("sibling", "a busy loop on the job's SMT sibling (held idle for it)",
-         ("others_l3_fraction", "others_node_fraction")),
+         ("others_held_fraction", "others_l3_fraction", "others_node_fraction")),
     Kind("swap", "swapping (a process over its own cgroup's memory.max, on another CPU)",
          ("swap_pages", "memory_events", "job_memory_pressure")),
     Kind("throttle", "thermal throttling of the job's CPU", ("throttle_events",)),
@@ -63,8 +63,9 @@ INJECTED = tuple(k.name for k in KINDS if k.name != "quiet")
 # The sentinel figures each run keeps (verdictrun.figures), and their column headings.
 FIGURES = (("device_irqs_per_cpu_s", "device IRQs / CPU-s"), ("nivcsw_per_cpu_s", "nivcsw / CPU-s"),
            ("others_cpu_fraction", "others on its CPU"), ("others_l3_fraction", "others on its L3"),
+           ("others_held_fraction", "others on its held CPUs"),
            ("ipis_per_cpu_s", "IPIs / CPU-s"), ("swap_pages", "swap pages"))
-PERCENT_FIGURES = {"others_cpu_fraction", "others_l3_fraction"}
+PERCENT_FIGURES = {"others_cpu_fraction", "others_l3_fraction", "others_held_fraction"}
 
 
 @dataclass(frozen=True)

@@ -393,10 +393,14 @@ class Injector:
                 raise NotPlaceable(f"no CPU shares CPU {cpus[0]}'s L3 outside the job's CPUs")
             return (lambda: [Process([py, "-c", STREAM, "256"], [other])]), {"on": [other]}
         if kind == "sibling":
-            siblings = [c for c in smt_siblings(cpus[0], self.sysfs) if c not in cpus and c in self.allowed]
+            all_siblings = smt_siblings(cpus[0], self.sysfs)
+            siblings = [c for c in all_siblings if c not in cpus and c in self.allowed]
             if not siblings:
+                hint = (": the job's cpuset has its whole core (--cpu-unit core); a benchmark job's sibling is "
+                        "held idle outside it, so run with --job-option=--benchmark"
+                        if len(all_siblings) > 1 else "")
                 raise NotPlaceable(f"no SMT sibling of CPU {cpus[0]} outside the job's CPUs "
-                                   f"(SMT: {smt_control(self.sysfs)})")
+                                   f"(SMT: {smt_control(self.sysfs)}){hint}")
             return ((lambda: [Process([py, "-c", SPIN], [s]) for s in siblings]),
                     {"on": siblings, "held": all(s in held for s in siblings)})
         if kind == "irq":
@@ -561,6 +565,7 @@ def figures(delta: dict[str, Any], rate_span: float = 1.0) -> dict[str, float | 
         "others_cpu_fraction": frac("job"),
         "others_l3_fraction": frac("l3"),
         "others_node_fraction": frac("node"),
+        "others_held_fraction": frac("held"),
         "swap_pages": swap.get("pswpin", 0) + swap.get("pswpout", 0) if swap else None,
         "wall_s": wall,
     }

@@ -63,6 +63,7 @@ def spec(job, alloc, machine, running: dict, *, housekeeping, thresholds: dict, 
         "thresholds": thresholds, "env_values": bool(job.request.get("record_env")),
         "to": _record_path(job),
         "cpus": list(alloc.cpus), "mems": mems, "node_cpus": node_cpus, "l3_cpus": l3_cpus,
+        "held_idle": sorted(set(alloc.held) - set(alloc.cpus)),
         "requested": {
             "request": {k: v for k, v in job.request.items() if k not in ("record_to", "record_is_dir")},
             "cpus": list(alloc.cpus), "held": list(alloc.held), "idle": list(alloc.idle),

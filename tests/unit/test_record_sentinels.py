@@ -104,13 +104,13 @@ def root(tmp_path):
     return copy
 
 
-def run(root: Path, *moves, own=QUIET_OWN, cgroup=CGROUP, cpus=JOB):
+def run(root: Path, *moves, own=QUIET_OWN, cgroup=CGROUP, cpus=JOB, held=()):
     """Start snapshot, the run's counter moves, end snapshot; the delta as if WALL seconds had passed."""
     src = sysread.Source(str(root))
-    start = sentinels.snapshot(src, cpus, NODE, L3, cgroup)
+    start = sentinels.snapshot(src, cpus, NODE, L3, cgroup, held)
     for move in moves:
         move(root)
-    end = sentinels.snapshot(src, cpus, NODE, L3, cgroup)
+    end = sentinels.snapshot(src, cpus, NODE, L3, cgroup, held)
     start["time"]["monotonic"]["value"] = end["time"]["monotonic"]["value"] - WALL
     return start, end, sentinels.delta(start, end, own)
 
@@ -323,6 +323,22 @@ def test_others_on_the_l3_and_node(root):
     assert v["reasons"] == ["others used 1.5 s of CPU time on the job's L3 (4 CPUs) in 3 s: 12.5% of their time, "
                             "more than 10%"]
     assert v["causes"] == ["others_l3_fraction"]
+
+
+def test_others_on_a_held_sibling_are_noisy_however_large_the_l3(root):
+    # A benchmark job on CPUs 2-3 holds CPUs 5-6 idle (say, their SMT siblings). A busy loop on one of
+    # them for the whole run is half of the held CPUs' time, however small a share of an L3 it is.
+    _, end, d = run(root, quiet_run, lambda r: add_stat(r, 6, user=300), held=(5, 6))
+    assert end["held_cpus"] == [5, 6]
+    held = d["others_cpu"]["value"]["held"]
+    assert held == {"cpus": 2, "busy_s": 3.0, "others_s": 3.0, "resolution_s": 0.04, "others_fraction": 0.5}
+    v = verdict.judge(d)
+    assert v["causes"][0] == "others_held_fraction", v
+    assert v["reasons"][0] == ("others used 3 s of CPU time on the CPUs the job holds idle (2 CPUs) in 3 s: "
+                               "50% of their time, more than 2%")
+    # Idle held CPUs (what a quiet run leaves there) are no noise; without held CPUs there is no group.
+    assert "others_held_fraction" not in verdict.judge(run(root, quiet_run, held=(5, 6))[2])["causes"]
+    assert "held" not in run(root, quiet_run)[2]["others_cpu"]["value"]
 
 
 def test_involuntary_context_switches_are_noisy_above_the_rate(root):
