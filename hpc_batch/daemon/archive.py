@@ -288,6 +288,7 @@ class Archive:
                     cutoff = time.time() - self.days * 86400
                     while not self._stopping and not adb.prune_old(db, cutoff):
                         pass
+                    adb.analyse(db)
                     next_prune = time.monotonic() + PRUNE_EVERY
             except sqlite3.DatabaseError as exc:
                 with self._lock:

@@ -335,7 +335,7 @@ def test_others_on_a_held_sibling_are_noisy_however_large_the_l3(root):
     v = verdict.judge(d)
     assert v["causes"][0] == "others_held_fraction", v
     assert v["reasons"][0] == ("others used 3 s of CPU time on the CPUs the job holds idle (2 CPUs) in 3 s: "
-                               "50% of their time, more than 2%")
+                               "50% of their time, more than 10%")
     # Idle held CPUs (what a quiet run leaves there) are no noise; without held CPUs there is no group.
     assert "others_held_fraction" not in verdict.judge(run(root, quiet_run, held=(5, 6))[2])["causes"]
     assert "held" not in run(root, quiet_run)[2]["others_cpu"]["value"]
