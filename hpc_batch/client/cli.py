@@ -404,8 +404,12 @@ def cmd_record(conn, a) -> int:
 
 
 def _load_record(conn, word: str) -> dict:
-    """A record from a file (read as the user) when *word* names one, else from the daemon: a reply."""
-    if "/" in word or word.endswith(".json") or os.path.exists(word):
+    """A record from a file (read as the user) when *word* is a path, else from the daemon: a reply.
+
+    A path has a ``/`` or ends in ``.json``; any other word is a job (an id or a name), whatever
+    the current directory holds: a file another user planted there is never read for a job
+    (``./5`` names the file)."""
+    if "/" in word or word.endswith(".json"):
         from .userio import read_user_json
         try:
             data = read_user_json(word, 1 << 20)

@@ -206,7 +206,9 @@ Options:
 RECORD_USAGE = """Compare two reproducibility records and print only what differs, section by
 section: can the two jobs' numbers be compared? A and B are job ids or
 names (their records are asked of the daemon) or record files (written by
-dispatch new --record, or saved from dispatch show --record --json).
+dispatch new --record, or saved from dispatch show --record --json): a file
+is a path with a '/' or ending in .json (./5 for a file named 5; a bare 5 is
+job 5, whatever the current directory holds).
 Exits 0 when the setups match, 1 when they differ.
 
 Usage:

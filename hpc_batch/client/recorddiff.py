@@ -109,7 +109,7 @@ def _tokens(value: Any) -> list[str] | None:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):   # numbers: a | b says more
         return [_text(v) for v in value]
     if isinstance(value, str) and " " in value.strip() and len(value) > 40:
-        return value.split()
+        return [one_line(word) for word in value.split()]     # a word may hold an escape sequence
     return None
 
 
@@ -149,7 +149,7 @@ def _grouped(diffs: list[Difference], indent: str, width: int) -> list[str]:
         if len(items) == 1 and not items[0].key:
             lines += _diff_lines(section, items[0].a, items[0].b, indent, width)
             continue
-        lines.append(f"{indent}{section}")
+        lines.append(f"{indent}{one_line(section)}")
         for d in items:
             lines += _diff_lines(d.key, d.a, d.b, indent + "  ", width)
     return lines
@@ -207,12 +207,12 @@ def _render_node(node: Any, key: str, indent: str, width: int, lines: list[str])
     if _is_field(node):
         value = node.get("value")
         if value is None and node.get("error"):
-            lines += _wrapped(f"{key}: null ({one_line(str(node['error']))})", indent, width)
+            lines += _wrapped(f"{one_line(key)}: null ({one_line(str(node['error']))})", indent, width)
             return
         if isinstance(value, (dict, list)) and not (isinstance(value, list) and all(map(_is_scalar, value))):
             _render_node(value, key, indent, width, lines)
             return
-        lines += _wrapped(f"{key}: {_text(value, key)}", indent, width)
+        lines += _wrapped(f"{one_line(key)}: {_text(value, key)}", indent, width)
     elif isinstance(node, dict):
         if not node:
             lines.append(f"{indent}{key}: (none)")
@@ -222,7 +222,7 @@ def _render_node(node: Any, key: str, indent: str, width: int, lines: list[str])
         for i, v in enumerate(node):
             _render_node(v, f"{key}[{i}]", indent, width, lines)
     else:
-        lines += _wrapped(f"{key}: {_text(node, key)}", indent, width)
+        lines += _wrapped(f"{one_line(key)}: {_text(node, key)}", indent, width)
 
 
 def _verdict_lines(verdict: Any, width: int) -> list[str]:
@@ -234,14 +234,14 @@ def _verdict_lines(verdict: Any, width: int) -> list[str]:
         lines += _wrapped(f"- {_text(reason)}", "  ", width, most=8)
     thresholds = _unwrap(verdict.get("thresholds"))
     if isinstance(thresholds, dict) and thresholds:
-        said = ", ".join(f"{k}={_text(_unwrap(v))}" for k, v in sorted(thresholds.items()))
+        said = ", ".join(f"{one_line(str(k))}={_text(_unwrap(v))}" for k, v in sorted(thresholds.items()))
         lines += textwrap.wrap(f"thresholds: {said}", max(width, 24), initial_indent="  ", subsequent_indent="    ",
                                break_on_hyphens=False)
     for note in _unwrap(verdict.get("notes")) or []:     # sentinels that could not be judged
         lines += _wrapped(f"note: {_text(note)}", "  ", width)
     for k, v in verdict.items():
         if k not in ("verdict", "reasons", "thresholds", "notes"):
-            _render_node(v, k, "  ", width, lines)
+            _render_node(v, one_line(str(k)), "  ", width, lines)
     return lines
 
 
@@ -326,7 +326,7 @@ def render(record: dict[str, Any], width: int = WIDTH) -> str:
             before = len(lines)
             items = node.items() if isinstance(node, dict) else ((f"[{i}]", v) for i, v in enumerate(node))
             for k, v in items:
-                _render_node(v, str(k), "  ", width, lines)
+                _render_node(v, one_line(str(k)), "  ", width, lines)
             if len(lines) == before:
                 lines.append("  (none)")
     return "\n".join(lines)
