@@ -13,7 +13,11 @@ directory is swept:
 - past ``--undelivered-per-user`` bytes, a user's oldest files are dropped
   (a single file larger than the share goes at once);
 - past ``--undelivered-max`` bytes in all, or ``UNDELIVERED_MAX_FILES``
-  files, the oldest files are dropped, whoever's.
+  files, the files of the user who holds the most (bytes for the one,
+  files for the other) go first, each user's oldest first: one user's
+  many files, however small, never push out another's (the third
+  review's G2, where 10,000 empty files of one user deleted another's
+  only copy of its output).
 
 Every dropped file is named in the log. The sweep runs when a file is
 moved here and the running totals cross a bound, at start-up (the first
@@ -26,6 +30,7 @@ import logging
 import os
 import stat
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from .. import defaults
@@ -66,7 +71,8 @@ def owner_of(name: str) -> str:
 def to_drop(entries: list[Entry], now: float, bounds: Bounds) -> list[tuple[Entry, str]]:
     """The entries to remove, oldest first, each with why: too old, past its owner's share, past the total.
 
-    Pure: sorts once, then one pass per rule (O(n log n) in the files).
+    Pure: sorts once, then one pass per rule (O(n log n) in the files, and the owners once a drop
+    past the totals).
     After a cut for the file count a tenth more goes, so a steady trickle
     of small files does not cost a full sweep each.
     """
@@ -87,16 +93,27 @@ def to_drop(entries: list[Entry], now: float, bounds: Bounds) -> list[tuple[Entr
             drop.append((e, f"{e.owner or 'unknown owner'}'s files past --undelivered-per-user"))
         else:
             still.append(e)
-    total = sum(e.size for e in still)
+    # Past the totals: the user who holds the most goes first (among equals, the one with the oldest
+    # file), so a drop falls on another user's file only once that user holds as much as anyone.
+    # Owners are few (users), so a max over them a drop.
+    files: dict[str, deque[Entry]] = {}
+    for e in still:                       # oldest first, as sorted above
+        files.setdefault(e.owner, deque()).append(e)
+    held = {owner: sum(e.size for e in q) for owner, q in files.items()}
+    total = sum(held.values())
     count = len(still)
     files_after = bounds.max_files - bounds.max_files // 10 if count > bounds.max_files else count
-    for e in still:
+    while files and (total > bounds.max_total or count > files_after):
         if total > bounds.max_total:
-            why = "all files past --undelivered-max"
-        elif count > files_after:
-            why = f"more than {bounds.max_files} files"
+            owner = max(files, key=lambda o: (held[o], len(files[o]), -files[o][0].mtime))
+            why = "all files past --undelivered-max; its owner holds the most bytes"
         else:
-            break
+            owner = max(files, key=lambda o: (len(files[o]), held[o], -files[o][0].mtime))
+            why = f"more than {bounds.max_files} files; its owner holds the most of them"
+        e = files[owner].popleft()
+        if not files[owner]:
+            del files[owner]
+        held[owner] -= e.size
         total -= e.size
         count -= 1
         drop.append((e, why))

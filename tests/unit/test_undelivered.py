@@ -50,10 +50,29 @@ def test_a_file_larger_than_the_share_goes_at_once():
     assert names(to_drop([e("big", 6 * M, 0, "alice")], T0, b)) == [("big", "alice's")]
 
 
-def test_past_the_total_the_oldest_go_whoever_they_are():
+def test_past_the_total_among_equal_holders_the_oldest_goes_first():
     b = Bounds(max_total=5 * M, per_user=4 * M, max_age=30 * DAY)
     entries = [e("a", 2 * M, 3, "alice"), e("b", 2 * M, 2, "bob"), e("c", 2 * M, 1, "carol")]
     assert names(to_drop(entries, T0, b)) == [("a", "all")]
+
+
+def test_past_the_total_the_biggest_holder_goes_first_never_a_smaller_one():
+    # G2's principle for bytes: bob's one old file stays while alice, who holds the most, is over.
+    b = Bounds(max_total=6 * M, per_user=8 * M, max_age=30 * DAY)
+    entries = [e("bob", 3 * M, 9, "bob")] + [e(f"al{i}", 2 * M, 5 - i, "alice") for i in range(3)]
+    dropped = to_drop(entries, T0, b)
+    assert [x.name for x, _ in dropped] == ["al0", "al1"]      # 9 MiB -> 5 MiB, alice's oldest first
+    assert all("its owner holds the most bytes" in why for _, why in dropped)
+
+
+def test_many_empty_files_of_one_user_never_push_out_anothers_output():
+    # G2: 10,000 empty files of alice's made the sweep drop bob's only copy of his output.
+    b = Bounds(max_total=1 << 40, per_user=1 << 40, max_age=30 * DAY, max_files=100)
+    entries = [e("bob", 3 * M, 20, "bob")] + [e(f"al{i:03}", 0, 10 - i / 1000, "alice") for i in range(100)]
+    dropped = to_drop(entries, T0, b)
+    assert "bob" not in [x.name for x, _ in dropped]
+    assert [x.name for x, _ in dropped] == [f"al{i:03}" for i in range(11)]   # 101 -> 90, alice's oldest
+    assert all("its owner holds the most of them" in why for _, why in dropped)
 
 
 def test_past_the_file_count_a_tenth_more_goes():
