@@ -99,7 +99,7 @@ class Engine:
         # While any --benchmark=strict job is queued, the machine is watched (swap, throttling).
         self.bench_watch = benchmark.Watch(defaults.BENCH_PROBE_INTERVAL)
         # Every finished job goes on to the history archive; its directory is evicted only once
-        # its row is committed there (unarchived: finished, not yet; evict_archived: evicted, waiting).
+        # its row is durable there (unarchived: finished, not yet; evict_archived: evicted, waiting).
         self.archive = history if history is not None else archive.Archive(
             store.root, cfg.history_per_user, cfg.history_days)
         self.unarchived: set[int] = set()
@@ -1108,7 +1108,7 @@ class Engine:
 
     def _evict(self, uid: int) -> None:
         """Forget the user's oldest finished jobs past --keep-finished (a heap: no scan of all jobs);
-        one whose archive row is not committed yet goes once it is (:meth:`archived`)."""
+        one whose archive row is not durable yet goes once it is (:meth:`archived`)."""
         ids = self.table.take_evictable(uid, self.cfg.keep_finished)
         if not ids:
             return
@@ -1151,7 +1151,7 @@ class Engine:
             self.unarchived.add(job.id)
 
     def archived(self, ids: list[int]) -> None:
-        """The archive committed these jobs' rows: evict those that waited for it."""
+        """The archive made these jobs' rows durable: evict those that waited for it."""
         for job_id in ids:
             self.unarchived.discard(job_id)
             if self.evict_archived.pop(job_id, None) is not None and job_id in self.jobs:
