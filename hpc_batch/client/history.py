@@ -16,10 +16,6 @@ from typing import Any
 from ..core.cut import one_line
 from ..core.durations import DurationError, format_duration, parse_duration
 
-_RESULTS = ("exited", "signalled", "killed", "timeout", "oom", "error", "cancelled", "dependency-failed",
-            "lost", "failed")
-_VERDICTS = ("clean", "noisy", "unknown", "none")
-
 
 class BadValue(ValueError):
     """A flag value the daemon would refuse: said by the client, as a usage error."""
@@ -45,6 +41,7 @@ def request_fields(a: dict[str, Any], now: float) -> dict[str, Any]:
     """The ``history`` request's fields from a parsed command line (docopt's dict)."""
     from ..core.arrays import is_range, parse_range
     from ..core.jobnames import NAME_RULE, split_ref, valid_name
+    from ..wire import protocol
     fields: dict[str, Any] = {}
     ranges = []
     for word in a.get("<job>") or ():
@@ -58,8 +55,9 @@ def request_fields(a: dict[str, Any], now: float) -> dict[str, Any]:
             ranges.append([int(word), int(word)])
         else:
             raise BadValue(f"{word!r}: name jobs here by id or FIRST-LAST range (a name goes to --name)")
-    if len(ranges) > 64:
-        raise BadValue("name at most 64 ids or ranges (use --array or --name for a whole series)")
+    if len(ranges) > protocol.HISTORY_ID_RANGES:
+        raise BadValue(f"name at most {protocol.HISTORY_ID_RANGES} ids or ranges (use --array or --name for "
+                       f"a whole series)")
     if ranges:
         fields["ids"] = ranges
     if a.get("--name") is not None:
@@ -71,7 +69,8 @@ def request_fields(a: dict[str, Any], now: float) -> dict[str, Any]:
         if not (text.isascii() and text.isdigit() and int(text) > 0):
             raise BadValue(f"--array {text!r}: give the first job id of the bulk submit, as list shows it")
         fields["array"] = int(text)
-    for flag, key, choices in (("--state", "result", _RESULTS), ("--verdict", "verdict", _VERDICTS)):
+    for flag, key, choices in (("--state", "result", protocol.HISTORY_RESULTS),
+                               ("--verdict", "verdict", protocol.HISTORY_VERDICTS)):
         if a.get(flag) is not None:
             if a[flag] not in choices:
                 raise BadValue(f"{flag} {a[flag]!r}: expected one of {', '.join(choices)}")
@@ -80,11 +79,11 @@ def request_fields(a: dict[str, Any], now: float) -> dict[str, Any]:
         if a.get(flag) is not None:
             fields[flag[2:]] = parse_time(a[flag], now)
     if a.get("--setup") is not None:
-        digits = a["--setup"].removeprefix("sha256:")
-        if not (8 <= len(digits) <= 64 and all(c in "0123456789abcdef" for c in digits)):
+        digest = protocol.setup_digest(a["--setup"])
+        if digest is None:
             raise BadValue(f"--setup {a['--setup']!r}: give a setup digest (sha256:...) or at least its "
                            f"first 8 hex digits, as report and show --record print it")
-        fields["setup"] = "sha256:" + digits
+        fields["setup"] = digest
     if a.get("--user") is not None:
         if split_ref(f"{a['--user']}:x") is None:
             raise BadValue(f"--user {a['--user']!r}: not a login name")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core import setup as setupdigest
+from ..wire import protocol
 
 FORMAT = 1
 ROW_OVERHEAD = 128                 # bytes a row costs beyond its blobs (its columns and index entries)
@@ -28,7 +29,6 @@ RECORD_MAX = 1 << 20               # record.json bytes read (the shepherd bounds
 REASONS_KEPT = 5                   # verdict reasons a row carries (the record has them all)
 REASON_CUT = 300                   # characters of each
 PRUNE_SLICE = 1000                 # rows one transaction of the age sweep deletes at most
-SETUP_LEN = len("sha256:") + 64
 ANALYSIS_LIMIT = 2000              # rows ANALYZE samples an index
 
 SCHEMA = """
@@ -344,7 +344,7 @@ def where_clause(f: Filters, uid: int, is_admin: bool) -> tuple[str, list[Any]]:
         parts.append("j.ended < ?")
         args.append(f.until)
     if f.setup is not None:
-        if len(f.setup) == SETUP_LEN:
+        if len(f.setup) == protocol.SETUP_LEN:
             parts.append("j.setup = ?")
             args.append(f.setup)
         else:       # a prefix: the index's range from it to just past it

@@ -384,15 +384,27 @@ def _epoch(args: Args, name: str) -> float | None:
     return None if value is None else float(value)
 
 
+SETUP_LEN = len(SETUP_PREFIX) + 64   # a whole setup digest; shorter ones are prefixes
+
+
+def setup_digest(text: str) -> str | None:
+    """*text* as a setup digest or a prefix of one (``sha256:`` optional, 8 to 64 hex digits),
+    with its ``sha256:``; None if it is neither."""
+    digits = text.removeprefix(SETUP_PREFIX)
+    if not (8 <= len(digits) <= 64 and all(c in "0123456789abcdef" for c in digits)):
+        return None
+    return SETUP_PREFIX + digits
+
+
 def _setup(args: Args) -> str | None:
     value: str | None = _get(args, "setup", (str,), default=None, allow_none=True)
     if value is None:
         return None
-    digits = value.removeprefix(SETUP_PREFIX)
-    if not (8 <= len(digits) <= 64 and all(c in "0123456789abcdef" for c in digits)):
+    digest = setup_digest(value)
+    if digest is None:
         raise ProtocolError("field 'setup' must be a setup digest (sha256:...), or at least its first 8 "
                             "hex digits")
-    return SETUP_PREFIX + digits
+    return digest
 
 
 def _ranges(args: Args) -> tuple[tuple[int, int], ...]:
