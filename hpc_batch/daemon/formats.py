@@ -23,7 +23,7 @@ an older daemon would misread the new records; add the step to CHANGELOG.md
 
 from .. import __version__
 
-JOURNAL = 1     # the journal's lines (journal.py's docstring)
+JOURNAL = 2     # the journal's lines (journal.py's docstring); 2: a change of a job names its argv "same"
 JOB = 1         # jobs/<id>/job.json: Job.to_dict() with the store's seq and batch
 UNNUMBERED = 1  # what a file without a format key is
 

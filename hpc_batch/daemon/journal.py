@@ -12,6 +12,9 @@ Lines::
 
     {"seq": N, "format": F}         the first line: the journal's format (formats.JOURNAL)
     {"seq": N, "job": {record}}     argv left out where its submit's shared record holds it
+    {"seq": N, "job": {record}, "same": "argv"}
+                                    a later change of a job: its argv is the one of its line
+                                    before (format 2: a job's command is journalled once)
     {"seq": N, "shared": {...}}     what the jobs of one submit share (store.py)
     {"seq": N, "drop": ID}          the job was evicted: forget it
     {"seq": N, "meta": {...}}       the id floor and scheduler state
@@ -155,9 +158,12 @@ def line(entry: dict) -> bytes:
     return dumps_wire(entry).encode("ascii") + b"\n"
 
 
-def job_line(seq: int, record: bytes) -> bytes:
+def job_line(seq: int, record: bytes, same_argv: bool = False) -> bytes:
     """What ``line({"seq": seq, "job": data})`` gives, for *data* already encoded (dumps_wire) as
-    *record*: the store encodes a job once, for its cache and for this line."""
+    *record*: the store encodes a job once, for its cache and for this line. *same_argv*: the
+    record leaves its command out, which is the one of the job's line before it."""
+    if same_argv:
+        return b'{"seq":%d,"job":%s,"same":"argv"}\n' % (seq, record)
     return b'{"seq":%d,"job":%s}\n' % (seq, record)
 
 

@@ -56,7 +56,7 @@ from shepherd.records import dumps_wire, fsync_dir, write_atomic
 
 from ..bounds import MAX_ID
 from ..core.cputopo import format_cpulist
-from ..core.jobs import QUEUED, WAITING, Job
+from ..core.jobs import FINISHED, QUEUED, WAITING, Job
 from ..core.sizes import format_mem
 from . import formats
 from .journal import Compaction, Journal, JournalError, end_line, format_line, job_line, line
@@ -216,6 +216,9 @@ def _ranges(ids) -> str:
 
 
 UNSTARTED = (QUEUED, WAITING)
+# The journal lines an unfinished job may still write, beyond its submit: a start, an end (or a
+# stop, a change of its max time) and its drop. Each is its record without the command (format 2).
+LINES_TO_COME = 3
 COMPACT_SLICE = 0.005  # seconds of a commit spent on a compaction under way (the rest: next commit)
 
 
@@ -246,6 +249,8 @@ class Store:
         self._seq = 0
         self.batch = 0                     # the last batch the journal holds durably
         self._live: set[int] = set()       # jobs the journal holds a record of
+        self._owes: dict[int, int] = {}    # unfinished job -> bytes of journal lines it may still write
+        self.owed = 0                      # their sum: what the disk reserve keeps for them
         self._shared: dict[int, Shared] = {}
         self._key_of: dict[int, int] = {}  # live job -> its Shared's key
         self._unstarted: set[int] = set()  # jobs with a Shared that have not started
@@ -305,19 +310,22 @@ class Store:
         The state filesystem keeps *reserve* bytes (--state-reserve) plus the
         journal's size free: compaction writes a snapshot no larger than the
         journal it replaces, so it can always run, and ends, evictions and
-        environments that go free space until submits are taken again.
+        environments that go free space until submits are taken again. On
+        top, the lines every unfinished job may still journal (``owed``): a
+        full disk never stops a start, an end or a cancel from being recorded.
         """
         try:
             st = os.statvfs(self.root)
         except OSError:
             return None
         free = st.f_bavail * st.f_frsize
-        need = reserve + self.journal.size
+        need = reserve + self.journal.size + self.owed
         if free >= need:
             return None
         return (f"the state directory {self.root} has {format_mem(free)} free, less than the "
-                f"{format_mem(need)} it keeps in reserve (the admin's --state-reserve of {format_mem(reserve)} "
-                f"plus room to compact its journal); nothing was queued, try again once jobs have ended")
+                f"{format_mem(need)} it keeps in reserve (the admin's --state-reserve of {format_mem(reserve)}, "
+                f"room to compact its journal, and the {format_mem(self.owed)} the jobs already taken may "
+                f"still write); nothing was queued, try again once jobs have ended")
 
     # -- loading ------------------------------------------------------------------
     def load_meta(self) -> dict:
@@ -358,8 +366,13 @@ class Store:
             for e in contents.entries:
                 self._seq = max(self._seq, e["seq"])
                 if isinstance(e.get("job"), dict) and isinstance(e["job"].get("id"), int):
-                    records[e["job"]["id"]] = (e["seq"], e["job"])
-                    dropped.discard(e["job"]["id"])
+                    data = e["job"]
+                    if e.get("same") == "argv" and "argv" not in data:   # a change: its command is the last line's
+                        before = records.get(data["id"])
+                        if before is not None and "argv" in before[1]:
+                            data["argv"] = before[1]["argv"]
+                    records[data["id"]] = (e["seq"], data)
+                    dropped.discard(data["id"])
                 elif isinstance(e.get("shared"), dict) and isinstance(e["shared"].get("id"), int):
                     shared[e["shared"]["id"]] = e["shared"]
                 elif isinstance(e.get("drop"), int):
@@ -474,6 +487,8 @@ class Store:
                     raise StateError(f"cannot rewrite {self.job_dir(job_id)}: {exc.strerror}") from None
             if sh is not None:
                 self._refer(job, sh)
+            if job.state != FINISHED:
+                self._owed(job, len(dumps_wire({k: v for k, v in data.items() if k != "argv"})))
             self._live.add(job_id)
             jobs.append(job)
         return jobs
@@ -658,6 +673,8 @@ class Store:
         self._pending = [(j, data) for j, data in self._pending if j not in job_ids]
         self._live -= job_ids
         self._fresh -= job_ids
+        for job_id in job_ids:
+            self.owed -= self._owes.pop(job_id, 0)
 
     def _snapshot(self) -> None:
         """Replace the journal by one batch, at once (at start-up: nothing appends meanwhile)."""
@@ -878,11 +895,24 @@ class Store:
         self._seq += 1
         data["seq"] = self._seq
         data["batch"] = self.batch + 1
-        record = dumps_wire(data).encode("ascii")    # once, for the cache and the journal line
+        # The journal holds a job's command once: every later line of it says the command is the
+        # same, so a start or a cancel of a job with a 1 MiB command costs the journal a small
+        # line (the third review's G8). The cache always holds the whole record.
+        argv = data.pop("argv", None) if job.id in self._live else None
+        delta = dumps_wire(data).encode("ascii")    # once, for the cache and the journal line
+        record = delta if argv is None else delta[:-1] + b',"argv":' + dumps_wire(argv).encode("ascii") + b"}"
         self._write_cache(job, data, record)
+        self._owed(job, len(delta))
         if durable:
-            self._pending.append((job.id, job_line(self._seq, record)))
+            self._pending.append((job.id, job_line(self._seq, delta, same_argv=argv is not None)))
             self._live.add(job.id)
+
+    def _owed(self, job: Job, size: int) -> None:
+        """Count what an unfinished job's journal lines to come may take (*size*: one of them)."""
+        self.owed -= self._owes.pop(job.id, 0)
+        if job.state != FINISHED:
+            self._owes[job.id] = LINES_TO_COME * (size + 64)   # 64: a line's seq and keys
+            self.owed += self._owes[job.id]
 
     def unstart(self, job: Job, env: dict) -> None:
         """A started job goes back to the queue, its command never run (out of pids): it needs an
@@ -931,6 +961,7 @@ class Store:
         """Delete a job's directory and everything in it (the sweeper's thread does), and forget its record."""
         self.sweeper.take(self.job_dir(job_id), str(job_id))
         self._release.pop(job_id, None)
+        self.owed -= self._owes.pop(job_id, 0)
         sh = self._shared.get(self._key_of.pop(job_id, -1))
         if sh is not None:
             sh.refs -= 1

@@ -452,3 +452,71 @@ def test_a_commit_that_fails_gives_up_the_compaction_under_way(tmp_path, monkeyp
     assert not s.compacting and not os.path.exists(os.path.join(tmp_path, "journal.tmp"))
     s.commit()                                 # the batch, staged still, goes in once the disk takes it
     assert sorted(j.id for j in _reopen(tmp_path, s).load_jobs()) == list(range(1, 102))
+
+
+BIG = ["true"] + ["w" * 100_000] * 10      # a 1 MB command, as the third review's G8 submitted
+
+
+def test_a_jobs_command_enters_the_journal_once_whatever_happens_to_it_after(tmp_path):
+    """G8: a start and an end (or a cancel) journal the change, not the 1 MB command again."""
+    s = _open(tmp_path)
+    job = _job(1, argv=list(BIG))
+    s.add_jobs([job], {"base": {"PATH": "/bin"}}, None)
+    s.commit()
+    after_submit = s.journal.size
+    assert after_submit > 1_000_000
+    _start(job)
+    s.save_job(job)
+    s.commit()
+    jobs.move(job, jobs.FINISHED, 1.8e9 + 2, result=jobs.Result(jobs.KILLED))
+    s.save_job(job)
+    s.commit()
+    assert s.journal.size - after_submit < 4096, "each change journalled the command again"
+    cache = _read(os.path.join(tmp_path, "jobs", "1", "job.json"))
+    assert cache.count(b"w" * 100_000) == 10            # the cache is whole on its own
+    os.remove(os.path.join(tmp_path, "jobs", "1", "job.json"))   # the journal alone must rebuild it
+    back = _reopen(tmp_path, s).load_jobs()
+    assert back[0].argv == BIG and back[0].state == jobs.FINISHED
+
+
+def test_a_snapshot_holds_each_command_once_and_later_changes_still_say_same(tmp_path):
+    s = _open(tmp_path)
+    job = _job(1, argv=list(BIG))
+    s.add_jobs([job], {"base": {"PATH": "/bin"}}, None)
+    s.commit()
+    s._snapshot()
+    _start(job)
+    s.save_job(job)
+    s.commit()
+    raw = _read(s.journal.path)
+    assert raw.count(b"w" * 100_000) == 10 and b'"same":"argv"' in raw
+    os.remove(os.path.join(tmp_path, "jobs", "1", "job.json"))
+    assert _reopen(tmp_path, s).load_jobs()[0].argv == BIG
+
+
+def test_the_reserve_counts_what_unfinished_jobs_may_still_journal(tmp_path):
+    """The lines a queued job may still write are owed from its submit, and forgiven at its end."""
+    s = _open(tmp_path)
+    assert s.owed == 0
+    job = _add(s, 1)
+    s.commit()
+    owed = s.owed
+    assert owed > 0
+    reserve = 1 << 20
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    # A reserve that leaves room for exactly the journal: the owed lines tip it over.
+    assert s.short_of_room(free - s.journal.size - owed - reserve) is None or owed == 0
+    why = s.short_of_room(free - s.journal.size - owed // 2)
+    assert why is not None and "may still write" in why
+    jobs.move(job, jobs.FINISHED, 1.8e9 + 2, result=jobs.Result(jobs.CANCELLED))
+    s.save_job(job)
+    assert s.owed == 0
+    assert _reopen(tmp_path, s).owed == 0
+
+
+def test_a_reloaded_daemon_owes_the_lines_of_the_jobs_it_finds_unfinished(tmp_path):
+    s = _open(tmp_path)
+    for i in (1, 2):
+        _add(s, i)
+    s.commit()
+    assert s.owed > 0 and abs(_reopen(tmp_path, s).owed - s.owed) < s.owed / 10   # counted from the loaded records
