@@ -53,13 +53,13 @@ def _quiet_cost(ctx: Context, shown: dict[str, Any], housekeeping: list[int], ru
     held = tuple(shown.get("held_cpus") or cpus)
     jdir = os.path.join(ctx.scratch, "quiet-cost")
     os.makedirs(jdir, exist_ok=True)
-    settings = quiet.Settings()   # the daemon's defaults: --cpufreq record
+    settings = quiet.Settings(ledger=os.path.join(ctx.scratch, quiet.LEDGER))   # the daemon's defaults
     starts, ends = [], []
     for _ in range(runs):
         t0 = time.perf_counter()
         try:
             hpc_probe.read(time.time(), "/", held)
-            rec = quiet.begin(jdir, cpus, held, tuple(housekeeping), settings, others_running=False)
+            rec = quiet.begin(jdir, cpus, held, tuple(housekeeping), settings, alone=False)
         finally:
             t1 = time.perf_counter()
             quiet.end(jdir, settings)   # always: what begin moved goes back

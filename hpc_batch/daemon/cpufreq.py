@@ -131,12 +131,15 @@ def plan_enforce(state: dict[str, Any]) -> tuple[list[kfiles.Write], list[str]]:
     return writes, notes
 
 
-def plan_turbo(state: dict[str, Any], allowed: bool, others_running: bool) -> tuple[list[kfiles.Write], str]:
+def plan_turbo(state: dict[str, Any], allowed: bool, alone: bool) -> tuple[list[kfiles.Write], str]:
     """The writes that turn turbo off for the job, and what the record says (pure).
 
     Per-policy ``boost`` belongs to the job's CPUs alone and is turned off
-    whenever the admin allowed it; the machine-wide switches only when no
-    other job runs.
+    whenever the admin allowed it. The machine-wide switches would slow
+    every other job too, and stay off for as long as one benchmark job
+    holds them, so they are turned off only for a job *alone* on the
+    machine: one that holds it whole (``--exclusive``), so that no other
+    job starts until it ends and puts them back.
     """
     if state.get("turbo") == "off":
         return [], "turbo off (as found)"
@@ -147,8 +150,8 @@ def plan_turbo(state: dict[str, Any], allowed: bool, others_running: bool) -> tu
               if p.get("boost") == "1" and not p.get("shared")]
     if writes:
         return writes, "turbo off (per-policy boost)"
-    if others_running:
-        return [], "turbo on (machine-wide switch, and other jobs run)"
+    if not alone and (state.get("no_turbo") == "0" or state.get("boost") == "1"):
+        return [], "turbo on (the switch is machine-wide: turned off only for an --exclusive job)"
     if state.get("no_turbo") == "0":
         return [kfiles.Write(NO_TURBO, "0", "1")], "turbo off (intel_pstate/no_turbo)"
     if state.get("boost") == "1":

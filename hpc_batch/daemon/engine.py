@@ -118,7 +118,8 @@ class Engine:
         # Benchmark jobs' quiet cores (IRQs, frequency, partition): the admin's flags, and where
         # interrupts go when no housekeeping CPUs are named: the CPUs reserved for the OS.
         self.quiet = quiet.Settings(cpufreq=cfg.cpufreq, allow_turbo_off=cfg.allow_turbo_off,
-                                    irqbalance_ban=cfg.irqbalance_ban)
+                                    irqbalance_ban=cfg.irqbalance_ban,
+                                    ledger=os.path.join(store.root, quiet.LEDGER))
         self.irq_banned: dict[int, set[int]] = {}   # job -> CPUs irqbalance was told to keep IRQs off
         self.benchmarks: dict[int, tuple[int, ...]] = {}   # running job with changes to undo -> CPUs it holds
         # The GPU query of a job's record runs the nvidia-smi the daemon found (its PATH, not a user's).
@@ -773,8 +774,11 @@ class Engine:
         hk = self.cfg.housekeeping or self.housekeeping_default   # --housekeeping-cpus none: the reserve
         self.benchmarks[job.id] = alloc.held
         try:
-            job.quiet = quiet.begin(jdir, alloc.cpus, alloc.held, hk, self.quiet, len(self.table.running) > 1,
-                                    cg if self.cfg.cgroups else None)
+            # Machine-wide turbo only for a job alone on the machine: nothing else starts beside it.
+            alone = alloc.exclusive and len(self.table.running) == 1
+            busy = set().union(*(h for i, h in self.benchmarks.items() if i != job.id))
+            job.quiet = quiet.begin(jdir, alloc.cpus, alloc.held, hk, self.quiet, alone,
+                                    cg if self.cfg.cgroups else None, busy)
             if self.quiet.irqbalance_ban:
                 self.irq_banned[job.id] = set(alloc.held)
                 job.quiet["irqbalance_ban"] = quiet.ban(self.quiet, set().union(*self.irq_banned.values()))

@@ -51,21 +51,27 @@ def read_affinities(root: str = "/") -> dict[int, str]:
     return out
 
 
-def plan(affinities: dict[int, str], held, housekeeping) -> list[kfiles.Write]:
-    """The writes that move every IRQ touching *held* to *housekeeping* (pure).
+def plan(affinities: dict[int, str], held, housekeeping, originals: dict[int, str] | None = None) -> list[kfiles.Write]:
+    """The writes that move every IRQ touching *held* to *housekeeping* less *held* (pure).
 
-    An IRQ already confined to housekeeping CPUs, or whose list cannot be
-    parsed, is left out; so is every IRQ when there are no housekeeping CPUs
-    outside the job (nowhere to move them).
+    *originals* maps each IRQ hpc-batch holds changed for other running
+    benchmark jobs to its value before that (the ledger's): such an IRQ is
+    planned when that value touches *held* too, even if it sits elsewhere
+    now, so that it never goes back onto this job's CPUs while it runs. An
+    IRQ already where it would go, or whose list cannot be parsed, is left
+    out; so is every IRQ when no housekeeping CPU is outside the job.
     """
     held_set, target = set(held), set(housekeeping) - set(held)
     if not target or not held_set:
         return []
     new = format_cpulist(sorted(target))
+    originals = originals or {}
     writes = []
     for irq in sorted(affinities):
         try:
             cpus = set(parse_cpulist(affinities[irq]))
+            if irq in originals:
+                cpus |= set(parse_cpulist(originals[irq]))
         except ValueError:
             continue
         if cpus & held_set:
@@ -78,9 +84,12 @@ def irq_of(write: kfiles.Write) -> int:
     return int(write.path.split("/")[2])
 
 
-def outcome(root: str, writes: list[kfiles.Write], refused: dict[str, OSError], held, to: str) -> dict:
-    """What the start did to each IRQ of *writes* (the plan; *refused* maps a path to the kernel's
-    error), with the effective affinity read back: one read per IRQ, after all the writes.
+def outcome(root: str, writes: list[kfiles.Write], refused: dict[str, OSError], held, to: str,
+            kept: frozenset[str] = frozenset()) -> dict:
+    """What the start did to each IRQ of *writes* (old: the value found; new: the value it was
+    left with, or the one tried; *refused* maps a path to the kernel's error; *kept* names the IRQs
+    left as they were because no CPU suits every running benchmark job), with the effective
+    affinity read back: one read per IRQ, after all the writes.
 
     ``still_on_job_cpus`` names the IRQs that can still land on a CPU of *held*: by the effective
     affinity, or where the kernel shows none, by the affinity the IRQ kept.
@@ -94,11 +103,14 @@ def outcome(root: str, writes: list[kfiles.Write], refused: dict[str, OSError], 
         irq = irq_of(w)
         exc = refused.get(w.path)
         entry: dict = {"result": "moved" if exc is None else "refused"}
-        if exc is not None:
+        if w.path in kept and exc is None:
+            entry["result"] = "kept"
+            entry["why"] = "no CPU is off every running benchmark job's CPUs: left as the other jobs had it"
+        elif exc is not None:
             entry["errno"] = kfiles.why(exc)
             entry["error"] = os.strerror(exc.errno) if exc.errno else str(exc)
             refused_irqs.append(irq)
-        else:
+        elif w.path not in kept:
             moved.append(irq)
         entry["old"], entry["new"] = w.old, w.new   # new: what was written, or tried
         effective, why = kfiles.read_why(root, effective_path(irq))
@@ -116,8 +128,8 @@ def outcome(root: str, writes: list[kfiles.Write], refused: dict[str, OSError], 
     out: dict = {"to": to, "moved": moved, "refused": refused_irqs, "still_on_job_cpus": still, "each": each}
     if len(each) > EACH_CAP:
         plain = {str(irq) for irq in moved} - {str(irq) for irq in still}
-        kept = set(sorted(each, key=lambda k: (k in plain, int(k)))[:EACH_CAP])
-        out["each"] = {k: v for k, v in each.items() if k in kept}
+        shown = set(sorted(each, key=lambda k: (k in plain, int(k)))[:EACH_CAP])
+        out["each"] = {k: v for k, v in each.items() if k in shown}
         out["each_cut"] = len(each) - EACH_CAP
     return out
 

@@ -5,7 +5,9 @@ Every change hpc-batch makes to the machine for a benchmark job is a
 trees), the value found there and the value written. Undoing a write puts
 the old value back only where the file still holds the value hpc-batch
 wrote: something else that changed it since (an admin, irqbalance, another
-tool) wins.
+tool) wins. Files several jobs share (IRQ affinities, machine-wide turbo)
+are undone through the machine's :mod:`ledger` instead, which keeps the
+value from before the first job that changed them.
 """
 
 import errno

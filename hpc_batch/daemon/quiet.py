@@ -9,25 +9,31 @@ its shepherd is spawned, once the job's "running" record is durable):
   effective affinity read back, and those still on the job's CPUs named;
 - under ``--cpufreq enforce`` the job's own cpufreq policies get governor
   ``performance`` and minimum = maximum frequency, and with
-  ``--allow-turbo-off`` turbo goes off (:mod:`cpufreq`); under ``record``
-  the state is only read;
+  ``--allow-turbo-off`` turbo goes off (:mod:`cpufreq`): per-policy boost
+  for any benchmark job, the machine-wide switches only for one that holds
+  the machine (``--exclusive``); under ``record`` the state is only read;
 - its cgroup becomes an isolated cpuset partition, or falls back
   (:mod:`cpupartition`).
 
-Every planned write is persisted first, in ``<job dir>/quiet.json`` (root
-only); once done, the file keeps only the writes the kernel took, and
-(``record``) what the job's record copies. Whichever daemon sees the job end
-(this one, one started after a reload or a crash) undoes them with
-:func:`end`: each value goes back
-only where the file still holds what hpc-batch wrote. An undo that would
-put interrupts back on another running benchmark job's CPUs (or turbo back
-on under it) is handed to that job instead. Nothing here runs while the
-job runs.
+Two kinds of change, two kinds of undo record:
 
-The file is written without fsync: what it undoes is kernel state, which a
-reboot resets anyway, and a daemon that crashes leaves the file in the page
-cache for the next one. It carries the boot id, so a file that outlived a
+- The job's own (its policies' governor, minimum and boost; its partition)
+  are in ``<job dir>/quiet.json`` (root only), persisted before the first
+  change and trimmed to the writes the kernel took; :func:`end` puts each
+  back only where the file still holds what hpc-batch wrote. It is written
+  without fsync: a reboot resets what it undoes, and a daemon that crashes
+  leaves it in the page cache for the next one.
+- The machine's (IRQ affinities, the machine-wide turbo switches), which
+  overlapping jobs share, are in one :mod:`ledger` for the machine,
+  ``<state dir>/quiet-ledger.json`` (root only, fsynced at each change, so it
+  outlives a kill -9 and a power cut of the daemon alike): the value before
+  hpc-batch's first change, put back when the last job that holds it ends,
+  and meanwhile the value that suits every job still holding it.
+
+Whichever daemon sees the job end (this one, one started after a reload or
+a crash) undoes them. Both files carry the boot id: one that outlived a
 reboot undoes nothing (the values it would compare are the new boot's).
+Nothing here runs while the job runs.
 """
 
 import os
@@ -39,9 +45,11 @@ from shepherd import records
 
 from ..core.cputopo import format_cpulist, parse_cpulist
 from . import cpufreq, cpupartition, irqsteer, kfiles
+from .ledger import Ledger
 
 FILE = "quiet.json"
-# Switches that act on every CPU: undone by the last benchmark job out.
+LEDGER = "quiet-ledger.json"
+# Switches that act on every CPU: in the machine's ledger, not the job's file.
 MACHINE_WIDE = (cpufreq.NO_TURBO, cpufreq.BOOST)
 
 
@@ -53,6 +61,7 @@ class Settings:
     allow_turbo_off: bool = False    # --allow-turbo-off
     irqbalance_ban: bool = False     # --irqbalance-ban
     root: str = "/"
+    ledger: str | None = None        # the ledger file (the daemon's: in its state dir); None: under *root*
 
 
 def irqbalance(root: str = "/") -> dict[str, Any]:
@@ -110,44 +119,88 @@ def boot_id(root: str = "/") -> str | None:
     return kfiles.read(root, "proc/sys/kernel/random/boot_id")
 
 
-def begin(jdir: str, cpus, held, housekeeping, settings: Settings, others_running: bool,
-          cgroup: str | None = None) -> dict[str, Any]:
+def ledger_path(settings: Settings) -> str:
+    """Where the machine's ledger is (see the module's docstring)."""
+    return settings.ledger or kfiles.join(settings.root, f"run/hpc-batch/{LEDGER}")
+
+
+def load_ledger(settings: Settings) -> Ledger:
+    """The machine's ledger; an empty one when there is none, it is unreadable, or from another boot."""
+    data = records.read_json(ledger_path(settings))
+    if not isinstance(data, dict) or data.get("boot") != boot_id(settings.root):
+        return Ledger()
+    entries = data.get("entries")
+    return Ledger.from_dict(entries if isinstance(entries, dict) else {})
+
+
+def save_ledger(settings: Settings, book: Ledger) -> None:
+    """Persist the ledger durably (root only) before and after every change it plans."""
+    path = ledger_path(settings)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    records.write_json(path, {"boot": boot_id(settings.root), "entries": book.to_dict()}, mode=0o600, durable=True)
+
+
+def holder_of(jdir: str) -> str:
+    """The name a job holds ledger entries under: its directory (stable across daemons)."""
+    return os.path.abspath(jdir)
+
+
+def begin(jdir, cpus, held, housekeeping, settings: Settings, alone: bool,
+          cgroup: str | None = None, busy=()) -> dict[str, Any]:
     """Quiet the job's CPUs; returns the job's record of what was found and done.
 
     *cpus* is the job's cpuset, *held* every CPU it holds (cpuset and held
-    siblings), *housekeeping* where interrupts go. *others_running*: another
-    job runs, so machine-wide turbo stays as it is.
+    siblings), *housekeeping* where interrupts go (less *held*). *alone*:
+    the job holds the whole machine and no other job runs, so the
+    machine-wide turbo switches are its to turn off. *busy*: the CPUs of the
+    other running benchmark jobs, where no IRQ is sent when another CPU will do.
     """
     root = settings.root
-    irq_writes = irqsteer.plan(irqsteer.read_affinities(root), held, housekeeping)
+    me = holder_of(jdir)
+    book = load_ledger(settings)
+    current = irqsteer.read_affinities(root)
+    originals = {irq: o for irq in current if (o := book.original(irqsteer.affinity_path(irq))) is not None}
+    irq_plan = irqsteer.plan(current, held, housekeeping, originals)
     freq = cpufreq.read_state(root, held)
     freq_rec: dict[str, Any] = {"policy": settings.cpufreq, "state": cpufreq.summarize(freq),
                                 "turbo": freq["turbo"]}
-    freq_writes: list[kfiles.Write] = []
+    own: list[kfiles.Write] = []
+    machine_turbo: list[kfiles.Write] = []
     if settings.cpufreq == "enforce" and freq["policies"]:
-        freq_writes, freq_rec["notes"] = cpufreq.plan_enforce(freq)
-        turbo, freq_rec["turbo"] = cpufreq.plan_turbo(freq, settings.allow_turbo_off, others_running)
-        freq_writes += turbo
+        own, freq_rec["notes"] = cpufreq.plan_enforce(freq)
+        turbo, freq_rec["turbo"] = cpufreq.plan_turbo(freq, settings.allow_turbo_off, alone)
+        own += [w for w in turbo if w.path not in MACHINE_WIDE]
+        machine_turbo = [w for w in turbo if w.path in MACHINE_WIDE]
     elif settings.cpufreq == "enforce":
         freq_rec["notes"] = ["no cpufreq on this machine: nothing to set"]
     else:
         freq_rec["turbo"] = f"turbo {freq['turbo']}"
-    writes = irq_writes + freq_writes
-    saved: dict[str, Any] = {"boot": boot_id(root), "writes": [w.to_dict() for w in writes],
+    saved: dict[str, Any] = {"boot": boot_id(root), "writes": [w.to_dict() for w in own],
                              "cgroup": cgroup, "partition": None}
     _persist(jdir, saved)   # before the first change: a crash after it can be undone
-    done, refused = kfiles.apply(root, writes)
+    wished = irq_plan + machine_turbo
+    shared = book.begin(me, {w.path: (w.kind, w.new) for w in wished}, {w.path: w.old for w in wished}, busy)
+    save_ledger(settings, book)   # likewise, and durably: it outlives this job's file
+    done, refused = kfiles.apply(root, shared + own)
+    book.settle([w for w in done if w in shared], [w for w, _ in refused if w in shared], holder=me)
+    save_ledger(settings, book)
+    why = {w.path: exc for w, exc in refused}
+    # Per IRQ: from its value before hpc-batch's changes to the one it has now (or was tried).
+    written = {w.path: w.new for w in shared}
+    irq_writes = [kfiles.Write(w.path, book.original(w.path) or w.old, written.get(w.path, w.old), w.kind)
+                  for w in irq_plan]
+    kept = frozenset(w.path for w in irq_plan if w.path not in written and _touches(w.old, held))
     rec: dict[str, Any] = {
         "housekeeping": format_cpulist(housekeeping),
-        "irqs": irqsteer.outcome(root, irq_writes, {w.path: exc for w, exc in refused}, held,
-                                 format_cpulist(set(housekeeping) - set(held))),
+        "irqs": irqsteer.outcome(root, irq_writes, why, held, format_cpulist(set(housekeeping) - set(held)), kept),
         "cpufreq": freq_rec,
     }
+    freq_writes = own + [w for w in shared if w.path in MACHINE_WIDE]
     freq_rec["changed"] = [w.path.rsplit("/", 2)[-2:] for w in done if w in freq_writes]
     freq_rec["refused"] = {w.path: kfiles.why(exc) for w, exc in refused if w in freq_writes}
     # A refused write changed nothing of ours: it must never be "restored" (the file may hold
-    # the value tried by then, written by someone else), nor handed to another job.
-    saved["writes"] = [w.to_dict() for w in done]
+    # the value tried by then, written by someone else).
+    saved["writes"] = [w.to_dict() for w in done if w in own]
     ib = irqbalance(root)
     rec["irqbalance"] = ib["how"] if not ib["active"] else (
         f"active ({ib['how']}): it may move the job's IRQs back"
@@ -185,15 +238,18 @@ def pending(jdir: str) -> bool:
     return os.path.exists(os.path.join(jdir, FILE))
 
 
-def end(jdir: str, settings: Settings, others=()) -> dict[str, Any] | None:
+def end(jdir: str, settings: Settings, others=None) -> dict[str, Any] | None:
     """Undo what :func:`begin` changed for the job, where still ours; None if nothing was pending.
 
-    *others* lists the other running benchmark jobs as (job dir, CPUs held).
-    A change whose undo would land on one of them (an IRQ whose old affinity
-    includes its CPUs, machine-wide turbo) is handed over to that job's file
-    instead, so the last job out puts it back. Returns {"restored": n,
-    "handed": n, "left": [...]} for the job's record. The file goes once done,
-    so a second call (a crash in between, then recovery) does nothing.
+    *others* lists the other running benchmark jobs as (job dir, CPUs held);
+    a ledger holder not among them (a job whose end was never seen) lets go
+    too. None: leave the other holders be. What the job held of the machine
+    goes back to its value before hpc-batch's first change once no running
+    job holds it; until then it keeps the value that suits those left.
+    Returns {"restored": n, "handed": n (machine-wide settings still held by
+    running jobs), "left": [...]} for the job's record. The job's file goes
+    once done, so a second call (a crash in between, then recovery) does
+    nothing more.
     """
     path = os.path.join(jdir, FILE)
     if not os.path.lexists(path):
@@ -205,58 +261,37 @@ def end(jdir: str, settings: Settings, others=()) -> dict[str, Any] | None:
     if saved.get("boot") != boot_id(settings.root):
         _unlink(path)
         return {"restored": 0, "handed": 0, "left": ["the machine rebooted since: nothing to restore"]}
-    writes = [kfiles.Write.from_dict(w) for w in saved.get("writes") or ()]
-    handed: dict[str, list[kfiles.Write]] = {}
-    mine: list[kfiles.Write] = []
-    for w in writes:
-        heir = _heir(w, others)
-        if heir is not None and kfiles.same(w.kind, kfiles.read(settings.root, w.path), w.new):
-            handed.setdefault(heir, []).append(w)
-        else:
-            mine.append(w)
-    count = 0
-    for heir, ws in handed.items():
-        if _hand_over(heir, ws):
-            count += len(ws)
-        else:
-            mine.extend(ws)   # that job's changes are already undone: undo these here
-    restored, left = kfiles.undo(settings.root, mine)
-    notes = [f"{w.path}: {why}" for w, why in left]
+    root = settings.root
+    me = holder_of(jdir)
+    gone = {me}
+    book = load_ledger(settings)
+    if others is not None:
+        gone |= book.holders() - {holder_of(d) for d, _ in others}
+    ended = book.end(gone, {p: kfiles.read(root, p) for p, e in book.entries.items()
+                            if not e.holders or gone & set(e.holders)},
+                     set().union(*(held for _, held in others or ())))
+    save_ledger(settings, book)   # the writes are pending in it: a crash now is finished by the next end
+    done, refused = kfiles.apply(root, ended.writes)
+    book.settle(done, [w for w, _ in refused])
+    save_ledger(settings, book)
+    notes = [f"{p}: {why}" for p, why in ended.left] + [f"{w.path}: {kfiles.why(exc)}" for w, exc in refused]
+    restored, left = kfiles.undo(root, [kfiles.Write.from_dict(w) for w in saved.get("writes") or ()])
+    notes += [f"{w.path}: {why}" for w, why in left]
     part = saved.get("partition")
     if part and saved.get("cgroup"):
         why = cpupartition.release(saved["cgroup"], part)
         if why:
             notes.append(why)
     _unlink(path)
-    return {"restored": len(restored), "handed": count, "left": notes}
+    back = sum(1 for w in done if w.path in ended.restored)
+    return {"restored": back + len(restored), "handed": len(ended.kept), "left": notes}
 
 
-def _heir(w: kfiles.Write, others) -> str | None:
-    """The other running benchmark job whose CPUs undoing *w* would disturb, if any."""
-    if not others:
-        return None
-    if w.path in MACHINE_WIDE:
-        return others[0][0]
-    if w.kind == "cpulist":
-        try:
-            old = set(parse_cpulist(w.old))
-        except ValueError:
-            return None
-        for other_dir, held in others:
-            if old & set(held):
-                return other_dir
-    return None
-
-
-def _hand_over(jdir: str, writes: list[kfiles.Write]) -> bool:
-    """Add *writes* to another job's quiet file (durably, before ours goes); False if it has none."""
-    path = os.path.join(jdir, FILE)
-    saved = records.read_json(path)
-    if not isinstance(saved, dict):
+def _touches(cpulist: str, cpus) -> bool:
+    try:
+        return bool(set(parse_cpulist(cpulist)) & set(cpus))
+    except ValueError:
         return False
-    saved["writes"] = list(saved.get("writes") or ()) + [w.to_dict() for w in writes]
-    _persist(jdir, saved)
-    return True
 
 
 def _unlink(path: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 from hpc_batch.client import listing
 from hpc_batch.core.cputopo import parse_cpulist
 from hpc_batch.daemon import cpufreq, cpupartition, irqsteer, kfiles, quiet
-from shepherd import record, records
+from shepherd import record
 
 pytestmark = pytest.mark.timeout(60)
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "quiet")
@@ -72,7 +72,7 @@ def test_begin_moves_and_end_restores(tree, tmp_path, monkeypatch):
     root, jdir = tree("intel-pstate-turbo"), str(tmp_path)
     as_kernel(monkeypatch)
     before = irqsteer.read_affinities(root)
-    rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)
+    rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), alone=True)
     assert rec["irqs"]["moved"] == [8, 9, 120, 121, 122]
     assert rec["irqs"]["refused"] == [] and rec["irqs"]["to"] == "0-1"
     assert rec["irqs"]["still_on_job_cpus"] == []
@@ -88,7 +88,7 @@ def test_begin_moves_and_end_restores(tree, tmp_path, monkeypatch):
 def test_refused_irq_is_recorded_refused(tree, tmp_path, monkeypatch):
     root, jdir = tree("intel-pstate-turbo"), str(tmp_path)
     real = as_kernel(monkeypatch, refuse={120: errno.EIO})   # what the kernel answers for a managed IRQ
-    rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)
+    rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), alone=True)
     assert rec["irqs"]["refused"] == [120] and 120 not in rec["irqs"]["moved"]
     monkeypatch.setattr(kfiles, "write", real)
     assert quiet.end(jdir, quiet.Settings(root=root))["restored"] == 4
@@ -97,7 +97,7 @@ def test_refused_irq_is_recorded_refused(tree, tmp_path, monkeypatch):
 
 def test_restore_only_where_still_ours(tree, tmp_path):
     root, jdir = tree("intel-pstate-turbo"), str(tmp_path)
-    quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)
+    quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), alone=True)
     kfiles.write(root, irqsteer.affinity_path(9), "2")     # an admin (or irqbalance) moved it since
     kfiles.write(root, irqsteer.affinity_path(8), "1,0")   # same CPUs, other spelling: still ours
     undone = quiet.end(jdir, quiet.Settings(root=root))
@@ -117,7 +117,7 @@ def test_restore_after_a_crash_midway(tree, tmp_path, monkeypatch):
         real(r, rel, value)
     monkeypatch.setattr(kfiles, "write", dies)
     with pytest.raises(SystemExit):
-        quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)
+        quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), alone=True)
     monkeypatch.setattr(kfiles, "write", real)
     assert aff(root, 8) == "0-1" and aff(root, 9) == "0-1" and aff(root, 120) == "0-7"
     undone = quiet.end(jdir, quiet.Settings(root=root))   # a new daemon: it knows only the file
@@ -125,25 +125,30 @@ def test_restore_after_a_crash_midway(tree, tmp_path, monkeypatch):
     assert all(aff(root, i) == v for i, v in ((8, "0-7"), (9, "0-7"), (120, "0-7"), (121, "4")))
 
 
-def test_undo_that_would_disturb_another_benchmark_job_is_handed_over(tree, tmp_path):
+def test_an_irq_two_jobs_steer_goes_back_when_the_last_one_ends(tree, tmp_path):
     root = tree("intel-pstate-turbo")
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
     s = quiet.Settings(cpufreq="enforce", allow_turbo_off=True, root=root)
-    ra = quiet.begin(str(a), (4,), (4, 5), (0, 1), s, others_running=False)
-    rb = quiet.begin(str(b), (6,), (6, 7), (0, 1), s, others_running=True)
-    assert ra["irqs"]["moved"] == [8, 9, 120, 121, 122] and rb["irqs"]["moved"] == [123]
+    ra = quiet.begin(str(a), (4,), (4, 5), (0, 1), s, alone=True)
+    rb = quiet.begin(str(b), (6,), (6, 7), (0, 1), s, alone=False)
+    assert ra["irqs"]["moved"] == [8, 9, 120, 121, 122]
+    # IRQs 8, 9 and 120 were on 0-7 before A moved them: B holds them too, as well as its own 123.
+    assert rb["irqs"]["moved"] == [8, 9, 120, 123]
+    assert {k: rb["irqs"]["each"]["8"][k] for k in ("result", "old", "new")} == \
+        {"result": "moved", "old": "0-7", "new": "0-1"}   # old: before hpc-batch's first change
     assert ra["cpufreq"]["turbo"] == "turbo off (intel_pstate/no_turbo)"
     assert rb["cpufreq"]["turbo"] == "turbo off (as found)"
-    # A ends first: IRQs 8, 9 and 120 were on 0-7 (B's CPUs too), and turbo is machine-wide.
     undone = quiet.end(str(a), s, others=[(str(b), (6, 7))])
-    assert undone["handed"] == 4 and undone["left"] == []
-    assert aff(root, 121) == "4" and aff(root, 8) == "0-1" and kfiles.read(root, cpufreq.NO_TURBO) == "1"
+    # Back: 121, 122, no_turbo and A's two policies' governor and minimum; 8, 9, 120 stay for B.
+    assert undone == {"restored": 7, "handed": 3, "left": []}
+    assert aff(root, 121) == "4" and aff(root, 8) == "0-1" and kfiles.read(root, cpufreq.NO_TURBO) == "0"
     assert pol(root, 4, "scaling_governor") == "powersave"
-    undone = quiet.end(str(b), s)   # the last one out puts everything back
-    assert undone["left"] == [] and aff(root, 8) == "0-7" and aff(root, 123) == "6-7"
-    assert kfiles.read(root, cpufreq.NO_TURBO) == "0"
+    undone = quiet.end(str(b), s, others=[])   # the last one out puts everything back
+    assert undone["left"] == [] and irqsteer.read_affinities(root) == {
+        0: "0", 8: "0-7", 9: "0-7", 120: "0-7", 121: "4", 122: "5", 123: "6-7", 130: "0-3"}
+    assert quiet.load_ledger(s).entries == {}
 
 
 def test_file_from_another_boot_undoes_nothing(tree, tmp_path):
@@ -152,7 +157,7 @@ def test_file_from_another_boot_undoes_nothing(tree, tmp_path):
     boot = os.path.join(root, "proc/sys/kernel/random/boot_id")
     with open(boot, "w") as f:
         f.write("1111\n")
-    quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)
+    quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), alone=True)
     with open(boot, "w") as f:
         f.write("2222\n")
     undone = quiet.end(jdir, quiet.Settings(root=root))
@@ -163,7 +168,7 @@ def test_file_from_another_boot_undoes_nothing(tree, tmp_path):
 def test_show_lines(tree, tmp_path, monkeypatch):
     root, jdir = tree("intel-pstate-turbo"), str(tmp_path)
     as_kernel(monkeypatch, refuse={120: errno.EIO}, pending=(8,))
-    rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(cpufreq="enforce", root=root), False)
+    rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(cpufreq="enforce", root=root), True)
     rec["undone"] = quiet.end(jdir, quiet.Settings(root=root))
     lines = dict(listing.describe(rec))
     assert lines["interrupts"] == ("4 moved to CPUs 0-1 (IRQs 8-9,121-122); refused: 120 (EIO: Input/output error); "
@@ -203,7 +208,8 @@ def test_record_says_what_each_irq_did(tree, tmp_path, monkeypatch, machine, hel
                                        entry, still):
     root, jdir = tree(machine), str(tmp_path)
     as_kernel(monkeypatch, refuse=refuse, pending=pending)
-    rec = quiet.begin(jdir, held[:1], held, (0, 1), quiet.Settings(root=root), others_running=False)
+    settings = quiet.Settings(root=root)
+    rec = quiet.begin(jdir, held[:1], held, (0, 1), settings, alone=True)
     irqs = rec["irqs"]
     assert irqs["each"][str(irq)] == entry
     assert irqs["still_on_job_cpus"] == still
@@ -212,8 +218,9 @@ def test_record_says_what_each_irq_did(tree, tmp_path, monkeypatch, machine, hel
     # The record copies what was done, not the planned writes.
     field = record.quiet_field(jdir)
     assert field["source"] == "quiet.json" and field["value"]["irqs"] == irqs and "writes" not in field["value"]
-    saved = records.read_json(os.path.join(jdir, quiet.FILE))
-    assert (irqsteer.affinity_path(irq) in {w["path"] for w in saved["writes"]}) == (irq not in refuse)
+    # The machine's ledger holds for the job what the kernel took, never what it refused.
+    held_now = quiet.load_ledger(settings).held_by(quiet.holder_of(jdir))
+    assert (irqsteer.affinity_path(irq) in held_now) == (irq not in refuse)
 
 
 def test_the_issues_machine_irq_36_refused_and_still_on_the_job_cpu(tmp_path, monkeypatch):
@@ -221,7 +228,7 @@ def test_the_issues_machine_irq_36_refused_and_still_on_the_job_cpu(tmp_path, mo
     root = str(tmp_path / "m")
     shutil.copytree(os.path.join(FIXTURES, "dev-container-real"), root)
     as_kernel(monkeypatch, refuse={36: errno.EPERM})
-    rec = quiet.begin(str(tmp_path), (1,), (1,), (0,), quiet.Settings(root=root), others_running=False)
+    rec = quiet.begin(str(tmp_path), (1,), (1,), (0,), quiet.Settings(root=root), alone=True)
     irqs = record.quiet_field(str(tmp_path))["value"]["irqs"]
     assert len(irqs["moved"]) == 18 and irqs["refused"] == [36] and irqs["still_on_job_cpus"] == [36]
     assert irqs["each"]["36"] == {"result": "refused", "errno": "EPERM", "error": "Operation not permitted",
@@ -234,7 +241,7 @@ def test_the_issues_machine_irq_36_refused_and_still_on_the_job_cpu(tmp_path, mo
 def test_a_refused_write_is_never_restored(tree, tmp_path, monkeypatch):
     root, jdir = tree("intel-pstate-turbo"), str(tmp_path)
     real = as_kernel(monkeypatch, refuse={121: errno.EPERM})
-    quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)
+    quiet.begin(jdir, (4,), (4, 5), (0, 1), quiet.Settings(root=root), alone=True)
     monkeypatch.setattr(kfiles, "write", real)
     kfiles.write(root, irqsteer.affinity_path(121), "0-1")   # moved since by someone else, to what we tried
     undone = quiet.end(jdir, quiet.Settings(root=root))
@@ -247,8 +254,8 @@ def test_a_refused_write_is_never_handed_over(tree, tmp_path, monkeypatch):
     a.mkdir()
     b.mkdir()
     real = as_kernel(monkeypatch, refuse={120: errno.EIO})
-    quiet.begin(str(a), (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)
-    quiet.begin(str(b), (6,), (6, 7), (0, 1), quiet.Settings(root=root), others_running=True)
+    quiet.begin(str(a), (4,), (4, 5), (0, 1), quiet.Settings(root=root), alone=True)
+    quiet.begin(str(b), (6,), (6, 7), (0, 1), quiet.Settings(root=root), alone=False)
     monkeypatch.setattr(kfiles, "write", real)
     kfiles.write(root, irqsteer.affinity_path(120), "0-1")   # someone else's since
     assert quiet.end(str(a), quiet.Settings(root=root), others=[(str(b), (6, 7))])["handed"] == 2   # 8, 9
@@ -260,7 +267,7 @@ def test_each_irq_is_bounded_keeping_the_refused_and_those_still_on_job_cpus(tre
     root = tree("intel-pstate-turbo")
     monkeypatch.setattr(irqsteer, "EACH_CAP", 2)
     as_kernel(monkeypatch, refuse={122: errno.EIO})
-    irqs = quiet.begin(str(tmp_path), (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)["irqs"]
+    irqs = quiet.begin(str(tmp_path), (4,), (4, 5), (0, 1), quiet.Settings(root=root), alone=True)["irqs"]
     assert list(irqs["each"]) == ["8", "122"] and irqs["each_cut"] == 3
     assert irqs["moved"] == [8, 9, 120, 121] and irqs["refused"] == [122] and irqs["still_on_job_cpus"] == [122]
 
@@ -276,7 +283,7 @@ def test_real_recording_parses():
 def test_record_reads_intel_pstate(tree, tmp_path):
     root = tree("intel-pstate-turbo")
     before = {p: pol(root, 4, p) for p in ("scaling_governor", "scaling_min_freq")}
-    rec = quiet.begin(str(tmp_path), (4,), (4, 5), (0, 1), quiet.Settings(root=root), others_running=False)
+    rec = quiet.begin(str(tmp_path), (4,), (4, 5), (0, 1), quiet.Settings(root=root), alone=True)
     f = rec["cpufreq"]
     assert f["policy"] == "record" and f["turbo"] == "turbo on" and f["changed"] == []
     st = f["state"]
@@ -294,7 +301,7 @@ def test_record_reads_intel_pstate(tree, tmp_path):
 def test_enforce_and_restore_governor_and_min(tree, tmp_path):
     root, jdir = tree("intel-pstate-turbo"), str(tmp_path)
     s = quiet.Settings(cpufreq="enforce", root=root)
-    rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), s, others_running=True)
+    rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), s, alone=False)
     for n in (4, 5):
         assert pol(root, n, "scaling_governor") == "performance"
         assert pol(root, n, "scaling_min_freq") == "4700000"
@@ -308,12 +315,13 @@ def test_enforce_and_restore_governor_and_min(tree, tmp_path):
     assert len(undone["left"]) == 1 and "policy5/scaling_min_freq" in undone["left"][0]
 
 
-@pytest.mark.parametrize("allowed,others,expect_off", [(True, False, True), (True, True, False),
-                                                       (False, False, False)])
-def test_machine_wide_turbo_rules(tree, tmp_path, allowed, others, expect_off):
+@pytest.mark.parametrize("allowed,alone,expect_off", [(True, True, True), (True, False, False),
+                                                      (False, True, False)])
+def test_machine_wide_turbo_rules(tree, tmp_path, allowed, alone, expect_off):
+    """The machine-wide switch goes off only for a job alone on the machine (--exclusive)."""
     root, jdir = tree("intel-pstate-turbo"), str(tmp_path)
     s = quiet.Settings(cpufreq="enforce", allow_turbo_off=allowed, root=root)
-    rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), s, others_running=others)
+    rec = quiet.begin(jdir, (4,), (4, 5), (0, 1), s, alone=alone)
     assert kfiles.read(root, cpufreq.NO_TURBO) == ("1" if expect_off else "0")
     assert rec["cpufreq"]["turbo"].startswith("turbo off" if expect_off else "turbo on")
     quiet.end(jdir, s)
@@ -323,14 +331,14 @@ def test_machine_wide_turbo_rules(tree, tmp_path, allowed, others, expect_off):
 def test_acpi_global_boost_and_shared_policy(tree, tmp_path):
     root, jdir = tree("acpi-cpufreq-boost"), str(tmp_path)
     s = quiet.Settings(cpufreq="enforce", allow_turbo_off=True, root=root)
-    rec = quiet.begin(jdir, (6,), (6,), (0, 1), s, others_running=False)
+    rec = quiet.begin(jdir, (6,), (6,), (0, 1), s, alone=True)
     assert pol(root, 6, "scaling_governor") == "schedutil"   # policy6 also governs CPU 7
     assert any("policy6" in n for n in rec["cpufreq"]["notes"])
     assert rec["cpufreq"]["turbo"] == "turbo off (cpufreq/boost)"
     assert kfiles.read(root, cpufreq.BOOST) == "0"
     quiet.end(jdir, s)
     assert kfiles.read(root, cpufreq.BOOST) == "1"
-    rec = quiet.begin(jdir, (2,), (2,), (0, 1), s, others_running=True)
+    rec = quiet.begin(jdir, (2,), (2,), (0, 1), s, alone=False)
     assert pol(root, 2, "scaling_governor") == "performance" and pol(root, 2, "scaling_min_freq") == "2400000"
     assert kfiles.read(root, cpufreq.BOOST) == "1" and rec["cpufreq"]["turbo"].startswith("turbo on")
     quiet.end(jdir, s)
@@ -340,7 +348,7 @@ def test_acpi_global_boost_and_shared_policy(tree, tmp_path):
 def test_amd_per_policy_boost_is_the_jobs_own(tree, tmp_path):
     root, jdir = tree("amd-pstate-epp"), str(tmp_path)
     s = quiet.Settings(cpufreq="enforce", allow_turbo_off=True, root=root)
-    rec = quiet.begin(jdir, (3,), (3,), (0,), s, others_running=True)
+    rec = quiet.begin(jdir, (3,), (3,), (0,), s, alone=False)
     assert rec["cpufreq"]["state"]["amd_pstate"] == "active" and rec["cpufreq"]["state"]["boost"] is None
     assert rec["cpufreq"]["turbo"] == "turbo off (per-policy boost)"
     assert pol(root, 3, "boost") == "0" and pol(root, 2, "boost") == "1"
@@ -352,7 +360,7 @@ def test_amd_per_policy_boost_is_the_jobs_own(tree, tmp_path):
 def test_enforce_without_cpufreq(tmp_path):
     (tmp_path / "root").mkdir()
     rec = quiet.begin(str(tmp_path), (1,), (1,), (0,), quiet.Settings(cpufreq="enforce", root=str(tmp_path / "root")),
-                      others_running=False)
+                      alone=True)
     assert rec["cpufreq"]["state"]["policies"] == [] and "no cpufreq" in rec["cpufreq"]["notes"][0]
 
 
@@ -414,7 +422,7 @@ def test_begin_records_partition_and_end_releases(tree, tmp_path):
     cg, parent = _cgroup(tmp_path)
     jdir = tmp_path / "jobdir"
     jdir.mkdir()
-    rec = quiet.begin(str(jdir), (4,), (4, 5), (0, 1), quiet.Settings(root=root), False, cgroup=cg)
+    rec = quiet.begin(str(jdir), (4,), (4, 5), (0, 1), quiet.Settings(root=root), True, cgroup=cg)
     assert rec["partition"] == {"partition": "isolated", "state": "isolated", "reason": None}
     quiet.end(str(jdir), quiet.Settings(root=root))
     assert kfiles.read("/", os.path.join(parent, cpupartition.EXCLUSIVE)) == "9"
@@ -470,7 +478,7 @@ def test_irqbalance_recorded_and_banned_only_when_opted_in(tmp_path):
             conn.close()
     t = threading.Thread(target=serve)
     t.start()
-    rec = quiet.begin(str(tmp_path), (4,), (4, 5), (0, 1), quiet.Settings(root=root), False)
+    rec = quiet.begin(str(tmp_path), (4,), (4, 5), (0, 1), quiet.Settings(root=root), True)
     assert rec["irqbalance"].startswith("active (its control socket is open)")
     assert "--irqbalance-ban" in rec["irqbalance"]
     assert quiet.ban(quiet.Settings(root=root), {4, 5}) == ""   # not opted in: irqbalance untouched

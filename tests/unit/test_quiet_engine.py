@@ -9,6 +9,7 @@ import pytest
 from test_engine import ROOT, T0, Hooks, TurnEngine, end, start_pending, world  # noqa: F401 (world: fixture)
 
 from hpc_batch.core import jobs
+from hpc_batch.core.cputopo import parse_cpulist
 from hpc_batch.daemon import cpufreq, devdir, irqsteer, kfiles, quiet
 from hpc_batch.wire.protocol import NewJob
 from shepherd import record, records
@@ -22,12 +23,13 @@ def bench(world, tmp_path):  # noqa: F811 (the imported fixture)
     eng, store, fake, hooks = world
     root = str(tmp_path / "machine")
     shutil.copytree(os.path.join(FIXTURES, "intel-pstate-turbo"), root)
-    eng.quiet = quiet.Settings(cpufreq="enforce", root=root)
+    eng.quiet = quiet.Settings(cpufreq="enforce", root=root, ledger=eng.quiet.ledger)
     return eng, store, fake, root
 
 
-def _submit(eng, benchmark=True):
-    job = eng.submit(ROOT, NewJob(argv=("true",), cwd="/tmp", no_output=True, cpus=1), T0)["id"]
+def _submit(eng, benchmark=True, exclusive=False):
+    job = eng.submit(ROOT, NewJob(argv=("true",), cwd="/tmp", no_output=True, cpus=None if exclusive else 1,
+                                  exclusive=exclusive), T0)["id"]
     if benchmark:   # as --benchmark sets it (the fixture machine: allocation as for any job)
         eng.jobs[job].request["benchmark"] = "warn"
     start_pending(eng)
@@ -117,3 +119,51 @@ def test_the_record_says_what_the_start_did_and_a_refusal_is_never_undone(bench,
     end(eng, store, job, code=0)
     assert eng.jobs[job].quiet["undone"] == {"restored": 6, "handed": 0, "left": []}
     assert kfiles.read(root, irqsteer.affinity_path(0)) == "1"
+
+
+@pytest.mark.parametrize("first_out", ["a", "b"])
+@pytest.mark.parametrize("restart", [False, True], ids=["", "kill -9 and a new daemon between the ends"])
+def test_overlapping_benchmark_jobs_put_every_irq_back_in_either_order(bench, first_out, restart):
+    """Two CPUs, no CPU reserved: each job wants the IRQs on the other's CPU (as --housekeeping-cpus none)."""
+    eng, store, fake, root = bench
+    before = irqsteer.read_affinities(root)
+    jobs_ = {"a": _submit(eng), "b": _submit(eng)}
+    held = {k: eng.table.running[j].alloc.held for k, j in jobs_.items()}
+    assert held == {"a": (0,), "b": (1,)}
+    assert eng.jobs[jobs_["a"]].quiet["irqs"]["to"] == "1"
+    # Nowhere is off both jobs' CPUs: B's start leaves them as A had them, and its record says so.
+    assert irqsteer.read_affinities(root)[8] == "1"
+    assert eng.jobs[jobs_["b"]].quiet["irqs"]["each"]["8"]["result"] == "kept"
+    ledger = eng.quiet.ledger
+    assert ledger.startswith(store.root) and os.stat(ledger).st_mode & 0o777 == 0o600
+    first, last = jobs_[first_out], jobs_["b" if first_out == "a" else "a"]
+    end(eng, store, first, code=0)
+    stays = held["b" if first_out == "a" else "a"]
+    assert not set(parse_cpulist(irqsteer.read_affinities(root)[8])) & set(stays)   # off the one still running
+    if restart:
+        eng = _restarted(eng, store)
+        fake.adoptable = (fake._next, os.open(os.devnull, os.O_RDONLY))
+        eng.recover()
+    end(eng, store, last, code=0)
+    assert irqsteer.read_affinities(root) == before
+    assert quiet.load_ledger(eng.quiet).entries == {}
+
+
+def test_machine_wide_turbo_goes_off_only_for_an_exclusive_job(bench):
+    eng, store, fake, root = bench
+    eng.quiet.allow_turbo_off = True
+    plain = _submit(eng)
+    assert kfiles.read(root, cpufreq.NO_TURBO) == "0"
+    assert eng.jobs[plain].quiet["cpufreq"]["turbo"] == \
+        "turbo on (the switch is machine-wide: turned off only for an --exclusive job)"
+    end(eng, store, plain, code=0)
+    whole = _submit(eng, exclusive=True)
+    assert eng.table.running[whole].alloc.exclusive
+    assert kfiles.read(root, cpufreq.NO_TURBO) == "1"
+    assert eng.jobs[whole].quiet["cpufreq"]["turbo"] == "turbo off (intel_pstate/no_turbo)"
+    other = _submit(eng, benchmark=False)   # anyone's job waits for the machine, so never runs without turbo
+    assert eng.jobs[other].state == jobs.QUEUED
+    end(eng, store, whole, code=0)
+    assert kfiles.read(root, cpufreq.NO_TURBO) == "0"
+    eng.tick(T0 + 2)
+    assert eng.jobs[other].state == jobs.RUNNING
