@@ -109,6 +109,14 @@ def _take_lock(job_dir: str) -> tuple[int, bool] | None:
         sys.stderr.write(f"hpc-batch-shepherd: {job_dir} already has a live shepherd\n")
         os.close(fd)
         return None
+    if os.pread(fd, 64, 0):
+        # The daemon empties it for each start: a pid in it is another shepherd's, which had this
+        # start and has ended (one forked by a fork server that died before it answered, say).
+        # Its exit record is the job's; running the job again, or failing on its launch spec (gone
+        # once that one forked the job), would overwrite it.
+        sys.stderr.write(f"hpc-batch-shepherd: {job_dir} was taken by another shepherd\n")
+        os.close(fd)
+        return None
     os.fchmod(fd, 0o600)
     pid = os.getpid()
     line = f"{pid} {records.proc_starttime(pid)}\n".encode()
@@ -151,6 +159,9 @@ class Supervisor:
         self.poller = select.poll()
         self.watched: dict = {}
         self.failure = b""
+        self.exec_out = b""                  # what the child wrote before its exec: the file, a failure
+        self.launched: dict | None = None   # the file the child exec'd (parse_exe_report), once it said
+        self.exec_fd: int | None = None       # the child's report pipe until its EOF (its number is then reused)
         # The reproducibility record (shepherd/record.py), unless the daemon runs with --records none.
         self.groups = identity.groups_of(spec.user, spec.gid)   # for the job and the record's side task
         self.recorder = record.Recorder(job_dir, spec, fork=_fork, groups=self.groups) if spec.record else None
@@ -232,16 +243,18 @@ class Supervisor:
         # The record's work while the job runs (a side task's fork, the static sections) waits for
         # the exec: done meanwhile, it took the CPUs the child needs to get there.
         self.record_pidfd = pidfd if self.recorder is not None else None
+        self.exec_fd = err_r
         self.watch(err_r, self._on_exec_report)
         ended = []
         self.watch(pidfd, lambda fd: ended.append(True))
         while not ended:
             self.wait(self._next_timer())
             self._timers()
-        self._start_record()   # the job ended before its exec was reported
+        while self.exec_fd is not None:   # the job ended before its exec was reported: the child is gone
+            self._read_exec_report(self.exec_fd)
         self.unwatch(pidfd)
         os.close(pidfd)
-        return self._collect(err_r)
+        return self._collect()
 
     def _start_record(self) -> None:
         pidfd, self.record_pidfd = self.record_pidfd, None
@@ -253,7 +266,8 @@ class Supervisor:
         if self.recorder is None:
             return
         try:
-            self.record_fds = self.recorder.after_start(lambda: not _readable(pidfd))
+            self.record_fds = self.recorder.after_start(lambda: not _readable(pidfd), pid=self.pid,
+                                                        launched=self.launched, failed=self.failure)
         except Exception as exc:   # the record must never cost the job anything
             sys.stderr.write(f"hpc-batch-shepherd: job {self.spec.id}: cannot start its record: {exc}\n")
             self.recorder.record["error"] = str(exc)
@@ -322,9 +336,8 @@ class Supervisor:
         now = time.time()
         side = self.recorder.deadline() if self.recorder is not None else None
         if side is not None and time.monotonic() >= side:
-            for fd in self.record_fds:
-                self.unwatch(fd)
-            self.recorder.cut_short()   # type: ignore[union-attr]
+            for fd in self.recorder.cut_short():   # type: ignore[union-attr]
+                self.unwatch(fd)   # (a patient side task, the executable's, goes on)
         if self.stop_reason is None and self.deadline is not None and now >= self.deadline:
             self.stop(records.TIMEOUT)
         if self.kill_at is not None and now >= self.kill_at:
@@ -375,16 +388,26 @@ class Supervisor:
                 self.abandon = self.abandon or f"its shepherd was stopped by {name} before delivering"
 
     def _on_exec_report(self, fd: int) -> None:
-        chunk = os.read(fd, 4096)
+        self._read_exec_report(fd)
+
+    def _read_exec_report(self, fd: int) -> bool:
+        """One read of what the child says before its exec; False at EOF (the exec happened, or the
+        child is gone), where the file it exec'd and any failure are taken and the record starts."""
+        chunk = os.read(fd, 1 << 14)
         if chunk:
-            self.failure += chunk[:4096]
-        else:  # EOF: the exec happened, or the child is gone
-            self.unwatch(fd)
-            os.close(fd)
-            self._start_record()
+            if len(self.exec_out) < 1 << 15:   # the report (two paths) and a failure's line
+                self.exec_out += chunk
+            return True
+        self.unwatch(fd)
+        os.close(fd)
+        self.exec_fd = None
+        self.launched, failure = parse_exe_report(self.exec_out)
+        self.failure += failure[:4096]
+        self._start_record()
+        return False
 
     # -- the end -------------------------------------------------------------------------
-    def _collect(self, err_r: int) -> records.ExitRecord:
+    def _collect(self) -> records.ExitRecord:
         """The leader has exited: finish off the rest of the job, reap it, build the record."""
         stopped = self.stop_reason
         if stopped and not self.cgroup:
@@ -411,13 +434,6 @@ class Supervisor:
                 if value is not None:   # the cgroup saw the whole job: prefer it to rusage
                     setattr(rec, key, value)
         self.out.finish()
-        if err_r in self.watched:
-            try:
-                self.failure += os.read(err_r, 4096)
-            except OSError:
-                pass
-            self.unwatch(err_r)
-            os.close(err_r)
         if self.failure:
             rec.error = self.failure.decode(errors="replace").strip()
         return rec
@@ -548,7 +564,7 @@ def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int, groups: list[int] 
         if go_r is not None and os.read(go_r, 1) != b"g":
             os._exit(127)   # its shepherd is gone: nobody would supervise the job
         stage = f"running {spec.argv[0]!r}"
-        os.execvpe(spec.argv[0], spec.argv, spec.env)
+        _exec(spec, err_w)
     except BaseException as exc:  # report everything: the job must never run half-set-up
         if isinstance(exc, OSError) and exc.errno:
             why = f"{exc.strerror} (errno {exc.errno}, {errno.errorcode.get(exc.errno, '?')})"
@@ -561,6 +577,77 @@ def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int, groups: list[int] 
             except OSError:
                 pass
     os._exit(127)
+
+
+def _exec_by_fd() -> bool:
+    """Whether exec from a descriptor names the process after its file (comm, ``ps``): from Linux
+    6.14; before, it is named after the descriptor's number, which would show in every ``ps``."""
+    release = os.uname().release.split(".")
+    try:
+        return (int(release[0]), int(release[1].split("-")[0])) >= (6, 14)
+    except (IndexError, ValueError):
+        return False
+
+
+_FEXEC = _exec_by_fd()
+EXE_REPORT = b"\0exe\0"     # what the child tells its shepherd it is about to exec (parse_exe_report)
+
+
+def _resolve(name: str, env: dict) -> str:
+    """*name* as the job's PATH gives it: the first entry that is a regular file the user may exec.
+
+    The old side task's rule, now the only one: execvpe would go on past an entry whose exec fails
+    (ETXTBSY while someone writes it, ENOEXEC), so the file recorded was not always the one run.
+    """
+    if "/" in name:
+        return name
+    for d in (env.get("PATH") or os.defpath).split(os.pathsep):
+        candidate = os.path.join(d or ".", name)
+        if os.access(candidate, os.X_OK) and os.path.isfile(candidate):
+            return candidate
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+
+
+def _exec(spec: records.LaunchSpec, err_w: int) -> None:
+    """Exec the command, having told the shepherd on *err_w* which file that is (its identity).
+
+    A binary is run from the descriptor its identity was read from (when ``ps`` still names it
+    right: :func:`_exec_by_fd`), so the record can name no other; a ``#!`` script by its path,
+    as the interpreter opens it again by name. Any failure is the job's: no later PATH entry.
+    """
+    path = _resolve(spec.argv[0], spec.env)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except PermissionError:   # execute-only: the user cannot read what the record would hash
+        os.write(err_w, EXE_REPORT + b"unreadable\0" * 6 + os.fsencode(path) + b"\0\0")
+        os.execve(path, spec.argv, spec.env)
+    st = os.fstat(fd)
+    kind = b"script" if os.pread(fd, 2, 0) == b"#!" else b"binary"
+    real = os.readlink(f"/proc/self/fd/{fd}")   # the kernel's name for the file opened: no second lookup
+    fields = b"\0".join((kind, *(b"%d" % v for v in (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                                                     st.st_ctime_ns)), os.fsencode(path), os.fsencode(real)))
+    os.write(err_w, EXE_REPORT + fields + b"\0")
+    if kind == b"binary" and _FEXEC:
+        os.execve(fd, spec.argv, spec.env)
+    os.execve(path, spec.argv, spec.env)
+
+
+def parse_exe_report(data: bytes) -> tuple[dict | None, bytes]:
+    """The child's :data:`EXE_REPORT` at the head of *data* (what it exec'd), and the rest (a failure)."""
+    if not data.startswith(EXE_REPORT):
+        return None, data
+    parts = data[len(EXE_REPORT):].split(b"\0", 8)
+    if len(parts) < 9:
+        return None, data
+    kind = parts[0].decode()
+    info: dict = {"kind": kind, "path": os.fsdecode(parts[6]),
+                  "realpath": os.fsdecode(parts[7]) if parts[7] else None}
+    if kind != "unreadable":
+        try:
+            info.update(zip(("dev", "ino", "size", "mtime_ns", "ctime_ns"), map(int, parts[1:6])))
+        except ValueError:
+            return None, data
+    return info, parts[8]
 
 
 def _persist(write, what: str) -> None:

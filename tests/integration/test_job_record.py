@@ -15,6 +15,7 @@ import os
 import pwd
 import shutil
 import stat
+import subprocess
 
 import pytest
 from conftest import USERS, exit_of, wait_for
@@ -314,3 +315,41 @@ def test_figures_replaced_by_a_symlink_or_a_fifo_are_refused_and_the_daemon_goes
         for path in left:
             if os.path.islink(path):
                 os.unlink(path)
+
+
+def test_a_big_executable_is_hashed_once_idle_on_the_jobs_own_cpus(daemon, users, scratch):
+    # G6: the hash ran on the housekeeping CPUs, outside the job, for every job.
+    d = daemon
+    work = os.path.join(scratch, "g6")
+    os.mkdir(work)
+    os.chmod(work, 0o1777)
+    big = os.path.join(work, "big")
+    made = subprocess.run(["runuser", "-u", ALICE, "--", "sh", "-c",
+                           f"printf '#!/bin/sh\\nexit 0\\n' > {big} && truncate -s 256M {big} && chmod +x {big}"])
+    assert made.returncode == 0
+    h = hashlib.sha256()
+    with open(big, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    first = _sub(d, "./big", cwd=work)
+    _finished(d, first)
+    rec = _record(d, first)
+    exe = rec["software"]["executable"]
+    assert exe["value"]["sha256"] == h.hexdigest() and exe["value"]["size"] == 256 << 20, exe
+    assert exe["identity"]["executable"]["hash_from"] == "read", exe
+    hasher = exe["hasher"]
+    assert hasher["policy"] == "SCHED_IDLE", hasher
+    assert hasher["cpus"] == rec["allocation"]["requested"]["cpus"], (hasher, rec["allocation"]["requested"])
+    assert hasher["cpu_s"] > 0.05, hasher   # 256 MiB of sha256, in the job's account now
+    second = _sub(d, "./big", cwd=work)
+    _finished(d, second)
+    again = _record(d, second)["software"]["executable"]
+    assert again["identity"]["executable"]["hash_from"] == "cache", again
+    assert again["value"] == exe["value"] and again["hasher"]["cpu_s"] < hasher["cpu_s"] / 4, (again, hasher)
+    diff = d.dispatch("record", "diff", str(first), str(second), user=ALICE)
+    assert "executable" not in diff.stdout, diff.stdout   # compared by name and sha256: the same file
+    # The cache is root's, one file per user, in the daemon's state.
+    cache = os.path.join(d.state_dir, "jobs", ".exe-hashes")
+    st = os.stat(cache)
+    assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
+    assert os.listdir(cache) == [str(users["alice"].pw_uid)]
