@@ -112,6 +112,9 @@ class Job:
     name: str | None = None                                # --name
     after: list[int] = field(default_factory=list)         # --after / --after-ok: jobs it starts after
     after_ok: bool = False                                 # ... and only if they exited 0
+    # How the jobs it names ended, kept when they were evicted before it left waiting:
+    # [id, ok, exit column] each (dependencies.py reads it as it reads a finished job).
+    after_ended: list[list[Any]] = field(default_factory=list)
     array: dict[str, Any] | None = None                    # element of a bulk submit: first, index, limit
     quiet: dict[str, Any] | None = None                    # benchmark job: IRQs, cpufreq, partition (quiet.py)
     shortfalls: list[str] = field(default_factory=list)    # --benchmark: every way the machine fell short
@@ -175,6 +178,12 @@ class Job:
             raise ValueError(f"after must be a list of at most {MAX_AFTER} job ids")
         for dep in self.after:
             bounds.check_int(dep, 1, bounds.MAX_ID, "after")
+        if not isinstance(self.after_ended, list) or len(self.after_ended) > MAX_AFTER or not all(
+                isinstance(e, list) and len(e) == 3 and isinstance(e[1], bool) and isinstance(e[2], str)
+                for e in self.after_ended):
+            raise ValueError(f"after_ended must be a list of at most {MAX_AFTER} [id, ok, exit] entries")
+        for e in self.after_ended:
+            bounds.check_int(e[0], 1, bounds.MAX_ID, "after_ended")
         if self.array is not None:
             if not isinstance(self.array, dict):
                 raise ValueError("array must be an object")

@@ -25,11 +25,11 @@ per user the jobs counted against ``--max-queued-per-user`` (queued and
 waiting) and the finished ones, oldest first, for ``--keep-finished``; the
 counts of queued ``%N``-capped array elements and ``--benchmark=strict``
 jobs; the names. The dependency indexes live here too, because each
-changes exactly when a job enters or leaves a state: ``followers`` (how
-many waiting jobs name a job: a finished job is not evicted while one
-does), ``kept_back`` (the finished jobs eviction passed over for that
-reason, back in line when the last follower leaves waiting) and
-``dependents`` (the waiting jobs to look at when a job ends). Only what
+changes exactly when a job enters or leaves a state: ``followers`` (the
+waiting jobs that name a job: when a finished job is evicted, each of them
+keeps how it ended, so no waiting job holds a finished one past
+``--keep-finished``) and ``dependents`` (the waiting jobs to look at when a
+job ends). Only what
 the engine still has to *do* about dependencies, its work lists of jobs to
 settle, stays in the engine.
 
@@ -207,10 +207,7 @@ class JobTable:
         self.capped_queued = 0                   # queued elements of arrays with a %N cap
         self.strict_queued = 0                   # queued --benchmark=strict jobs
         self.finished_by_uid: dict[int, list[int]] = {}   # uid -> heap of its finished jobs' ids
-        # uid -> finished jobs eviction passed over because a waiting job names them: out of the
-        # heap, so each is looked at once, not at every eviction; back in when none names them.
-        self.kept_back: dict[int, set[int]] = {}
-        self.followers: dict[int, int] = {}      # job -> how many waiting jobs name it
+        self.followers: dict[int, set[int]] = {}   # job -> the waiting jobs that name it
         self.dependents: dict[int, set[int]] = {}   # unended job -> the waiting jobs that name it
         self.names: dict[tuple[int, str], list[int]] = {}   # (uid, name) -> its jobs' ids, ascending
         self.user_ids: dict[str, int] = {}       # user name -> uid, for USER:NAME references
@@ -293,20 +290,12 @@ class JobTable:
 
     def take_evictable(self, uid: int, keep: int) -> list[int]:
         """The user's oldest finished jobs past *keep*, out of the finished index: the engine then
-        forgets them, or puts them back (:meth:`put_back`). One a waiting job names is set aside
-        (``kept_back``) instead, until no waiting job does."""
+        forgets them, or puts them back (:meth:`put_back`). A waiting job that names one keeps
+        how it ended first (the engine does, from ``followers``): none is kept back for it."""
         done = self.finished_by_uid.get(uid)
         if done is None:
             return []
-        kept = self.kept_back.setdefault(uid, set())
-        extra = len(done) + len(kept) - keep
-        victims: list[int] = []
-        while done and len(victims) < extra:
-            job_id = heapq.heappop(done)
-            if job_id in self.followers:   # a waiting job is still to see how it ended: it stays
-                kept.add(job_id)
-            else:
-                victims.append(job_id)
+        victims = [heapq.heappop(done) for _ in range(len(done) - keep)]
         self._taken.update(victims)
         return victims
 
@@ -337,7 +326,6 @@ class JobTable:
             self.running.pop(job.id, None)
             self._unwait(job)
             if job.state == FINISHED:
-                self.kept_back.get(job.uid, set()).discard(job.id)
                 if job.id in self._taken:
                     self._taken.discard(job.id)
                 else:
@@ -396,7 +384,7 @@ class JobTable:
         self.waiting.add(job.id)
         self._hold(job.uid, 1)
         for dep_id in job.after:
-            self.followers[dep_id] = self.followers.get(dep_id, 0) + 1
+            self.followers.setdefault(dep_id, set()).add(job.id)
             dep = self.jobs.get(dep_id)
             if dep is not None and dep.state != FINISHED:   # an ended one is looked at when it settles
                 self.dependents.setdefault(dep_id, set()).add(job.id)
@@ -412,12 +400,8 @@ class JobTable:
                 named.discard(job.id)
                 if not named:
                     del self.dependents[dep_id]
-            left = self.followers[dep_id] - 1
-            if left:
-                self.followers[dep_id] = left
-                continue
-            del self.followers[dep_id]
-            dep = self.jobs.get(dep_id)
-            if dep is not None and dep_id in self.kept_back.get(dep.uid, ()):
-                self.kept_back[dep.uid].discard(dep_id)
-                heapq.heappush(self.finished_by_uid.setdefault(dep.uid, []), dep_id)
+            left = self.followers.get(dep_id)   # absent: named twice, and let go at the first
+            if left is not None:
+                left.discard(job.id)
+                if not left:
+                    del self.followers[dep_id]

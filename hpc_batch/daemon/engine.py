@@ -941,7 +941,7 @@ class Engine:
             else:
                 launcher.kill_orphaned_job(jdir)
             if job.output is not None and os.path.exists(kept):
-                job.output_error = f"its shepherd died before delivering it; the output is kept at {kept}"
+                job.output_error = "its shepherd died before delivering it"   # where it is kept: _end
             note = shepherd_gone or "its shepherd was killed before the job ended"
             self._finish(job, Result(OOM if oom else kind, note=note), now)
             return
@@ -989,7 +989,7 @@ class Engine:
             return  # record lost in a crash; the buffer goes only after a full copy
         if job.output is not None and not (delivery and delivery.ok):
             why = (delivery.error if delivery else None) or "its delivery was interrupted"
-            job.output_error = f"{why}; the output is kept at {kept}"
+            job.output_error = why   # where the output is kept: _end says
 
     def _finish(self, job: Job, result: Result, now: float) -> None:
         """End *job* with *result*, then look at the jobs waiting on it (a bounded number now)."""
@@ -1006,6 +1006,8 @@ class Engine:
         handle = self._move(job, FINISHED, now, result)
         if handle is not None:
             self._unquiet(job)
+        if job.output_error is not None:
+            self._keep_output(job)
         try:
             # Durable only when no exit record stands behind it (errors decided here).
             has_record = os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT))
@@ -1128,6 +1130,24 @@ class Engine:
                 self._forget(job)
 
     def _forget(self, job: Job) -> None:
+        """Evict one finished job: its files go, and each waiting job that names it keeps how it
+        ended (in the same batch as the drop), so no waiting job holds it past --keep-finished."""
+        waiting = self.table.followers.get(job.id, ())
+        if waiting:
+            entry = dependencies.ended_entry(job)
+            try:
+                for wid in sorted(waiting):
+                    w = self.jobs[wid]
+                    if not any(e[0] == job.id for e in w.after_ended):
+                        w.after_ended.append(entry)
+                    self.store.save_job(w)
+            except OSError as exc:   # it stays (past the bound) until a waiting job can keep its end
+                log.error("job %d: cannot evict it (%s): a job that waits on it could not record how "
+                          "it ended; will try again", job.id, exc)
+                self.table.put_back(job.uid, [job.id])
+                return
+        # Ended and evicted in one turn: the jobs still to look at for its end are looked at now.
+        self.to_settle.extend(sorted(self.table.take_dependents(job.id)))
         if job.output_error:
             self._keep_undelivered(job)
         self.store.remove_job(job.id)
@@ -1169,7 +1189,19 @@ class Engine:
                              filters=filters, next_id=self.next_id, now=now)
 
     def _keep_undelivered(self, job: Job) -> None:
+        """An earlier version's job whose undelivered buffer is still in its directory: moved in now."""
         self.undelivered.keep(job.id, job.user, os.path.join(self.store.job_dir(job.id), records.OUTPUT), time.time())
+
+    def _keep_output(self, job: Job) -> None:
+        """A job that ends with its output undelivered: the buffer goes to undelivered/ now, counted
+        against its owner's share from its end, and the job's record names where it is."""
+        src = os.path.join(self.store.job_dir(job.id), records.OUTPUT)
+        where = self.undelivered.keep(job.id, job.user, src, time.time())
+        if where is None and os.path.exists(self.undelivered.path(job.id, job.user)):
+            where = self.undelivered.path(job.id, job.user)   # moved in before a restart
+        job.output_error = (f"{job.output_error}; the output is kept at {where}" if where else
+                            f"{job.output_error}; the output was not kept: past your share of undelivered "
+                            f"output (--undelivered-per-user) or never written")
 
     # -- changing a job ----------------------------------------------------------
     def job_setting(self, caller: Caller, req: JobSetting, now: float) -> dict[str, Any]:

@@ -2,11 +2,13 @@
 
 When a finished job's output could not be copied to its log (the user's
 directory was gone, full or not writable) the buffer is kept so nothing is
-lost at once, and when the job's record is evicted (``--keep-finished``)
-the buffer moves here as ``output.<id>.<user>.log`` (root's, 0640, readable
-by the admin group; the directory is root-only). Left alone this would let
-any user fill the state filesystem, one failed delivery at a time, so the
-directory is swept:
+lost at once: it moves here when the job ends, as
+``output.<id>.<user>.log`` (root's, 0640, readable by the admin group; the
+directory is root-only), and counts against its owner's share from then
+on, however long the job's record is kept (the third review's G1: buffers
+kept in job directories until eviction counted against nothing). Left
+alone this would let any user fill the state filesystem, one failed
+delivery at a time, so the directory is bounded:
 
 - a file older than ``--undelivered-max-age`` (counted from when it was
   moved here) is dropped;
@@ -19,11 +21,12 @@ directory is swept:
   review's G2, where 10,000 empty files of one user deleted another's
   only copy of its output).
 
-Every dropped file is named in the log. The sweep runs when a file is
-moved here and the running totals cross a bound, at start-up (the first
-tick) and every ``SWEEP_EVERY`` seconds from the engine's tick; each is
-one pass over the directory, never more. Files of earlier versions
-(``output.<id>.log``) count as one owner of their own.
+Every dropped file is named in the log. A file moved in costs what it
+makes go, never a pass over the directory: an index of the files, per
+owner oldest first, with running totals (:class:`Held`), is built by the
+sweep at start-up (the first tick) and again every ``SWEEP_EVERY``
+seconds, the one pass that also sees age and what others removed. Files
+of earlier versions (``output.<id>.log``) count as one owner of their own.
 """
 
 import logging
@@ -32,6 +35,8 @@ import stat
 import time
 from collections import deque
 from dataclasses import dataclass
+
+from shepherd.records import fsync_dir
 
 from .. import defaults
 
@@ -120,39 +125,92 @@ def to_drop(entries: list[Entry], now: float, bounds: Bounds) -> list[tuple[Entr
     return drop
 
 
+class Held:
+    """What undelivered/ holds, per owner oldest first, with running totals (pure): a file taken in
+    is checked against the bounds in the time of what it makes go, whatever the directory holds."""
+
+    def __init__(self, entries: list[Entry]):
+        self.files: dict[str, deque[Entry]] = {}
+        self.owned: dict[str, int] = {}
+        self.total = self.count = 0
+        for e in sorted(entries, key=lambda e: (e.mtime, e.name)):
+            self.add(e)
+
+    def add(self, e: Entry) -> None:
+        """Take in a file, the newest of its owner's."""
+        self.files.setdefault(e.owner, deque()).append(e)
+        self.owned[e.owner] = self.owned.get(e.owner, 0) + e.size
+        self.total += e.size
+        self.count += 1
+
+    def _pop(self, owner: str) -> Entry:
+        e = self.files[owner].popleft()
+        if not self.files[owner]:
+            del self.files[owner]
+        self.owned[owner] -= e.size
+        if not self.owned[owner]:
+            del self.owned[owner]
+        self.total -= e.size
+        self.count -= 1
+        return e
+
+    def trim(self, owner: str, bounds: Bounds) -> list[tuple[Entry, str]]:
+        """What goes now that *owner* took a file in, by :func:`to_drop`'s rules bar age (the sweep's)."""
+        drop: list[tuple[Entry, str]] = []
+        while self.owned.get(owner, 0) > bounds.per_user:
+            drop.append((self._pop(owner), f"{owner or 'unknown owner'}'s files past --undelivered-per-user"))
+        files_after = bounds.max_files - bounds.max_files // 10 if self.count > bounds.max_files else self.count
+        while self.files and (self.total > bounds.max_total or self.count > files_after):
+            if self.total > bounds.max_total:
+                top = max(self.files, key=lambda o: (self.owned.get(o, 0), len(self.files[o]),
+                                                     -self.files[o][0].mtime))
+                why = "all files past --undelivered-max; its owner holds the most bytes"
+            else:
+                top = max(self.files, key=lambda o: (len(self.files[o]), self.owned.get(o, 0),
+                                                     -self.files[o][0].mtime))
+                why = f"more than {bounds.max_files} files; its owner holds the most of them"
+            drop.append((self._pop(top), why))
+        return drop
+
+
 class Undelivered:
-    """The undelivered/ directory of one daemon: takes buffers in, sweeps by the bounds."""
+    """The undelivered/ directory of one daemon: takes buffers in, keeps it within the bounds."""
 
     def __init__(self, root: str, bounds: Bounds):
         self.dir = os.path.join(root, DIRNAME)
         self.bounds = bounds
         self.next_sweep = 0.0             # the first tick (at start-up) sweeps
-        # Running totals since the last sweep, so taking a file in sweeps only when a bound is crossed.
-        self.total = 0
-        self.count = 0
-        self.owned: dict[str, int] = {}
+        self.held: Held | None = None     # the index, from the last sweep on
 
-    def keep(self, job_id: int, user: str, src: str, now: float) -> None:
-        """Move a job's undelivered output buffer *src* in; sweep if that crosses a bound. Never raises."""
-        owner = user if user and "/" not in user and user not in (".", "..") else ""
-        name = f"output.{job_id}.{owner}.log" if owner else f"output.{job_id}.log"
-        dst = os.path.join(self.dir, name)
+    def path(self, job_id: int, user: str) -> str:
+        """Where a job's undelivered output is kept."""
+        owner = _owner(user)
+        return os.path.join(self.dir, f"output.{job_id}.{owner}.log" if owner else f"output.{job_id}.log")
+
+    def keep(self, job_id: int, user: str, src: str, now: float) -> str | None:
+        """Move a job's undelivered output buffer *src* in, and what that puts past a bound out.
+
+        Returns where it is kept (None: it could not be, or it went at once, being past its
+        owner's whole share). Never raises.
+        """
+        dst = self.path(job_id, user)
         try:
             os.makedirs(self.dir, mode=0o700, exist_ok=True)
             os.rename(src, dst)
             os.utime(dst, (now, now), follow_symlinks=False)   # its age counts from now
             size = os.lstat(dst).st_size
+            fsync_dir(self.dir)   # the job's record will name it here: a power cut must not undo the move
         except OSError as exc:
             if not isinstance(exc, FileNotFoundError):
                 log.error("job %d: cannot keep its undelivered output in %s (%s)", job_id, self.dir, exc)
-            return
+            return None
         log.info("job %d: its undelivered output (%d bytes) is kept as %s", job_id, size, dst)
-        self.total += size
-        self.count += 1
-        self.owned[owner] = self.owned.get(owner, 0) + size
-        b = self.bounds
-        if self.total > b.max_total or self.count > b.max_files or self.owned[owner] > b.per_user:
-            self.sweep(now)
+        if self.held is None:
+            self.sweep(now)    # the index, once: the file just moved in is in it
+        else:
+            self.held.add(Entry(os.path.basename(dst), size, now, _owner(user)))
+            self._drop(self.held.trim(_owner(user), self.bounds))
+        return dst if os.path.lexists(dst) else None
 
     def tick(self, now: float) -> float:
         """Sweep if one is due; returns when the next is."""
@@ -177,8 +235,13 @@ class Undelivered:
         except OSError as exc:
             log.error("cannot look through %s (%s); will try again", self.dir, exc)
             return
+        gone = self._drop(to_drop(entries, now, self.bounds))
+        self.held = Held([e for e in entries if e.name not in gone])
+
+    def _drop(self, drop: list[tuple[Entry, str]]) -> set[str]:
+        """Unlink each file, logging why; returns the names gone (one that would not go is kept)."""
         gone = set()
-        for e, why in to_drop(entries, now, self.bounds):
+        for e, why in drop:
             path = os.path.join(self.dir, e.name)
             try:
                 os.unlink(path)
@@ -190,12 +253,12 @@ class Undelivered:
             gone.add(e.name)
             log.warning("dropped %s (%d bytes, kept since %s): %s", path, e.size,
                         _when(e.mtime), why)
-        left = [e for e in entries if e.name not in gone]
-        self.total = sum(e.size for e in left)
-        self.count = len(left)
-        self.owned = {}
-        for e in left:
-            self.owned[e.owner] = self.owned.get(e.owner, 0) + e.size
+        return gone
+
+
+def _owner(user: str) -> str:
+    """The owner a file name may carry: a user name that is a plain file name part; else none."""
+    return user if user and "/" not in user and user not in (".", "..") else ""
 
 
 def _when(t: float) -> str:

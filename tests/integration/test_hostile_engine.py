@@ -127,3 +127,73 @@ def test_another_users_job_is_answered_as_not_found(daemon, users, scratch):
     assert named.returncode == 3 and "no job named" in named.stderr
     open(flag, "w").close()
     alive(daemon, bob)
+
+
+def _waited(d, job, user, timeout=60):
+    """The exit column ``dispatch wait`` gives for *job* (which --keep-finished may have evicted since)."""
+    r = d.dispatch("wait", "--json", str(job), user=user, timeout=timeout)
+    return json.loads(r.stdout)["jobs"][0]["exit"]
+
+
+def _finished_ids(d, user):
+    out = d.ok("list", "--finished", "--json", user=user)
+    return {j["id"] for j in json.loads(out)["jobs"] if j["state"] == "finished"}
+
+
+def test_a_waiting_job_keeps_no_finished_job_past_keep_finished(daemon_factory, users, scratch):
+    """G1 (third review): alice's W names 40 jobs she then cancels, while W waits on a running job.
+    The cancelled jobs are evicted at once (--keep-finished 2), W waits on through a kill -9 and a
+    new daemon, and runs once its last job ends."""
+    args = ("--keep-finished", "2", "--max-queued-per-user", "200")
+    d = daemon_factory(*args)
+    alice, bob = users["alice"].pw_name, users["bob"].pw_name
+    os.chmod(scratch, 0o755)
+    flag, cmd = _flag_job(scratch, "go")
+    hold = d.submit(*cmd, user=alice, cwd="/tmp", flags=("--no-output",))
+    wait_running(d, hold, user=alice)
+    big = "x" * 20_000      # each a command worth keeping, as the review sent
+    deps = [d.submit("true", big, user=alice, cwd="/tmp", flags=("--no-output", "--after", str(hold)))
+            for _ in range(40)]
+    w = d.submit("true", user=alice, cwd="/tmp",
+                 flags=("--no-output", "--after", ",".join(map(str, [hold, *deps]))))
+    d.ok("kill", *map(str, deps), user=alice)
+    wait_for(lambda: len(_finished_ids(d, alice)) <= 2, timeout=60,
+             what="alice's finished jobs to be evicted down to --keep-finished 2")
+    assert not set(deps) & _finished_ids(d, alice) or len(_finished_ids(d, alice)) <= 2
+    alive(d, bob)
+    d.kill9()
+    d = daemon_factory(*args)
+    assert len(_finished_ids(d, alice)) <= 2
+    assert " waiting " in d.rows(str(w), user=alice)[w]
+    open(flag, "w").close()      # hold ends (exit 1): W (--after) runs
+    assert _waited(d, w, alice) == "0"
+    assert "Traceback" not in d.log()
+
+
+def test_an_after_ok_job_runs_after_its_evicted_jobs_exited_0(daemon_factory, users, scratch):
+    """G1: the jobs an --after-ok job names exit 0 and are evicted before its last one ends; what
+    it keeps of them outlives a kill -9."""
+    args = ("--keep-finished", "1", "--reserve-cpu", "0", "--reserve-mem", "0")
+    d = daemon_factory(*args)
+    alice = users["alice"].pw_name
+    os.chmod(scratch, 0o755)
+    hold_flag, go = os.path.join(scratch, "hold"), os.path.join(scratch, "go")
+    hold = d.submit("sh", "-c", f"while [ ! -e {hold_flag} ]; do sleep 0.05; done", user=alice, cwd="/tmp",
+                    flags=("--no-output",))
+    gate = d.submit("sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done", user=alice, cwd="/tmp",
+                    flags=("--no-output",))
+    oks = [d.submit("true", user=alice, cwd="/tmp", flags=("--no-output", "--after", str(gate)))
+           for _ in range(3)]
+    w = d.submit("true", user=alice, cwd="/tmp",
+                 flags=("--no-output", "--after-ok", ",".join(map(str, [hold, *oks]))))
+    open(go, "w").close()
+    for j in oks:
+        assert _waited(d, j, alice) == "0"
+    assert _waited(d, d.submit("true", user=alice, cwd="/tmp", flags=("--no-output",)), alice) == "0"
+    assert not set(oks) & _finished_ids(d, alice)        # evicted while w waits
+    assert " waiting " in d.rows(str(w), user=alice)[w]
+    d.kill9()
+    d = daemon_factory(*args)
+    assert " waiting " in d.rows(str(w), user=alice)[w]
+    open(hold_flag, "w").close()
+    assert _waited(d, w, alice) == "0"

@@ -134,9 +134,9 @@ def indexes(eng: Engine) -> Indexes:
                    running=set(t.running), counted=dict(t.held_by_uid), counted_states=(QUEUED, WAITING),
                    capped_queued=t.capped_queued, strict_queued=t.strict_queued,
                    names={k: list(v) for k, v in t.names.items()},
-                   finished={u: list(t.finished_by_uid.get(u, ())) + sorted(t.kept_back.get(u, ()))
-                             for u in set(t.finished_by_uid) | set(t.kept_back)},
-                   dependents={k: set(v) for k, v in t.dependents.items()}, followers=dict(t.followers),
+                   finished={u: list(ids) for u, ids in t.finished_by_uid.items()},
+                   dependents={k: set(v) for k, v in t.dependents.items()},
+                   followers={k: len(v) for k, v in t.followers.items()},
                    pending=len(eng.to_settle) + len(eng.ended_deps))
 
 

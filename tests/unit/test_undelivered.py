@@ -3,7 +3,7 @@
 import logging
 import os
 
-from hpc_batch.daemon.undelivered import SWEEP_EVERY, Bounds, Entry, Undelivered, owner_of, to_drop
+from hpc_batch.daemon.undelivered import SWEEP_EVERY, Bounds, Entry, Held, Undelivered, owner_of, to_drop
 
 T0 = 1_800_000_000.0
 DAY = 86400.0
@@ -122,3 +122,42 @@ def test_the_tick_sweeps_at_start_then_every_few_minutes(tmp_path, caplog):
     assert u.tick(T0 - 10 * SWEEP_EVERY) == T0 - 9 * SWEEP_EVERY  # the clock went back: no stall
     # No directory at all (nothing ever undelivered): fine.
     assert Undelivered(str(tmp_path / "none"), u.bounds).tick(T0) == T0 + SWEEP_EVERY
+
+
+def test_taking_files_in_never_sweeps_the_directory_again(tmp_path, monkeypatch):
+    """G1: each file moved in past a bound costs what it makes go, not a pass over 9,000 others."""
+    d = tmp_path / "undelivered"
+    d.mkdir()
+    for i in range(200):                                   # a busy machine's directory
+        (d / f"output.{1000 + i}.carol.log").write_bytes(b"")
+        os.utime(d / f"output.{1000 + i}.carol.log", (T0, T0))
+    u = Undelivered(str(tmp_path), Bounds(max_total=100 * M, per_user=2 * M, max_age=30 * DAY))
+    u.tick(T0)                                             # start-up: the one pass that builds the index
+    passes = []
+    real = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda p: passes.append(p) or real(p))
+    bufs = tmp_path / "bufs"
+    bufs.mkdir()
+    for i in range(1, 11):
+        p = bufs / str(i)
+        p.write_bytes(b"x" * M)
+        u.keep(i, "alice", str(p), T0 + i)
+    assert passes == []
+    assert sorted(n for n in os.listdir(d) if ".alice." in n) == ["output.10.alice.log", "output.9.alice.log"]
+    assert u.held.owned["alice"] == 2 * M and u.held.count == 202
+
+
+def test_the_index_agrees_with_a_fresh_sweep_whatever_comes_in():
+    """Held.trim, file by file, leaves what to_drop leaves of all of them at once (age aside)."""
+    b = Bounds(max_total=10, per_user=6, max_age=DAY, max_files=8)
+    users = ["alice", "bob", "carol"]
+    entries = [Entry(f"f{i:02}", (i * 7) % 4, T0 + i, users[(i * 5) % 3]) for i in range(30)]
+    held = Held([])
+    for x in entries:
+        held.add(x)
+        held.trim(x.owner, b)
+    left = [x for q in held.files.values() for x in q]
+    fresh = {x.name for x, _ in to_drop(left, T0 + 30, b)}
+    assert not fresh, f"the index kept what the bounds drop: {sorted(fresh)}"
+    assert held.total <= b.max_total and held.count <= b.max_files
+    assert all(n <= b.per_user for n in held.owned.values())
