@@ -55,3 +55,44 @@ def test_full_disk_refuses_submits_and_loses_nothing(daemon_factory, users, tiny
     rows = d.rows("--finished")
     assert sorted(rows) == accepted    # nothing refused was half-accepted
     assert d.submit("true") == accepted[-1] + 1
+
+
+@pytest.fixture
+def small_state(scratch):
+    path = os.path.join(scratch, "state")
+    os.mkdir(path)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m,mode=0711", "tmpfs", path], check=True)
+    yield path
+    subprocess.run(["umount", "-l", path], check=False)
+
+
+def test_cancels_of_big_commands_never_fill_the_state_disk(daemon_factory, users, small_state, scratch):
+    """G8 (third review): alice submits 1 MB commands until refused, then cancels them all. Each
+    cancel used to journal the whole command again: the state disk filled, the journal could no
+    longer be written and bob was refused for good. A cancel now journals what changed."""
+    alice, bob = users["alice"].pw_name, users["bob"].pw_name
+    d = daemon_factory("--state-reserve", "8M", "--reserve-cpu", "0",
+                       "--reserve-mem", "0", "--keep-finished", "50")
+    hold = d.submit("sleep", "300", user=alice, cwd="/tmp", flags=("--no-output", "--name", "blocker"))
+    d.wait_running(hold, user=alice)
+    words = ["w" * 100_000] * 10
+    taken = []
+    for _ in range(60):
+        r = d.dispatch("new", "--no-output", "--after", "blocker", "--", "true", *words, user=alice, cwd="/tmp")
+        if r.returncode != 0:
+            assert r.returncode == 9 and "reserve" in r.stderr, r.stderr
+            break
+        taken.append(int(r.stdout.split()[1]))
+    else:
+        raise AssertionError("60 MB of commands fitted a 48 MB state disk")
+    journal = os.path.join(small_state, "journal")
+    before = os.path.getsize(journal)
+    d.ok("kill", *map(str, taken), user=alice)
+    wait_for(lambda: all(" finished " in d.rows("--finished", str(j), user=alice).get(j, "") for j in taken),
+             timeout=60, what="alice's cancels to be recorded")
+    grown = os.path.getsize(journal) - before
+    assert grown < len(taken) * 16_384, f"{len(taken)} cancels journalled {grown} bytes"
+    assert "No space left" not in d.log() and "cannot write the journal" not in d.log(), d.log()[-2000:]
+    d.ok("kill", str(hold), user=alice)
+    wait_for(lambda: d.dispatch("new", "--no-output", "--", "true", user=bob).returncode == 0,
+             timeout=60, interval=0.2, what="bob's submit to be taken")
