@@ -446,6 +446,9 @@ def _wait(conn, refs: list, out: Out, submitted: dict | None = None) -> int:
 
     from .connection import Unreachable
     deadline = None
+    jobs: list = []
+    asked: list = refs
+    left: list | None = None   # once all have ended: the ids of those whose entries are still to come
     while True:
         try:
             c = _connect(conn, deadline)
@@ -454,27 +457,42 @@ def _wait(conn, refs: list, out: Out, submitted: dict | None = None) -> int:
                             "hpc-batchd restarted and is not back; the jobs may still be running: "
                             "run dispatch wait again later", EX_UNAVAILABLE)
         try:
-            c.send("wait", ids=refs)
+            c.send("wait", ids=asked, paged=True, rest=left is not None)
             msg = c.receive()
         except OSError:
             msg = None
         c.close()
         if msg is None:   # the daemon went away (reload or restart): ask again
-            if not out.json:
+            if not out.json and left is None:
                 print("dispatch: hpc-batchd restarted; waiting again", file=sys.stderr)
             deadline = time.monotonic() + 30
             continue
         if not msg.get("ok"):
             return out.refused(msg, "wait failed")
-        jobs = msg["result"]["jobs"]
-        status = next((j["wait_status"] for j in jobs if j["wait_status"] != 0), 0)
-        if out.json:
-            out.doc({"jobs": jobs, "exit": status} if submitted is None
-                    else dict(submitted, wait={"jobs": jobs, "exit": status}))
+        result = msg["result"]
+        if left is None:   # the first answer: every job has ended; the rest come a page at a time
+            jobs += result["jobs"]
+            left = list(result.get("more") or ())
         else:
-            for j in jobs:
-                print(_end_line(j))
-        return status
+            from ..core.waitpages import take
+            got, again = take(asked, result["jobs"])
+            if not got:   # every page holds a job: one without any would be asked for again without end
+                return out.refused({"error": "hpc-batchd answered a page of the wait with none of its jobs",
+                                    "code": "internal"}, "wait failed")
+            jobs += got
+            left[:0] = again
+        if not left:
+            break
+        from ..wire.protocol import WAIT_PAGE_JOBS
+        asked, left = left[:WAIT_PAGE_JOBS], left[WAIT_PAGE_JOBS:]
+    status = next((j["wait_status"] for j in jobs if j["wait_status"] != 0), 0)
+    if out.json:
+        out.doc({"jobs": jobs, "exit": status} if submitted is None
+                else dict(submitted, wait={"jobs": jobs, "exit": status}))
+    else:
+        for j in jobs:
+            print(_end_line(j))
+    return status
 
 
 def cmd_job(conn, a) -> int:

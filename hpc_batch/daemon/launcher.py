@@ -182,7 +182,9 @@ class ForkServer:
     def spawn(self, job_id: int, user: str, job_dir: str, meanwhile=None) -> tuple[int, int | None] | None:
         """Ask for a shepherd; None when the server cannot give one (the caller execs it).
 
-        A server found dead (killed, say) is started afresh and asked once more.
+        A server found dead (killed, say) is started afresh and asked once more;
+        one that dies (or times out) with the request in it is asked again only
+        when no shepherd of its forking has taken the job (:func:`claimed`).
         Out of pids or memory, the OSError (EAGAIN, ENOMEM) is raised. *meanwhile*
         (a ``_Once``) is called once a request is sent, before its answer is read.
         """
@@ -193,16 +195,27 @@ class ForkServer:
                 self.failures += 1
                 return None
             answer = self._ask(job_id, user, job_dir, meanwhile)
+            if answer is _UNANSWERED:
+                # It failed with our request in it: it may have forked the shepherd first, which
+                # may even have run the job to its end by now. That one is the job's; a second
+                # would find the launch spec gone and overwrite the real exit record with an error.
+                taken = claimed(job_dir)
+                if taken is not None:
+                    log.warning("job %d: the fork server died before it answered, after forking shepherd "
+                                "pid %d: that one is the job's", job_id, taken[0])
+                    return taken
+                continue
             if answer is not None:
                 self.failures = 0
                 return answer
         return None
 
-    def _ask(self, job_id: int, user: str, job_dir: str, meanwhile=None) -> tuple[int, int | None] | None:
+    def _ask(self, job_id: int, user: str, job_dir: str, meanwhile=None):
+        """The server's ``(pid, start)``; None if it failed before it had the request, _UNANSWERED after."""
         assert self.sock is not None
         try:
             self.sock.sendall(forkserver.encode_request(job_id, user, job_dir))
-        except OSError as exc:
+        except OSError as exc:   # its newline, the last byte, never reached it: it forked nothing
             log.error("the shepherd fork server failed (%s); starting it afresh", exc)
             self.failures += 1
             self.stop()
@@ -229,12 +242,36 @@ class ForkServer:
             log.error("the shepherd fork server failed (%s); starting it afresh", exc)
             self.failures += 1
             self.stop()
-            return None
+            return _UNANSWERED
         return pid, start
 
 
 class _NotNow(OSError):
     """The fork server's fork failed for want of pids or memory."""
+
+
+_UNANSWERED = object()   # a request the server may have acted on, but never answered
+
+
+def claimed(job_dir: str, settle: float = 0.5) -> tuple[int, int] | None:
+    """``(pid, start)`` of the shepherd that has taken this start of the job, if one has.
+
+    The daemon made the pidfile empty for this start (:func:`write_launch`);
+    a shepherd writes its pid in it as soon as it holds its lock, before
+    anything else, and keeps it there after it ends. So a pid in it is this
+    start's shepherd, alive or not: the caller watches it through a pidfd
+    checked against its start time, and collects its exit record (or its
+    death) as for any other. A lock held with the pid not yet written is a
+    write away from it: waited for *settle* seconds at most. None: no shepherd
+    has taken it yet (one still starting is turned away by the lock and the
+    pid it finds in the file, shepherd/main.py's ``_take_lock``).
+    """
+    deadline = time.monotonic() + settle
+    while True:
+        found = records.read_pidfile(job_dir)
+        if found is not None or not shepherd_alive(job_dir) or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.005)
 
 
 _FORK_SERVER = ForkServer()
@@ -280,7 +317,7 @@ def open_pidfd(pid: int, starttime: int | None):
 
 def adopt(job_dir: str):
     """Find a running job's shepherd after a restart: ``(pid, pidfd)`` or None if gone."""
-    pf = records.read_pidfile(job_dir)
+    pf = claimed(job_dir)
     if pf is None or not shepherd_alive(job_dir):
         return None
     pid, start = pf

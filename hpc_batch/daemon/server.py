@@ -72,6 +72,8 @@ class Conn:
         self.wait_plan: list | None = None        # ... with those the archive answers for (streams.wait)
         self.wait_archived: list | None = None    # ... the archive's entries for them, once they came
         self.wait_left = 0                        # ... how many of them are still to end
+        self.wait_paged = False                   # ... and whether its client takes the answer in pages
+        self.wait_rest: list | None = None        # ... a paged wait's rest: the ids the archive answers for
         self.stalled = False                      # its user is over --max-reply-bytes-per-user: not read
         self.unsent = False                       # a reply held until this turn's commit
         self.submitted: set[int] = set()          # jobs that held reply acknowledges

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from shepherd import records
 
-from ..core import views
+from ..core import views, waitpages
 from ..core.jobs import FINISHED, QUEUED, WAITING, Job
 from ..wire import framing, protocol
 from .engine import Refused
@@ -42,6 +42,8 @@ rlog = RateLimited(log)
 CHUNK = 64 << 10             # attach reads and sends output in chunks this big
 FALLBACK_POLL = 0.05         # attach wake-up when inotify is unavailable
 WATCH_BACKLOG = 1 << 20      # unsent watch events one connection may hold before it is dropped
+_UNPAGED = ("the answer is longer than one reply may carry ({}) and this dispatch is older than "
+            "hpc-batchd: use a dispatch of the same version, which asks for it in pages")
 
 
 @dataclass
@@ -159,6 +161,10 @@ class Streams:
             if job_id not in seen:
                 seen.add(job_id)
                 plan.append(job_id)
+        if not req.paged and len(plan) > protocol.WAIT_PAGE_JOBS:
+            raise Refused(_UNPAGED.format(f"{len(plan)} jobs"))
+        conn.wait_paged = req.paged
+        conn.wait_rest = gone if req.rest else None
         conn.waiting = [x for x in plan if isinstance(x, int)]
         conn.wait_plan = plan if gone else None
         conn.wait_archived = None
@@ -171,17 +177,22 @@ class Streams:
         if gone:
             busy = self.ask_archive(conn, self.engine.archive_query(conn.caller, "wait", None, now, refs=tuple(gone)))
             if busy is not None:
-                self.reply(conn, protocol.error(busy, "busy"), close=True)
+                self.archived_wait(conn, protocol.error(busy, "busy"))
             return
         if left == 0:
             self.answer_wait(conn)
 
     def archived_wait(self, conn: "Conn", answer: dict[str, Any]) -> None:
         """The archive's entries for the jobs of a wait it no longer holds (or why it cannot say)."""
-        if not answer.get("ok"):
+        if answer.get("ok"):
+            conn.wait_archived = answer["result"]["jobs"]
+        elif conn.wait_rest is not None:
+            # Each of them had ended when the first page was sent, and a single answer would have
+            # said what it knew then of one forgotten since: unknown. The wait is not refused for it.
+            conn.wait_archived = [views.wait_entry(job_id, None) for job_id in conn.wait_rest]
+        else:
             self.reply(conn, answer, close=True)
             return
-        conn.wait_archived = answer["result"]["jobs"]
         if conn.wait_left <= 0:
             self.answer_wait(conn)
 
@@ -195,13 +206,22 @@ class Streams:
         conn.last = time.monotonic()   # the idle clock for reading the answer starts now
         # A job forgotten (--keep-finished) while we waited is None: its entry says so rather than guess.
         jobs = self.engine.jobs
-        if conn.wait_plan is None:
-            done = [views.wait_entry(job_id, jobs.get(job_id)) for job_id in conn.waiting]
+        archived = conn.wait_archived or []
+        plan = conn.waiting if conn.wait_plan is None else conn.wait_plan
+
+        def entry(x: Any) -> dict[str, Any]:
+            return views.wait_entry(x, jobs.get(x)) if isinstance(x, int) else archived[x[1]]
+        done, n = waitpages.cut(plan, entry, protocol.WAIT_PAGE_JOBS, protocol.WAIT_PAGE_BYTES)
+        if n == len(plan):
+            self.reply(conn, protocol.ok(jobs=done, more=None) if conn.wait_paged else protocol.ok(jobs=done),
+                       close=True)
+        elif not conn.wait_paged:
+            self.reply(conn, protocol.error(_UNPAGED.format(f"more than {protocol.WAIT_PAGE_BYTES >> 20} MiB")),
+                       close=True)
         else:
-            archived = conn.wait_archived or []
-            done = [views.wait_entry(x, jobs.get(x)) if isinstance(x, int) else archived[x[1]]
-                    for x in conn.wait_plan]
-        self.reply(conn, protocol.ok(jobs=done), close=True)
+            # The rest by id, each ended: the client's next waits are answered at once, a page each.
+            rest = [x if isinstance(x, int) else archived[x[1]]["id"] for x in plan[n:]]
+            self.reply(conn, protocol.ok(jobs=done, more=rest), close=True)
 
     # -- watch --------------------------------------------------------------------
     def watch(self, conn: "Conn") -> None:

@@ -299,18 +299,42 @@ class Attach:
         return cls(id=ref.id, offset=_int(args, "offset", 0, bounds.MAX_OFFSET, default=0))
 
 
+# A wait's answer is paged as a list is: at most this many jobs and about this many bytes a reply.
+WAIT_PAGE_JOBS = 1000
+WAIT_PAGE_BYTES = 1 << 20
+
+
 @dataclass(frozen=True)
 class WaitJobs:
-    """``dispatch wait JOB...``: answered once every one of them has ended."""
+    """``dispatch wait JOB...``: answered once every one of them has ended.
+
+    With *paged*, the answer is one page (``WAIT_PAGE_*``) and ``more`` the ids
+    of the jobs it leaves out (in order, each ended, or None when none are
+    left): the client asks for them with more waits, which are answered at
+    once, a page each. Without it (a client older than paging) the whole
+    answer must fit one page, or the wait is refused with a message saying
+    so. A daemon before *paged* ignores it and answers all the jobs at once.
+
+    *rest* marks such a later wait: its ids (numbers only) are ended jobs of
+    a ``more``. One the daemon no longer holds and its history cannot answer
+    for is then said to be unknown, as the first page would have said it,
+    instead of refusing the page.
+    """
 
     ids: tuple[int | str, ...]
+    paged: bool = False
+    rest: bool = False
 
     @classmethod
     def from_args(cls, args: Args) -> "WaitJobs":
         refs = _get(args, "ids", (list,))
         if not refs or len(refs) > MAX_REFS:
             raise ProtocolError(f"field 'ids' must name 1 to {MAX_REFS} jobs")
-        return cls(ids=tuple(_ref(r, "ids") for r in refs))
+        ids = tuple(_ref(r, "ids") for r in refs)
+        rest = _get(args, "rest", (bool,), default=False)
+        if rest and not all(isinstance(i, int) for i in ids):
+            raise ProtocolError("field 'ids' of a wait's rest must hold job numbers only")
+        return cls(ids=ids, paged=_get(args, "paged", (bool,), default=False) or rest, rest=rest)
 
 
 @dataclass(frozen=True)

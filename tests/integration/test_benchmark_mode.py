@@ -17,11 +17,12 @@ import signal
 import threading
 
 import pytest
+from ci_host import needs
 from conftest import exit_of, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
-needs_two = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs: one is housekeeping")
+needs_two = needs(len(os.sched_getaffinity(0)) >= 2, "needs two CPUs: one is housekeeping")
 
 
 def _allowed_list(pid):

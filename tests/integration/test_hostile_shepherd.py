@@ -18,6 +18,7 @@ import sys
 import time
 
 import pytest
+from ci_host import require
 from conftest import exit_of, wait_for
 from test_hostile import alive, job_dir
 
@@ -32,8 +33,8 @@ _serial = itertools.count()
 @pytest.fixture
 def pids_group():
     """A fresh pids group of our own; whatever is left in it at the end is killed, then it goes."""
-    if not os.path.isfile(os.path.join(PIDS, "cgroup.procs")):
-        pytest.skip("no cgroup v1 pids controller at /sys/fs/cgroup/pids on this host")
+    require(os.path.isfile(os.path.join(PIDS, "cgroup.procs")),
+            "no cgroup v1 pids controller at /sys/fs/cgroup/pids on this host")
     path = os.path.join(PIDS, f"hpcb-test-{os.getpid()}-{next(_serial)}")
     os.mkdir(path)
     yield path

@@ -17,6 +17,7 @@ import threading
 import time
 
 import pytest
+from ci_host import require
 from conftest import kill_shepherds, wait_for
 from test_hostile import alive, raw_as, request
 
@@ -138,8 +139,7 @@ def test_a_full_state_disk_recovers_once_the_jobs_that_filled_it_are_gone(daemon
     os.mkdir(state)
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0711", "tmpfs", state],
                              capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for the state directory: {mounted.stderr.strip()}")
+    require(mounted.returncode == 0, f"cannot mount a tmpfs for the state directory: {mounted.stderr.strip()}")
     d = None
     try:
         d = daemon_factory(*FLAGS, "--state-reserve", "4M", "--keep-finished", "1")

@@ -26,6 +26,7 @@ import os
 import signal
 
 import pytest
+from ci_host import require
 from conftest import exit_of, wait_for
 
 from hpc_batch.core.cputopo import parse_cpulist
@@ -50,8 +51,7 @@ def _writable_irqs() -> bool:
 @pytest.fixture
 def irqs():
     """Every IRQ's affinity before the test; put back afterwards whatever happens."""
-    if not _writable_irqs():
-        pytest.skip("needs root that may write /proc/irq/*/smp_affinity_list on a 2-CPU machine")
+    require(_writable_irqs(), "needs root that may write /proc/irq/*/smp_affinity_list on a 2-CPU machine")
     before = irqsteer.read_affinities()
     yield before
     for irq, value in before.items():

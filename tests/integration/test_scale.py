@@ -44,6 +44,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
+from ci_host import require
 from conftest import USERS, wait_for
 from wire import frame, read_reply
 
@@ -312,8 +313,7 @@ def test_scale_n_jobs_held_and_another_user_answered(daemon_factory, users, scra
             "--keep-finished", str(cap))
     d = daemon_factory(*args)
     cpus = offered_cpus(d)
-    if cpus < 2:
-        pytest.skip("needs 2 hardware threads: the two gate jobs run side by side")
+    require(cpus >= 2, "needs 2 hardware threads: the two gate jobs run side by side")
     mix = Mix.of(N, cpus)
     report = {"n": N, "full": FULL, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "cpus": os.cpu_count(), "load_at_start": os.getloadavg()[0], "mix": mix.__dict__, "phases": {},

@@ -13,6 +13,7 @@ import json
 import os
 
 import pytest
+from ci_host import require
 from conftest import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -91,8 +92,7 @@ def test_cpu_unit_thread_is_a_flag_and_a_bad_unit_is_refused(daemon_factory, use
 
 def test_two_one_cpu_jobs_each_hold_one_whole_core(daemon_factory, users):
     cores = _host_cores()
-    if len(cores) < 2:
-        pytest.skip("this host offers fewer than two cores")
+    require(len(cores) >= 2, "this host offers fewer than two cores")
     d = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0")
     flags = ("--cpu", "1", "--max-mem", "64M")
     a = d.submit("sh", "-c", "grep Cpus_allowed_list /proc/self/status; sleep 30", flags=flags)

@@ -13,6 +13,7 @@ import stat
 import time
 
 import pytest
+from ci_host import needs
 
 from hpc_batch.client import recorddiff
 from hpc_batch.core import setup
@@ -153,7 +154,7 @@ def test_create_makes_a_new_private_file_of_the_users_under_an_unpredictable_nam
     assert other != path
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="giving the file away needs root")
+@needs(os.geteuid() == 0, "giving the file away needs root")
 def test_create_gives_the_file_to_the_jobs_user(tmp_path):
     path, why = figurefile.create(3, 4242, 4343, str(tmp_path))
     assert why is None and (os.stat(path).st_uid, os.stat(path).st_gid) == (4242, 4343)

@@ -6,11 +6,15 @@ import os
 import stat
 
 import pytest
+from ci_host import require
 
 from hpc_batch.daemon import metrics_file
 from hpc_batch.daemon.metrics_file import MetricsError, check, others_may_write, write_atomic
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown and other owners need root")
+
+@pytest.fixture(autouse=True)
+def _as_root():
+    require(os.geteuid() == 0, "chown and other owners need root")
 
 
 def some_group():
@@ -20,7 +24,7 @@ def some_group():
             return grp.getgrnam(name)
         except KeyError:
             continue
-    pytest.skip("no group other than root to test with")
+    require(False, "no group other than root to test with")
 
 
 @pytest.fixture
@@ -77,7 +81,7 @@ def test_an_acl_letting_a_user_write_is_refused(textdir):
     try:
         os.setxattr(textdir, "system.posix_acl_access", blob)
     except OSError:
-        pytest.skip("no ACLs on this filesystem")
+        require(False, "no ACLs on the filesystem of the test's temporary directory")
     assert "uid 65534 write" in others_may_write(str(textdir), 0)
 
 

@@ -202,3 +202,31 @@ def test_a_kept_text_row_follows_the_job(eng):
     eng.kill(ROOT, queued, T0 + 1)                                      # cancelled: finished, never started
     cancelled = handlers.list_page(eng, ROOT, ListJobs(after=first, all=True, finished=True, text=True))["rows"][0]
     assert " finished cancelled (cancelled by root" in cancelled
+
+
+# -- wait pages --------------------------------------------------------------------------
+
+def test_a_wait_page_is_cut_by_its_count_and_its_bytes_and_holds_at_least_one():
+    from hpc_batch.core.waitpages import cut
+    built = []
+
+    def entry(i):
+        built.append(i)
+        return {"id": i, "note": "n" * 100}
+    entries, n = cut(range(10_000), entry, 50, 1 << 20)
+    assert n == 50 and [e["id"] for e in entries] == list(range(50)) and built == list(range(50))
+    entries, n = cut(range(10_000), entry, 1000, 1000)    # about 115 bytes each: the bytes cut it
+    assert 8 <= n <= 10 and [e["id"] for e in entries] == list(range(n))
+    entries, n = cut([7], lambda i: {"id": i, "note": "x" * 5000}, 1000, 1000)
+    assert n == 1   # one entry larger than a page still goes: every reply makes progress
+    assert cut([], entry, 10, 10) == ([], 0)
+
+
+def test_the_client_takes_a_follow_up_page_in_its_own_order_and_asks_again_for_the_rest():
+    from hpc_batch.core.waitpages import take
+    asked = [4, 9, 4, 2, 8]
+    entries, again = take(asked, [{"id": 4}, {"id": 9}])          # the daemon's page: distinct jobs, a prefix
+    assert [e["id"] for e in entries] == [4, 9, 4] and again == [2, 8]
+    entries, again = take(again, [{"id": 2}, {"id": 8}])
+    assert [e["id"] for e in entries] == [2, 8] and again == []
+    assert take([3], []) == ([], [3])

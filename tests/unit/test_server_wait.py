@@ -9,6 +9,7 @@ replies drain.
 import socket
 import types
 
+from hpc_batch.core import waitpages
 from hpc_batch.core.jobs import FINISHED, RUNNING
 from hpc_batch.daemon import access
 from hpc_batch.daemon.main import Config
@@ -71,7 +72,7 @@ def test_a_wait_resolves_each_distinct_ref_once_and_counts_down():
     answers = []
     real = srv.streams.answer_wait
     srv.streams.answer_wait = lambda c: (answers.append(c), real(c))
-    srv.streams.wait(conn, protocol.WaitJobs(ids=("j7",) * 100_000 + tuple(range(1, n + 1))), 0.0)
+    srv.streams.wait(conn, protocol.WaitJobs(ids=("j7",) * 100_000 + tuple(range(1, n + 1)), paged=True), 0.0)
     assert srv.engine.lookups == n + 1          # 100,000 copies of a name: one lookup
     assert conn.wait_left == n and answers == []
     for i in range(1, n + 1):                   # each end: a count down, no rescan
@@ -79,7 +80,10 @@ def test_a_wait_resolves_each_distinct_ref_once_and_counts_down():
         srv.job_event(i, "finished")
         assert len(answers) == (i == n)
     reply = read_reply(srv, conn, peer)
-    assert reply["ok"] and [j["id"] for j in reply["result"]["jobs"]] == [7] + [i for i in range(1, n + 1) if i != 7]
+    order = [7] + [i for i in range(1, n + 1) if i != 7]
+    page = protocol.WAIT_PAGE_JOBS
+    assert reply["ok"] and [j["id"] for j in reply["result"]["jobs"]] == order[:page]
+    assert reply["result"]["more"] == order[page:]   # the rest by id, for the client's next waits
 
 
 def test_a_user_past_the_reply_budget_is_not_read_until_it_drains():
@@ -100,3 +104,106 @@ def test_a_user_past_the_reply_budget_is_not_read_until_it_drains():
     assert not asker.stalled and asker in srv.resume
     srv._requests(asker)
     assert read_reply(srv, asker, asker_peer)["ok"]
+
+
+# -- paged answers ---------------------------------------------------------------------------
+
+def wait_once(srv, ids, paged=True, uid=1000, **more):
+    """One wait request as the server's loop handles it; its reply (all the jobs have ended)."""
+    conn, peer = connect(srv, uid)
+    conn.decoder.feed(framing.encode(protocol.request("wait", ids=list(ids), paged=paged, **more)))
+    srv._requests(conn)
+    return read_reply(srv, conn, peer)
+
+
+def finished(n, output=None):
+    srv = server(n)
+    for job in srv.engine.jobs.values():
+        job.state, job.output = FINISHED, output
+    return srv
+
+
+def test_a_paged_wait_comes_in_bounded_replies_that_add_up_to_the_whole_answer():
+    n = 3 * protocol.WAIT_PAGE_JOBS + 17
+    # An output path of 4000 bytes a job: the bytes cut a page, long before its count does.
+    srv = finished(n, output="/" + "o" * 3999)
+    refs = [f"j{i}" for i in range(n, 0, -1)] + ["j5"]
+    first = wait_once(srv, refs)
+    assert first["ok"]
+    got = first["result"]["jobs"]
+    left = first["result"]["more"]
+    assert 0 < len(got) < protocol.WAIT_PAGE_JOBS and len(framing.encode(first, framing.MAX_REPLY)) < 2 << 20
+    replies = 1
+    while left:
+        asked, left = left[:protocol.WAIT_PAGE_JOBS], left[protocol.WAIT_PAGE_JOBS:]
+        reply = wait_once(srv, asked)
+        assert reply["ok"] and len(framing.encode(reply, framing.MAX_REPLY)) < (1 << 20) + 8192
+        entries, again = waitpages.take(asked, reply["result"]["jobs"])
+        assert entries
+        got += entries
+        left[:0] = again
+        replies += 1
+    assert [j["id"] for j in got] == list(range(n, 0, -1))   # in the order named, each job once
+    assert replies > n * 4000 // (1 << 20)
+
+
+def test_a_wait_without_pages_gets_the_whole_answer_when_it_fits_one():
+    srv = finished(protocol.WAIT_PAGE_JOBS)
+    reply = wait_once(srv, range(1, protocol.WAIT_PAGE_JOBS + 1), paged=False)
+    assert reply["ok"] and len(reply["result"]["jobs"]) == protocol.WAIT_PAGE_JOBS
+    assert "more" not in reply["result"]   # as an older dispatch knows it
+
+
+def test_a_wait_without_pages_naming_more_than_a_page_is_refused_at_once():
+    srv = server(protocol.WAIT_PAGE_JOBS + 1)   # none has ended: refused before any waiting
+    reply = wait_once(srv, range(1, protocol.WAIT_PAGE_JOBS + 2), paged=False)
+    assert not reply["ok"] and "asks for it in pages" in reply["error"]
+
+
+def test_a_wait_without_pages_whose_answer_is_too_big_is_refused():
+    srv = finished(500, output="/" + "o" * 3999)
+    reply = wait_once(srv, range(1, 501), paged=False)
+    assert not reply["ok"] and "older than hpc-batchd" in reply["error"]
+
+
+def forgetful(n, forgotten):
+    """A server whose engine no longer holds *forgotten*, and whose history cannot answer for it."""
+    from hpc_batch.daemon.engine import Refused
+    srv = finished(n)
+    eng = srv.engine
+    held = eng.lookup
+    asked = []
+
+    def lookup(caller, ref):
+        if ref == forgotten:
+            raise Refused(f"no job {ref}", "not_found")
+        return held(caller, ref)
+
+    def ask_archive(conn, query):
+        asked.append(query)
+        srv.streams.archived_wait(conn, protocol.error(f"job {forgotten} was forgotten", "not_found"))
+        return None
+    eng.lookup = lookup
+    eng.archive_query = lambda caller, kind, ref, now, refs=(): refs
+    srv.streams.ask_archive = ask_archive
+    return srv, asked
+
+
+def test_a_pages_rest_says_unknown_of_a_job_forgotten_since_rather_than_refuse_the_page():
+    srv, asked = forgetful(3, 2)
+    reply = wait_once(srv, [3, 2, 1], rest=True)
+    assert asked == [(2,)]   # the history was asked first
+    assert reply["ok"] and [(j["id"], j["state"]) for j in reply["result"]["jobs"]] == \
+        [(3, FINISHED), (2, "unknown"), (1, FINISHED)]
+
+
+def test_a_first_wait_naming_a_job_nobody_knows_is_still_refused():
+    srv, _ = forgetful(3, 2)
+    reply = wait_once(srv, [3, 2, 1])
+    assert not reply["ok"] and reply["code"] == "not_found"
+
+
+def test_a_rest_holds_job_numbers_only():
+    srv = finished(1)
+    reply = wait_once(srv, ["j1"], rest=True)
+    assert not reply["ok"] and reply["code"] == "bad_request"
