@@ -31,14 +31,18 @@ class Plan:
     release_base: float   # seconds of the ping loop with nothing released
     history_rows: int     # rows in the history archive the queries look through
     history_runs: int     # rounds of queries (each kind once a round)
+    bulk_jobs: int        # jobs of the bulk submit others are answered beside
+    bulk_runs: int        # such submits
 
 
 FULL = Plan(runs=15, wait_runs=10, drain_jobs=900, drain_runs=3, submit_refs=5, shepherd_rounds=3, window=5.0,
             queue_list=5000, queue_new=10_000, out_bytes=1 << 30, out_runs=3, restart_jobs=100, restart_runs=3,
-            release_jobs=10_000, release_runs=3, release_base=2.0, history_rows=1_000_000, history_runs=5)
+            release_jobs=10_000, release_runs=3, release_base=2.0, history_rows=1_000_000, history_runs=5,
+            bulk_jobs=100_000, bulk_runs=3)
 SMOKE = Plan(runs=3, wait_runs=2, drain_jobs=12, drain_runs=2, submit_refs=2, shepherd_rounds=1, window=1.0,
              queue_list=20, queue_new=40, out_bytes=8 << 20, out_runs=2, restart_jobs=6, restart_runs=2,
-             release_jobs=20, release_runs=1, release_base=0.2, history_rows=20_000, history_runs=1)
+             release_jobs=20, release_runs=1, release_base=0.2, history_rows=20_000, history_runs=1,
+             bulk_jobs=1000, bulk_runs=1)
 
 
 @dataclass

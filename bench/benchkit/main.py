@@ -19,6 +19,7 @@ import hpc_batch
 
 from . import (
     benchmode,
+    bulkrow,
     calibration,
     client,
     drain,
@@ -127,6 +128,7 @@ def _measurements(ctx: Context) -> list[tuple[str, Callable[[dict[str, Figure]],
         ("release", lambda figs: release.measure(ctx, figs)),
         ("record", lambda figs: recordrow.measure(ctx, figs)),
         ("history", lambda figs: history.measure(ctx, figs)),
+        ("bulk", lambda figs: bulkrow.measure(ctx, figs)),
     ]
 
 

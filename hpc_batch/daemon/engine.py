@@ -53,7 +53,7 @@ from ..core.jobs import (
 from ..core.jobtable import JobTable, Running, request_of
 from ..core.sizes import format_mem
 from ..wire.protocol import JobSetting, NewJob
-from . import archive, cgroups, devdir, jobrecord, launcher, probe, quiet
+from . import archive, bulks, cgroups, devdir, jobrecord, launcher, probe, quiet
 from .access import Caller
 from .store import is_disk_full
 from .undelivered import Bounds as UndeliveredBounds
@@ -96,6 +96,10 @@ class Engine:
         # Jobs submitted this turn whose info.json is written just before the commit: one that
         # starts in the same turn gets its one as it is spawned, not two.
         self.info_due: list[int] = []
+        # Bulk submits stored a slice per turn (bulks.py), oldest first, and their jobs per user.
+        self.storing: deque[bulks.Bulk] = deque()
+        self.storing_by_uid: dict[int, int] = {}
+        self.bulk_replies: list[tuple[Any, dict[str, Any] | Refused]] = []   # (token, reply fields)
         # While any --benchmark=strict job is queued, the machine is watched (swap, throttling).
         self.bench_watch = benchmark.Watch(defaults.BENCH_PROBE_INTERVAL)
         # Every finished job goes on to the history archive; its directory is evicted only once
@@ -331,8 +335,9 @@ class Engine:
         return job
 
     # -- submit ---------------------------------------------------------------
-    def submit(self, caller, req: NewJob, now: float) -> dict:
-        """Queue a job (and start it if it fits); returns the reply fields."""
+    def submit(self, caller, req: NewJob, now: float) -> dict | bulks.Storing:
+        """Queue a job (and start it if it fits); returns the reply fields, or for a bulk of more
+        than bulks.SLICE jobs what the server holds the connection on while it is stored."""
         if not self.root_mode and caller.uid != os.geteuid():
             raise Refused(f"this hpc-batchd runs as {self.cfg.user_name} in user mode and only accepts "
                           f"jobs from that user", "forbidden")
@@ -349,7 +354,7 @@ class Engine:
         if short is not None:   # compaction, and the jobs already taken, keep room to finish
             raise Refused(short, "busy")
         elements = req.elements()
-        held = self.table.held_by_uid.get(caller.uid, 0)
+        held = self.table.held_by_uid.get(caller.uid, 0) + self.storing_by_uid.get(caller.uid, 0)
         if held + len(elements) > self.cfg.max_queued_per_user:
             many = f"these {len(elements)} jobs would make {held + len(elements)}" if len(elements) > 1 else \
                 f"you already have {held}"
@@ -375,8 +380,9 @@ class Engine:
         bulk = len(elements) > 1 or bool(req.array or req.commands)
         # An --array's elements share one argv list, stored once (Store.add_jobs); --commands' differ.
         shared_argv = list(req.argv) if req.array and not req.commands else None
-        made = []
-        for k, (argv, index) in enumerate(elements):
+
+        def make(k: int) -> Job:
+            argv, index = elements[k]
             job_id = first + k
             output = None
             if not req.no_output:
@@ -384,31 +390,36 @@ class Engine:
                 target = req.output or req.cwd
                 output = os.path.join(target, log_name(job_id)) if req.output is None or req.output_is_dir \
                     else target
-            job = Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name,
-                      argv=shared_argv if shared_argv is not None else list(argv),
-                      cwd=req.cwd, submitted=now, max_time=max_time,
-                      request=wanted,
-                      budget={"mem": budget.mem, "assigned": budget.assigned},
-                      output=output, umask=req.umask, name=req.name, after=sorted(set(after)),
-                      after_ok=req.after_ok, state=WAITING if after else QUEUED,
-                      array=None if not bulk else {"first": first, "index": index, "limit": req.array_limit})
-            made.append(job)
-        self._persist_new(made, {"forward": req.env, "job_env": req.job_env, "base": req.base_env}, shared_argv)
+            return Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name,
+                       argv=shared_argv if shared_argv is not None else list(argv),
+                       cwd=req.cwd, submitted=now, max_time=max_time,
+                       request=wanted,
+                       budget={"mem": budget.mem, "assigned": budget.assigned},
+                       output=output, umask=req.umask, name=req.name, after=sorted(set(after)),
+                       after_ok=req.after_ok, state=WAITING if after else QUEUED,
+                       array=None if not bulk else {"first": first, "index": index, "limit": req.array_limit})
+
+        env = {"forward": req.env, "job_env": req.job_env, "base": req.base_env}
+        if len(elements) > bulks.SLICE:   # stored a slice per turn, answered once all of it is durable
+            b = bulks.Bulk(uid=caller.uid, first=first, count=len(elements), make=make, env=env,
+                           shared_argv=shared_argv,
+                           reply={"id": first, "mem": budget.mem, "mem_assigned": budget.assigned,
+                                  "name": req.name, "after": sorted(set(after)), "after_ok": req.after_ok,
+                                  "note": None, "last": first + len(elements) - 1, "count": len(elements),
+                                  "starting": 0, "limit": req.array_limit})
+            self.next_id = first + len(elements)
+            self.storing.append(b)
+            self.storing_by_uid[caller.uid] = self.storing_by_uid.get(caller.uid, 0) + b.count
+            log.info("jobs %d-%d from %s: storing %d jobs, a slice per turn", first, b.last, pw.pw_name, b.count)
+            return bulks.Storing(b)
+        made = [make(k) for k in range(len(elements))]
+        self._persist_new(made, env, shared_argv)
         self.next_id = first + len(made)
         # A job it follows may have ended already: then each of them is looked at (in turns);
         # otherwise they wait, and the first end among their dependencies looks at them.
         look = any(self.jobs[dep].state == FINISHED for dep in after)
         for job in made:
-            self.table.add(job)
-            jdir = self.store.job_dir(job.id)
-            try:
-                devdir.create_output(jdir, job.uid, self.cfg.admin_gid)
-            except OSError:
-                pass
-            self.info_due.append(job.id)
-            self.dev.add(job.id, job.uid, jdir)
-            if job.state == WAITING and look:
-                self.to_settle.append(job.id)
+            self._enter(job, look)
         if bulk:
             log.info("jobs %d-%d %s for %s (%d in one submit): %s", first, first + len(made) - 1,
                      made[0].state, made[0].user, len(made), made[0].shown[0])
@@ -430,6 +441,84 @@ class Engine:
             reply.update(last=first + len(made) - 1, count=len(made), starting=len(starting),
                          limit=req.array_limit)
         return reply
+
+    def _enter(self, job: Job, look: bool) -> None:
+        """A stored new job enters the table, with its output buffer and /dev entry; *look*: one
+        of the jobs it follows has ended already, so it is looked at (in turns)."""
+        self.table.add(job)
+        jdir = self.store.job_dir(job.id)
+        try:
+            devdir.create_output(jdir, job.uid, self.cfg.admin_gid)
+        except OSError:
+            pass
+        self.info_due.append(job.id)
+        self.dev.add(job.id, job.uid, jdir)
+        if job.state == WAITING and look:
+            self.to_settle.append(job.id)
+
+    # -- bulk submits stored a slice per turn (bulks.py) -------------------------
+    def store_bulks(self, now: float) -> None:
+        """Give the oldest bulk under way this turn's slice: stored, or (once durable) entered."""
+        if not self.storing:
+            return
+        b = self.storing[0]
+        until = time.monotonic() + bulks.SLICE_SECONDS
+        if not b.durable:
+            if b.staged_last:
+                return          # its last slice waits for this turn's commit
+            try:
+                if b.shared is None:
+                    b.shared = self.store.begin_bulk(b.first, b.env, b.shared_argv)
+                while len(b.made) < b.count:
+                    job = b.make(len(b.made))
+                    self.store.add_slice(b.shared, [job], self.cfg.admin_gid)
+                    b.made.append(job)
+                    if time.monotonic() >= until:
+                        break
+                if len(b.made) == b.count:
+                    self.store.end_bulk(b.shared)
+                    b.staged_last = True
+            except OSError as exc:
+                self._abort_bulk(b, exc)
+            return
+        look = any(dep not in self.jobs or self.jobs[dep].state == FINISHED for dep in b.reply["after"])
+        while b.added < b.count:
+            job = b.made[b.added]
+            self._enter(job, look)
+            self.hooks.job_event(job.id, "submitted")
+            b.added += 1
+            self.storing_by_uid[b.uid] -= 1
+            if time.monotonic() >= until:
+                return
+        self.storing.popleft()
+        if not self.storing_by_uid.get(b.uid):
+            self.storing_by_uid.pop(b.uid, None)
+        first = b.made[0]
+        log.info("jobs %d-%d %s for %s (%d in one submit): %s", b.first, b.last, first.state, first.user,
+                 b.count, first.shown[0])
+        self.bulk_replies.append((b.token, {"state": first.state, "output": first.output, **b.reply}))
+        self.resched = True
+
+    def _abort_bulk(self, b: bulks.Bulk, exc: OSError) -> None:
+        """A bulk that cannot be stored goes, all of it, and its submitter is told."""
+        log.error("jobs %d-%d refused: cannot store them: %s", b.first, b.last, exc)
+        if b.shared is not None:
+            self.store.abort_bulk(b.shared, (job.id for job in b.made))
+        self.storing.remove(b)
+        left = self.storing_by_uid.get(b.uid, 0) - b.count
+        if left > 0:
+            self.storing_by_uid[b.uid] = left
+        else:
+            self.storing_by_uid.pop(b.uid, None)
+        why = "the state directory's disk is full" if is_disk_full(exc) else exc.strerror
+        self.bulk_replies.append((b.token, Refused(
+            f"cannot store the jobs ({why}); nothing was queued, try again later", "busy")))
+
+    def take_bulk_replies(self) -> list[tuple[Any, dict[str, Any] | Refused]]:
+        """Answers to bulk submits (reply fields, or why it was refused), each with the token
+        (the connection) it was given to; once."""
+        out, self.bulk_replies = self.bulk_replies, []
+        return out
 
     def _persist_new(self, made: list, env: dict, shared_argv: list | None) -> None:
         """Write new jobs' records and stage them for this turn's commit; refuse (nothing kept) on failure.
@@ -675,6 +764,11 @@ class Engine:
             self.store.commit(now)
         except OSError as exc:
             refused = self._commit_failed(exc, now)
+            for b in [b for b in self.storing if not b.durable]:
+                self._abort_bulk(b, exc)
+        else:
+            for b in self.storing:
+                b.durable = b.durable or b.staged_last
         self.batch_new.clear()
         return refused
 

@@ -20,23 +20,29 @@ from ..wire import protocol
 from ..wire.protocol import History, JobRef, JobSetting, ListJobs, NewJob, Ping, Status
 from .access import Caller
 from .archive import Filters, Query
+from .bulks import Bulk, Storing
 from .engine import Engine, Refused
 
 
 class Deferred:
-    """A reply the archive's reader gives later; the server holds the connection until it comes."""
+    """A reply given later, by the archive's reader (*query*) or by the engine once a bulk is
+    stored (*bulk*); the server holds the connection until it comes."""
 
-    def __init__(self, query: Query):
+    def __init__(self, query: Query | None = None, bulk: Bulk | None = None):
         self.query = query
+        self.bulk = bulk
 
 
 # (engine, caller, validated payload of the handler's own verb, now) -> reply message, or Deferred
 Handler = Callable[[Engine, Caller, Any, float], "dict[str, Any] | Deferred"]
 
 
-def new(engine: Engine, caller: Caller, req: NewJob, now: float) -> dict[str, Any]:
+def new(engine: Engine, caller: Caller, req: NewJob, now: float) -> dict[str, Any] | Deferred:
     """``dispatch new``."""
-    return protocol.ok(**engine.submit(caller, req, now))
+    out = engine.submit(caller, req, now)
+    if isinstance(out, Storing):
+        return Deferred(bulk=out.bulk)
+    return protocol.ok(**out)
 
 
 def list_jobs(engine: Engine, caller: Caller, req: ListJobs, now: float) -> dict[str, Any]:

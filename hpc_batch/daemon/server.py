@@ -167,7 +167,7 @@ class Server:
                     self._requests(conn)
             wake = self.engine.tick(now)
             self._end_turn()   # what the tick did (starts, ends) is made durable and spawned before we sleep
-            if self.engine.resched or self.engine.to_spawn or self.resume:
+            if self.engine.resched or self.engine.to_spawn or self.resume or self.engine.storing:
                 wake = now
             retry = self.engine.retry_at   # (set by the turn's end too: a start put off, out of pids)
             if retry is not None:
@@ -204,16 +204,18 @@ class Server:
                     if kind == "conn":
                         self._close(arg)
             self.streams.poll()
-            self._end_turn()
+            self._end_turn(bulks=True)   # one slice of a bulk a turn of the loop, answers in between
             self._expire_idle()
             self._resume_accepting()
         return self.stop_reason
 
-    def _end_turn(self) -> None:
+    def _end_turn(self, bulks: bool = False) -> None:
         """Start what this turn's ends made room for, commit the turn's changes (one fsync for all),
         then spawn, sending the replies that waited on the commit while the first shepherd is forked."""
         assert self.engine is not None
         now = time.time()
+        if bulks:
+            self.engine.store_bulks(now)
         self.engine.reschedule(now)
         refused = self.engine.commit_turn(now)
         # The fork is asked for first, so it is under way while the replies wake their clients;
@@ -221,6 +223,14 @@ class Server:
         self.engine.spawn_turn(now, lambda: self._send_held(refused))
         if self.held_replies:         # replies the spawns gave rise to; spawn_turn committed their cause
             self._send_held(self.engine.commit_turn(now))
+        for conn, answer in self.engine.take_bulk_replies():
+            if not conn.open() or not conn.deferred:
+                continue
+            conn.deferred = False
+            self._reply(conn, protocol.error(str(answer), answer.code) if isinstance(answer, Refused)
+                        else protocol.ok(**answer))
+            if conn.open() and conn.decoder.pending:
+                self.resume.append(conn)   # requests it pipelined behind the submit
 
     def _send_held(self, refused: set[int]) -> None:
         held, self.held_replies = self.held_replies, []
@@ -282,8 +292,8 @@ class Server:
                 rlog.warning(f"slow-{conn.caller.uid}", "uid %d took over %ds to send one request; dropped",
                              conn.caller.uid, FRAME_DEADLINE)
                 self._close(conn)
-            elif not conn.held and now - conn.last > IDLE_TIMEOUT:
-                self._close(conn)
+            elif not conn.held and not conn.deferred and now - conn.last > IDLE_TIMEOUT:
+                self._close(conn)   # (a deferred reply is on its way: a bulk being stored, a query)
             elif conn.out and now - conn.last > IDLE_TIMEOUT:
                 self._close(conn)   # an attach, a watch or an answered wait that stopped reading
 
@@ -477,7 +487,13 @@ class Server:
                     self.streams.watch(conn)
                     continue
                 reply = HANDLERS[op](self.engine, conn.caller, payload, now)
+                if isinstance(reply, Deferred) and reply.bulk is not None:
+                    reply.bulk.token = conn
+                    conn.deferred = True   # answered from _end_turn once it is stored
+                    self.engine.run_pending(now)
+                    return
                 if isinstance(reply, Deferred):
+                    assert reply.query is not None   # the one other kind of Deferred
                     busy = self._ask_archive(conn, reply.query)
                     if busy is None:
                         conn.deferred = True   # answered from _archive_done

@@ -115,19 +115,23 @@ def _check_meta(data) -> None:
 class Shared:
     """What the jobs of one submit share, stored once: see the module docstring."""
 
-    __slots__ = ("key", "argv", "base", "secret", "refs", "unstarted")
+    __slots__ = ("key", "argv", "base", "secret", "refs", "unstarted", "pending")
 
-    def __init__(self, key: int, argv: list | None, base: dict, secret: bool):
+    def __init__(self, key: int, argv: list | None, base: dict, secret: bool, pending: bool = False):
         self.key = key              # the submit's first job id
         self.argv = argv            # an --array's command, the very list its jobs hold; None: each has its own
         self.base = base            # PATH and LANG for the clean environment
         self.secret = secret        # env/<key> holds a forwarded environment
         self.refs = 0               # live job records that refer to it
         self.unstarted = 0          # of them, jobs that have not started (they still need the environment)
+        self.pending = pending      # a bulk still being stored, a slice a turn: none of it is acknowledged
 
     def record(self) -> dict:
         """Its journal and cache form."""
-        return {"id": self.key, "argv": self.argv, "base": self.base, "secret": self.secret}
+        data = {"id": self.key, "argv": self.argv, "base": self.base, "secret": self.secret}
+        if self.pending:
+            data["pending"] = True
+        return data
 
     @classmethod
     def from_record(cls, data) -> "Shared":
@@ -139,7 +143,7 @@ class Shared:
             raise ValueError("its argv is not a list of strings")
         if not isinstance(base, dict) or not all(isinstance(v, str) for v in base.values()):
             raise ValueError("its base environment is not text")
-        return cls(data["id"], argv, base, bool(data.get("secret")))
+        return cls(data["id"], argv, base, bool(data.get("secret")), data.get("pending") is True)
 
 
 class Sweeper:
@@ -362,24 +366,7 @@ class Store:
         shared: dict[int, dict] = {}
         dropped: set[int] = set()
         if contents is not None:
-            meta: dict = {}
-            for e in contents.entries:
-                self._seq = max(self._seq, e["seq"])
-                if isinstance(e.get("job"), dict) and isinstance(e["job"].get("id"), int):
-                    data = e["job"]
-                    if e.get("same") == "argv" and "argv" not in data:   # a change: its command is the last line's
-                        before = records.get(data["id"])
-                        if before is not None and "argv" in before[1]:
-                            data["argv"] = before[1]["argv"]
-                    records[data["id"]] = (e["seq"], data)
-                    dropped.discard(data["id"])
-                elif isinstance(e.get("shared"), dict) and isinstance(e["shared"].get("id"), int):
-                    shared[e["shared"]["id"]] = e["shared"]
-                elif isinstance(e.get("drop"), int):
-                    records.pop(e["drop"], None)
-                    dropped.add(e["drop"])
-                elif isinstance(e.get("meta"), dict):
-                    meta = e["meta"]
+            meta = self._replay(contents.entries, records, shared, dropped)
             self.batch = contents.batch or 0
             meta = self._checked_meta(meta, "the journal's daemon record")
         else:
@@ -402,8 +389,17 @@ class Store:
         chosen: dict[int, dict] = {}
         stale: set[int] = set()
         recovered, unacked = [], []
+        # A bulk stored a slice per turn that a crash cut short was never acknowledged: none of it stays.
+        cut = {key for key, data in shared.items() if data.get("pending") is True}
+        cut_jobs = []
         for job_id in sorted(set(caches) | set(records)):
             cached = caches.get(job_id)
+            if cut:
+                data = records[job_id][1] if job_id in records else cached
+                if data is not None and _key_of_record(data) in cut:
+                    cut_jobs.append(job_id)
+                    shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
+                    continue
             if job_id in records:
                 seq, data = records[job_id]
                 if cached is not None and isinstance(cached.get("seq"), int) and cached["seq"] >= seq:
@@ -436,6 +432,14 @@ class Store:
         if unacked:
             self.notes.append(f"dropped jobs {_ranges(unacked)}: their submit was never acknowledged "
                               f"(a crash cut the journal's last batch short)")
+        for key in sorted(cut):
+            del shared[key]
+            _unlink(os.path.join(self.shared_dir, f"{key}.json"))
+            _unlink(os.path.join(self.env_dir, str(key)))
+        if cut:
+            self.notes.append(f"dropped jobs {_ranges(cut_jobs) or 'none'} of bulk submits from "
+                              f"{_ranges(sorted(cut))}: a stop or crash cut their storing short, before "
+                              f"they were acknowledged")
         if recovered:
             self.notes.append(f"the journal lost acknowledged records (its last whole batch is {self.batch}, "
                               f"job.json files were written up to batch {high}); recovered jobs "
@@ -446,6 +450,29 @@ class Store:
             self.notes.append(f"rebuilt {len(stale)} job.json files from the journal")
         self._sweep()
         return meta, jobs
+
+    def _replay(self, entries: list, records: dict, shared: dict, dropped: set) -> dict:
+        """Fill *records* (id -> (seq, record)), *shared* and *dropped* from the journal's entries,
+        in order; returns the last meta record."""
+        meta: dict = {}
+        for e in entries:
+            self._seq = max(self._seq, e["seq"])
+            if isinstance(e.get("job"), dict) and isinstance(e["job"].get("id"), int):
+                data = e["job"]
+                if e.get("same") == "argv" and "argv" not in data:   # a change: its command is the last line's
+                    before = records.get(data["id"])
+                    if before is not None and "argv" in before[1]:
+                        data["argv"] = before[1]["argv"]
+                records[data["id"]] = (e["seq"], data)
+                dropped.discard(data["id"])
+            elif isinstance(e.get("shared"), dict) and isinstance(e["shared"].get("id"), int):
+                shared[e["shared"]["id"]] = e["shared"]
+            elif isinstance(e.get("drop"), int):
+                records.pop(e["drop"], None)
+                dropped.add(e["drop"])
+            elif isinstance(e.get("meta"), dict):
+                meta = e["meta"]
+        return meta
 
     def _set_aside_journal(self) -> None:
         """Keep a journal shown to have lost records for inspection; the snapshot replaces it."""
@@ -779,9 +806,15 @@ class Store:
         forwarded part (``forward``, ``job_env``) goes to its own root-only
         file, fsynced by the commit that acknowledges them.
         """
-        key = jobs[0].id
+        sh = self.begin_bulk(jobs[0].id, env, argv, pending=False)
+        self.add_slice(sh, jobs, gid)
+
+    def begin_bulk(self, key: int, env: dict, argv: list | None, pending: bool = True) -> Shared:
+        """Stage the shared record of a submit whose first job is *key*. *pending*: a bulk stored a
+        slice per turn (:meth:`add_slice`), acknowledged by :meth:`end_bulk`; a start-up finds a bulk
+        still pending cut short, and drops all of it. On OSError nothing stays."""
         forward, job_env = env.get("forward"), env.get("job_env") or {}
-        sh = Shared(key, argv, dict(env.get("base") or {}), forward is not None or bool(job_env))
+        sh = Shared(key, argv, dict(env.get("base") or {}), forward is not None or bool(job_env), pending)
         self._shared[key] = sh
         try:
             if sh.secret:
@@ -790,6 +823,15 @@ class Store:
             self._write_shared(sh)
             self._seq += 1
             self._stage(key, {"seq": self._seq, "shared": sh.record()})
+        except OSError:
+            self._drop_shared(sh)
+            raise
+        return sh
+
+    def add_slice(self, sh: Shared, jobs: list, gid: int | None) -> None:
+        """Store jobs of the submit *sh* stands for, staged for this turn's commit. On OSError none
+        of them stays, nor (unless it is a pending bulk's, which :meth:`abort_bulk` ends) *sh*."""
+        try:
             for job in jobs:
                 self.create_job_dir(job.id, gid)
                 self._fresh.add(job.id)
@@ -800,9 +842,27 @@ class Store:
             self.forget(ids)
             for job_id in ids:
                 self.remove_job(job_id)
-            if key in self._shared:
+            if sh.key in self._shared and not sh.pending:
                 self._drop_shared(sh)
             raise
+
+    def end_bulk(self, sh: Shared) -> None:
+        """The last slice of a pending bulk is staged: its shared record, no longer pending, goes in
+        the same batch, which acknowledges the whole bulk at once."""
+        sh.pending = False
+        self._write_shared(sh)
+        self._seq += 1
+        self._stage(sh.key, {"seq": self._seq, "shared": sh.record()})
+
+    def abort_bulk(self, sh: Shared, ids: Iterable[int]) -> None:
+        """Give up a pending bulk: the jobs stored of it go (drop lines where the journal holds
+        them), and its shared record with them; never acknowledged, so nothing is lost."""
+        ids = set(ids)
+        self.forget(ids)
+        for job_id in sorted(ids):
+            self.remove_job(job_id)
+        if sh.key in self._shared:
+            self._drop_shared(sh)
 
     def _write_env(self, key: int, env: dict) -> None:
         write_atomic(os.path.join(self.env_dir, str(key)), _dump(env), mode=0o600, durable=False)

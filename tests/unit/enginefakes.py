@@ -9,9 +9,10 @@ import json
 import os
 import pwd
 import shutil
+import types
 
 from hpc_batch.core import jobs, resources
-from hpc_batch.daemon import launcher
+from hpc_batch.daemon import bulks, launcher
 from hpc_batch.daemon.access import Caller
 from hpc_batch.daemon.engine import Engine
 from hpc_batch.daemon.main import Config
@@ -129,6 +130,32 @@ class MemoryStore:
                 self.remove_job(job.id)
             raise
 
+    def begin_bulk(self, key, env, argv, pending=True):
+        """A bulk stored a slice per turn: its environment, known by its first id."""
+        if self.fail_writes:
+            raise OSError(28, "No space left on device")
+        self.env[key] = env
+        return types.SimpleNamespace(key=key, env=env, pending=pending)
+
+    def add_slice(self, sh, new_jobs, gid):
+        try:
+            for job in new_jobs:
+                self.create_job_dir(job.id, gid)
+                self.save_job(job)
+                self.env[job.id] = sh.env
+        except OSError:
+            for job in new_jobs:
+                self.remove_job(job.id)
+            raise
+
+    def end_bulk(self, sh):
+        sh.pending = False
+
+    def abort_bulk(self, sh, ids):
+        for job_id in list(ids):
+            self.remove_job(job_id)
+        self.env.pop(sh.key, None)
+
     def commit(self, now=None):
         if self.commit_error:
             raise self.commit_error
@@ -244,3 +271,18 @@ class FakePasswd:
             if entry.pw_name == name:
                 return entry
         raise KeyError(f"getpwnam(): name not found: {name!r}")
+
+
+def answered(eng, out, now):
+    """What Engine.submit answers, a bulk stored a slice per turn driven to its reply as the
+    server's loop drives it (a slice, then the turn's commit); a refusal is raised."""
+    if not isinstance(out, bulks.Storing):
+        return out
+    out.bulk.token = out
+    while out.bulk in eng.storing:
+        eng.store_bulks(now)
+        eng.commit_turn(now)
+    [reply] = [r for token, r in eng.take_bulk_replies() if token is out]
+    if isinstance(reply, Exception):
+        raise reply
+    return reply

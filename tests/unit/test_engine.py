@@ -12,7 +12,7 @@ import os
 import pwd
 
 import pytest
-from enginefakes import ROOT, T0, FakeLauncher, Hooks, MemoryStore, TurnEngine
+from enginefakes import ROOT, T0, FakeLauncher, Hooks, MemoryStore, TurnEngine, answered
 
 from hpc_batch import defaults
 from hpc_batch.core import jobs, resources
@@ -45,7 +45,7 @@ def world(tmp_path, monkeypatch):
 def submit(eng, now=T0, **kw):
     args = dict(argv=("true",), cwd="/tmp", no_output=True)
     args.update(kw)
-    return eng.submit(ROOT, NewJob(**args), now)
+    return answered(eng, eng.submit(ROOT, NewJob(**args), now), now)
 
 
 def start_pending(eng, now=T0):

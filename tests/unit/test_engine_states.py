@@ -45,6 +45,7 @@ from enginefakes import (
     Hooks,
     InstantArchive,
     MemoryStore,
+    answered,
     make_config,
     make_machine,
 )
@@ -405,7 +406,7 @@ class EngineStates(RuleBasedStateMachine):
 
         def event():
             try:
-                return self.eng.submit(caller, req, self.now)
+                return answered(self.eng, self.eng.submit(caller, req, self.now), self.now)
             finally:
                 self.eng.run_pending(self.now)     # the decision made while answering, after the reply
         reply, refused = self._turn(event)

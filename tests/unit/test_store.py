@@ -520,3 +520,48 @@ def test_a_reloaded_daemon_owes_the_lines_of_the_jobs_it_finds_unfinished(tmp_pa
         _add(s, i)
     s.commit()
     assert s.owed > 0 and abs(_reopen(tmp_path, s).owed - s.owed) < s.owed / 10   # counted from the loaded records
+
+
+def _bulk(s, first, count, per_slice, end=True):
+    """A bulk stored a slice per commit, as the engine stores one (bulks.py)."""
+    sh = s.begin_bulk(first, {"base": {"PATH": "/bin"}}, ["true"])
+    for at in range(first, first + count, per_slice):
+        s.add_slice(sh, [_job(i, argv=sh.argv, first=first) for i in range(at, min(at + per_slice, first + count))],
+                    None)
+        if at + per_slice >= first + count and end:
+            s.end_bulk(sh)
+        s.commit()
+    return sh
+
+
+def test_a_bulk_stored_over_many_commits_is_loaded_whole_once_ended(tmp_path):
+    s = _open(tmp_path)
+    _add(s, 1)
+    _bulk(s, 2, 10, 3)
+    s.commit()
+    again = _reopen(tmp_path, s)
+    assert [j.id for j in again.load_jobs()] == list(range(1, 12))
+    assert not any("bulk" in n for n in again.notes), again.notes
+
+
+def test_a_bulk_cut_short_mid_way_leaves_none_of_it(tmp_path):
+    """G9: a crash (or a stop) before the last slice's commit: the bulk was never acknowledged."""
+    s = _open(tmp_path)
+    _add(s, 1)
+    s.commit()
+    _bulk(s, 2, 10, 3, end=False)            # 4 slices committed, its end never
+    s._snapshot()                            # a compaction meanwhile keeps it pending too
+    again = _reopen(tmp_path, s)
+    assert [j.id for j in again.load_jobs()] == [1]
+    assert any(n.startswith("dropped jobs 2-11 of bulk submits from 2:") for n in again.notes), again.notes
+    assert sorted(os.listdir(os.path.join(tmp_path, "jobs"))) == ["1"]
+    assert not os.path.exists(os.path.join(tmp_path, "shared", "2.json"))
+    assert [j.id for j in _reopen(tmp_path, again).load_jobs()] == [1]   # and it stays gone
+
+
+def test_an_aborted_bulk_drops_what_it_stored(tmp_path):
+    s = _open(tmp_path)
+    sh = _bulk(s, 1, 6, 2, end=False)
+    s.abort_bulk(sh, range(1, 7))
+    s.commit()
+    assert _reopen(tmp_path, s).load_jobs() == []
