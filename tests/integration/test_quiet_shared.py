@@ -14,6 +14,7 @@ import os
 import subprocess
 
 import pytest
+from ci_host import require
 from conftest import wait_for
 
 from hpc_batch.core.cputopo import parse_cpulist
@@ -74,12 +75,11 @@ class Fake:
 
 @pytest.fixture
 def fake(scratch):
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs 2 CPUs: two benchmark jobs side by side")
-    if not os.path.isdir("/sys/devices/system/cpu/cpufreq") or subprocess.run(
+    require(len(os.sched_getaffinity(0)) >= 2, "needs 2 CPUs: two benchmark jobs side by side")
+    require(os.path.isdir("/sys/devices/system/cpu/cpufreq") and subprocess.run(
             ["unshare", "-m", "--propagation", "private", "--", "mount", "--bind", scratch, "/proc/irq"],
-            capture_output=True).returncode != 0:
-        pytest.skip("needs root that may bind-mount over /proc/irq in a new mount namespace")
+            capture_output=True).returncode == 0,
+            "needs cpufreq and root that may bind-mount over /proc/irq in a new mount namespace")
     return Fake(os.path.join(scratch, "fake"))
 
 
