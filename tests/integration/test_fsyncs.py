@@ -50,7 +50,8 @@ def test_fsyncs_per_job(daemon_factory, users, scratch):
     trace = os.path.join(scratch, "fsyncs.trace")
     d = daemon_factory("--reserve-cpu", "0", "--reserve-mem", "0",
                        wrap=[strace, "-f", "-qq", "-y", "-e",
-                             "trace=fsync,fdatasync,unlink,unlinkat,rename,renameat,renameat2,execve", "-o", trace])
+                             "trace=fsync,fdatasync,unlink,unlinkat,rename,renameat,renameat2,execve,execveat", "-o",
+                             trace])
     try:
         _measure(d, scratch, trace)
         _log_before_buffer(d, scratch, trace)
@@ -128,5 +129,6 @@ def _start_order(d, job, trace):
                     "rename of the launch spec", spec)
     first(synced(f"{d.state_dir}/journal>"), "journal commit after the launch spec's rename", renamed)
     pid_synced = first(synced(f"{jdir}/shepherd.pid>"), "fsync of the pidfile")
-    ran = first(lambda call, args: call == b"execve" and b'["echo", "kept"]' in args, "exec of the job")
+    ran = first(lambda call, args: call in (b"execve", b"execveat") and b'["echo", "kept"]' in args,
+                "exec of the job")   # execveat: the child runs the very file it resolved (fexecve)
     assert pid_synced < ran, "the job ran before its pidfile was durable"
