@@ -163,6 +163,52 @@ def _bench_args(a) -> dict:
     return out
 
 
+def _meant_as_mode(word: str, rest: list) -> bool:
+    """Whether the word after a bare ``--benchmark`` was meant as its mode, not as the command:
+    a ``--`` still follows it, or it is a near miss of warn or strict (``stirct``)."""
+    if "--" in rest:
+        return True
+    return any(_near(word.lower(), mode) for mode in ("warn", "strict"))
+
+
+def _near(a: str, b: str) -> bool:
+    """At most two edits (insert, delete, change, or swap of neighbours) apart."""
+    if abs(len(a) - len(b)) > 2:
+        return False
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[-1] <= 2
+
+
+def _values_given(argv: list) -> None:
+    """Refuse an option of ``new`` that takes a value but is followed by ``--`` or nothing:
+    docopt would only say the command is missing."""
+    from .argscan import options
+    takes = {n for o in options(SUBCOMMANDS["new"]) if o.takes_value for n in o.names}
+    i = 1
+    while i < len(argv):
+        word = argv[i]
+        if word == "--" or not word.startswith("-"):
+            return
+        if word in takes:
+            if i + 1 >= len(argv) or argv[i + 1] == "--":
+                raise UsageError(f"{word} needs a value, e.g. {word} {_EXAMPLE.get(word, 'VALUE')} "
+                                 f"(see dispatch new --help)")
+            i += 1
+        i += 1
+
+
+_EXAMPLE = {"--cpu": "4", "--max-mem": "8G", "--max-time": "2h", "--gpu-cores": "1", "--name": "prep",
+            "--after": "12", "--after-ok": "12", "--array": "1-10", "--output": "logs/"}
+
+
 def bare_benchmark(argv: list) -> list:
     """``--benchmark`` written alone (before the command) as ``--benchmark=warn``, and
     ``--benchmark strict`` as ``--benchmark=strict``: docopt knows no option whose value may be
@@ -178,6 +224,9 @@ def bare_benchmark(argv: list) -> list:
         if word == "--benchmark":
             if i + 1 < len(out) and out[i + 1] in ("warn", "strict"):   # --benchmark strict
                 out[i:i + 2] = [f"--benchmark={out[i + 1]}"]
+            elif i + 1 < len(out) and not out[i + 1].startswith("-") and _meant_as_mode(out[i + 1], out[i + 2:]):
+                raise UsageError(f"--benchmark {out[i + 1]!r}: expected warn or strict (a bare --benchmark "
+                                 f"is warn; the command goes after '--')")
             else:
                 out[i] = "--benchmark=warn"
         elif word in takes:
@@ -221,10 +270,13 @@ def cmd_new(conn, a) -> int:
         raise UsageError("give --after or --after-ok, not both")
     deps = a["--after"] if a["--after"] is not None else a["--after-ok"]
     if deps is not None:
-        args["after"] = [job_ref(word.strip()) for word in deps.split(",") if word.strip()]
+        flag = "--after" if a["--after"] is not None else "--after-ok"
+        words = [word.strip() for word in deps.split(",")]
+        if not all(words):
+            raise UsageError(f"{flag} {deps!r}: an empty job between commas; give job ids or names, "
+                             f"comma-separated, e.g. {flag} 12,prep")
+        args["after"] = [job_ref(word) for word in words]
         args["after_ok"] = a["--after-ok"] is not None
-        if not args["after"]:
-            raise UsageError("--after and --after-ok take job ids or names, comma-separated")
     if a["--max-time"] is not None:
         from ..core.durations import DurationError, parse_duration
         try:
@@ -606,8 +658,13 @@ def main(argv=None) -> int:
     """Entry point of ``dispatch``."""
     args = sys.argv[1:] if argv is None else list(argv)
     verb = args[0] if args and args[0] in COMMANDS else None
-    if verb == "new" and "--benchmark" in args:
-        args = bare_benchmark(args)
+    if verb == "new":
+        try:
+            if "--benchmark" in args:
+                args = bare_benchmark(args)
+            _values_given(args)
+        except UsageError as exc:
+            return Out("--json" in args).fail(str(exc), EX_USAGE, "usage")
     sub = (scan(args, "new", SUBCOMMANDS["new"]) if verb == "new" else
            scan_flags(args, "list", SUBCOMMANDS["list"], "<job>") if verb == "list" else None)
     return run(verb, sub or _docopt(args, verb))

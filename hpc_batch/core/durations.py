@@ -1,5 +1,7 @@
 """Durations as users type them: ``3600``, ``45m``, ``2h``, ``1h30m``, ``1d``."""
 
+from ..bounds import MAX_SECONDS
+
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _PART = r"([0-9]+)([dhms])"
 
@@ -30,6 +32,9 @@ def parse_duration(text: str) -> int:
             raise DurationError(_message(text))
     if value <= 0:
         raise DurationError(f"duration {text!r} must be longer than zero seconds")
+    if value > MAX_SECONDS:
+        raise DurationError(f"duration {text!r} is longer than the {MAX_SECONDS // (365 * 86400)} years "
+                            f"any job may be given")
     return value
 
 

@@ -11,6 +11,8 @@ from shepherd.sizes import KiB, TiB
 from shepherd.sizes import MiB as MiB
 from shepherd.sizes import format_size as format_size  # the one formatter (the shepherd's too: see there)
 
+from ..bounds import MAX_MEM
+
 _SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?"
 UNITS = {"K": KiB, "M": MiB, "G": GiB, "T": TiB}
 
@@ -29,6 +31,9 @@ def parse_size(text: str, default_unit: str = "G", allow_zero: bool = False) -> 
     value = int(float(m.group(1)) * UNITS[unit])
     if value < 0 or (value == 0 and not allow_zero):
         raise SizeError(f"{text!r}: must be more than zero")
+    if value > MAX_MEM:
+        raise SizeError(f"{text!r}: larger than any machine's memory or disk (at most 1 EiB; "
+                        f"a bare number is in {default_unit}iB)")
     return value
 
 
