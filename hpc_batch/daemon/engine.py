@@ -168,6 +168,8 @@ class Engine:
         for job in jobs:   # what a crash kept from the archive; the writer skips those it has
             if job.state == FINISHED and job.id in self.jobs:
                 self._archive(job, if_absent=True)
+                if job.output_error:   # a kept buffer counts against its owner's share, as before
+                    self._hold_output(job, job.ended or time.time())
         self.dev.prune(set(table.queued) | set(table.running) | table.waiting)
         if self.cfg.cgroups:
             gone = cgroups.prune(self.cfg.cgroup_root, set(table.running))
@@ -1035,7 +1037,7 @@ class Engine:
             else:
                 launcher.kill_orphaned_job(jdir)
             if job.output is not None and os.path.exists(kept):
-                job.output_error = "its shepherd died before delivering it"   # where it is kept: _end
+                job.output_error = f"its shepherd died before delivering it; the output is kept at {kept}"
             note = shepherd_gone or "its shepherd was killed before the job ended"
             self._finish(job, Result(OOM if oom else kind, note=note), now)
             return
@@ -1083,7 +1085,7 @@ class Engine:
             return  # record lost in a crash; the buffer goes only after a full copy
         if job.output is not None and not (delivery and delivery.ok):
             why = (delivery.error if delivery else None) or "its delivery was interrupted"
-            job.output_error = why   # where the output is kept: _end says
+            job.output_error = f"{why}; the output is kept at {kept}"
 
     def _finish(self, job: Job, result: Result, now: float) -> None:
         """End *job* with *result*, then look at the jobs waiting on it (a bounded number now)."""
@@ -1100,8 +1102,6 @@ class Engine:
         handle = self._move(job, FINISHED, now, result)
         if handle is not None:
             self._unquiet(job)
-        if job.output_error is not None:
-            self._keep_output(job)
         try:
             # Durable only when no exit record stands behind it (errors decided here).
             has_record = os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT))
@@ -1120,6 +1120,8 @@ class Engine:
                 os.unlink(os.path.join(jdir, records.OUTPUT))
             except OSError:
                 pass
+        else:
+            self._hold_output(job, now)
         self.dev.remove(job.id)
         log.info("job %d finished: %s%s", job.id, exit_column(result),
                  f" ({result.note})" if result.note else "")
@@ -1244,6 +1246,7 @@ class Engine:
         self.to_settle.extend(sorted(self.table.take_dependents(job.id)))
         if job.output_error:
             self._keep_undelivered(job)
+            self._note_dropped()
         self.store.remove_job(job.id)
         self.table.forget([job])
 
@@ -1283,19 +1286,27 @@ class Engine:
                              filters=filters, next_id=self.next_id, now=now)
 
     def _keep_undelivered(self, job: Job) -> None:
-        """An earlier version's job whose undelivered buffer is still in its directory: moved in now."""
+        """An evicted job's undelivered buffer moves from its directory to undelivered/."""
         self.undelivered.keep(job.id, job.user, os.path.join(self.store.job_dir(job.id), records.OUTPUT), time.time())
 
-    def _keep_output(self, job: Job) -> None:
-        """A job that ends with its output undelivered: the buffer goes to undelivered/ now, counted
-        against its owner's share from its end, and the job's record names where it is."""
-        src = os.path.join(self.store.job_dir(job.id), records.OUTPUT)
-        where = self.undelivered.keep(job.id, job.user, src, time.time())
-        if where is None and os.path.exists(self.undelivered.path(job.id, job.user)):
-            where = self.undelivered.path(job.id, job.user)   # moved in before a restart
-        job.output_error = (f"{job.output_error}; the output is kept at {where}" if where else
-                            f"{job.output_error}; the output was not kept: past your share of undelivered "
-                            f"output (--undelivered-per-user) or never written")
+    def _hold_output(self, job: Job, when: float) -> None:
+        """A job ended with its output undelivered: its buffer, kept in its directory (where its user
+        reads it), counts against its owner's --undelivered-per-user from *when*, its end."""
+        self.undelivered.hold(job.id, job.user, os.path.join(self.store.job_dir(job.id), records.OUTPUT), when)
+        self._note_dropped()
+
+    def _note_dropped(self) -> None:
+        """Jobs whose kept buffer the undelivered bounds dropped: their records say so."""
+        for job_id, why in self.undelivered.take_dropped():
+            job = self.jobs.get(job_id)
+            if job is None or not job.output_error:
+                continue
+            job.output_error = f"{job.output_error.split('; the output is kept at ')[0]}; the output was " \
+                               f"dropped ({why})"
+            try:
+                self.store.save_job(job)
+            except OSError:
+                self.unsaved.add(job.id)
 
     # -- changing a job ----------------------------------------------------------
     def job_setting(self, caller: Caller, req: JobSetting, now: float) -> dict[str, Any]:
@@ -1395,6 +1406,7 @@ class Engine:
             self.retry_unsaved()
             wake = now + 2 if wake is None else min(wake, now + 2)
         sweep = self.undelivered.tick(now)   # undelivered/ past its bounds, every few minutes
+        self._note_dropped()
         wake = sweep if wake is None else min(wake, sweep)
         if self.unsettled or self.store.compacting:   # more to do: the loop turns again at once
             wake = now

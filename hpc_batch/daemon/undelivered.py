@@ -2,13 +2,14 @@
 
 When a finished job's output could not be copied to its log (the user's
 directory was gone, full or not writable) the buffer is kept so nothing is
-lost at once: it moves here when the job ends, as
-``output.<id>.<user>.log`` (root's, 0640, readable by the admin group; the
-directory is root-only), and counts against its owner's share from then
-on, however long the job's record is kept (the third review's G1: buffers
-kept in job directories until eviction counted against nothing). Left
-alone this would let any user fill the state filesystem, one failed
-delivery at a time, so the directory is bounded:
+lost at once: in the job's directory while its record is kept (where its
+user reads it, through ``--dev-dir``), and here once the record is evicted
+(``--keep-finished``), as ``output.<id>.<user>.log`` (root's, 0640, readable
+by the admin group; the directory is root-only). It counts against its
+owner's share from the job's end, wherever it is (:meth:`Undelivered.hold`;
+the third review's G1: buffers kept in job directories until eviction
+counted against nothing). Left alone this would let any user fill the
+state filesystem, one failed delivery at a time, so the files are bounded:
 
 - a file older than ``--undelivered-max-age`` (counted from when it was
   moved here) is dropped;
@@ -181,6 +182,31 @@ class Undelivered:
         self.bounds = bounds
         self.next_sweep = 0.0             # the first tick (at start-up) sweeps
         self.held: Held | None = None     # the index, from the last sweep on
+        # Buffers still in their job's directory, counted as if here: name here -> (entry, path).
+        self.in_jobs: dict[str, tuple[Entry, str]] = {}
+        self.dropped: list[tuple[int, str]] = []   # (job id, why) of those dropped: the engine says so
+
+    def hold(self, job_id: int, user: str, src: str, when: float) -> None:
+        """Count a finished job's buffer, kept in its directory at *src*, against its owner's share
+        from *when* (its end), and drop what that puts past a bound. Never raises."""
+        try:
+            st = os.lstat(src)
+        except OSError:
+            return
+        if not stat.S_ISREG(st.st_mode):
+            return
+        e = Entry(os.path.basename(self.path(job_id, user)), st.st_size, when, _owner(user))
+        self.in_jobs[e.name] = (e, src)
+        if self.held is None:
+            self.sweep(when)      # the index, once: it counts this one
+        else:
+            self.held.add(e)
+            self._drop(self.held.trim(e.owner, self.bounds))
+
+    def take_dropped(self) -> list[tuple[int, str]]:
+        """Buffers dropped from job directories since the last call: (job id, why); once."""
+        out, self.dropped = self.dropped, []
+        return out
 
     def path(self, job_id: int, user: str) -> str:
         """Where a job's undelivered output is kept."""
@@ -188,23 +214,27 @@ class Undelivered:
         return os.path.join(self.dir, f"output.{job_id}.{owner}.log" if owner else f"output.{job_id}.log")
 
     def keep(self, job_id: int, user: str, src: str, now: float) -> str | None:
-        """Move a job's undelivered output buffer *src* in, and what that puts past a bound out.
-
-        Returns where it is kept (None: it could not be, or it went at once, being past its
-        owner's whole share). Never raises.
+        """Move a job's undelivered output buffer *src* in, as its record is evicted. One already
+        counted (:meth:`hold`) changes place only; one that was not (an earlier version's) is
+        counted from *now*, and what that puts past a bound goes. Returns where it is kept (None:
+        it could not be, or it went at once, being past its owner's whole share). Never raises.
         """
         dst = self.path(job_id, user)
+        held = self.in_jobs.pop(os.path.basename(dst), None)
         try:
             os.makedirs(self.dir, mode=0o700, exist_ok=True)
             os.rename(src, dst)
-            os.utime(dst, (now, now), follow_symlinks=False)   # its age counts from now
+            when = held[0].mtime if held is not None else now
+            os.utime(dst, (when, when), follow_symlinks=False)   # its age counts from the job's end
             size = os.lstat(dst).st_size
-            fsync_dir(self.dir)   # the job's record will name it here: a power cut must not undo the move
+            fsync_dir(self.dir)   # before the eviction's commit drops the directory it came from
         except OSError as exc:
             if not isinstance(exc, FileNotFoundError):
                 log.error("job %d: cannot keep its undelivered output in %s (%s)", job_id, self.dir, exc)
             return None
         log.info("job %d: its undelivered output (%d bytes) is kept as %s", job_id, size, dst)
+        if held is not None and self.held is not None:
+            return dst            # counted since the job's end: it only changed place
         if self.held is None:
             self.sweep(now)    # the index, once: the file just moved in is in it
         else:
@@ -235,6 +265,11 @@ class Undelivered:
         except OSError as exc:
             log.error("cannot look through %s (%s); will try again", self.dir, exc)
             return
+        for name, (e, path) in list(self.in_jobs.items()):
+            if os.path.lexists(path) and not os.path.lexists(os.path.join(self.dir, name)):
+                entries.append(e)
+            else:
+                del self.in_jobs[name]    # gone with its job, or moved in by another way
         gone = self._drop(to_drop(entries, now, self.bounds))
         self.held = Held([e for e in entries if e.name not in gone])
 
@@ -242,7 +277,10 @@ class Undelivered:
         """Unlink each file, logging why; returns the names gone (one that would not go is kept)."""
         gone = set()
         for e, why in drop:
-            path = os.path.join(self.dir, e.name)
+            in_job = self.in_jobs.pop(e.name, None)
+            path = in_job[1] if in_job is not None else os.path.join(self.dir, e.name)
+            if in_job is not None:
+                self.dropped.append((int(e.name.split(".")[1]), why))
             try:
                 os.unlink(path)
             except FileNotFoundError:

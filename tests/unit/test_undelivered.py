@@ -161,3 +161,26 @@ def test_the_index_agrees_with_a_fresh_sweep_whatever_comes_in():
     assert not fresh, f"the index kept what the bounds drop: {sorted(fresh)}"
     assert held.total <= b.max_total and held.count <= b.max_files
     assert all(n <= b.per_user for n in held.owned.values())
+
+
+def test_a_buffer_kept_in_its_job_directory_counts_from_the_jobs_end(tmp_path):
+    """G1: failed deliveries of jobs still remembered count against their owner's share; past it
+    the oldest goes from its job's directory, and the engine is told which job's it was."""
+    u = Undelivered(str(tmp_path), Bounds(max_total=100 * M, per_user=2 * M, max_age=30 * DAY))
+    jobs = tmp_path / "jobs"
+    bufs = {}
+    for i in range(1, 4):
+        (jobs / str(i)).mkdir(parents=True)
+        bufs[i] = jobs / str(i) / "output"
+        bufs[i].write_bytes(b"x" * M)
+        u.hold(i, "alice", str(bufs[i]), T0 + i)
+    assert not bufs[1].exists() and bufs[2].exists() and bufs[3].exists()
+    [(job, why)] = u.take_dropped()
+    assert job == 1 and "alice's files past --undelivered-per-user" in why
+    assert u.take_dropped() == []
+    u.tick(T0 + 10)                          # a sweep keeps counting them
+    assert u.held.owned["alice"] == 2 * M and bufs[2].exists()
+    # Evicted: it moves in, counted once, its age from the job's end.
+    where = u.keep(2, "alice", str(bufs[2]), T0 + 20)
+    assert where == u.path(2, "alice") and os.path.getmtime(where) == T0 + 2
+    assert u.held.owned["alice"] == 2 * M and u.held.count == 2
