@@ -82,7 +82,11 @@ def allowed_cpus() -> set[int]:
 
 
 def pin(cpus: tuple[int, ...], allowed: set[int]) -> None:
-    """Run the daemon (and what it starts from now on) on ``cpus``; remember ``allowed`` for a re-exec."""
+    """Run the daemon (and what it starts from now on) on ``cpus``, or on all of ``allowed`` when there
+    are none; remember ``allowed`` for a re-exec.
+
+    Unpinning matters too: a reload re-execs in place, keeping the last daemon's mask, so a daemon
+    reloaded into ``--housekeeping-cpus none`` would otherwise stay on the old housekeeping CPUs.
+    """
     os.environ[ALLOWED_ENV] = format_cpulist(allowed)
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+    os.sched_setaffinity(0, cpus or allowed)

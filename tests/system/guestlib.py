@@ -1,7 +1,9 @@
 """Helpers for system tests that drive hpc-batch in the guest as real users."""
 
+import os
 import re
 import shlex
+import threading
 import time
 
 GUEST_BIN = "/opt/bin"
@@ -226,3 +228,145 @@ for n in /sys/devices/system/node/node[0-9]*; do printf 'node %s %s\n' "${n##*no
 
     def node_cores(self, node) -> list:
         return [core for core in self.cores if core <= self.node_cpus[node]]
+
+
+# --- the host's view of the guest's vCPUs (is a guest stall the guest's, or TCG's?) ----------
+
+class VcpuWatch:
+    """Samples, every second from a host thread, how much host CPU each of QEMU's vCPU threads
+    ("CPU 0/TCG", ...) got and how long it waited for one, from /proc/<tid>/schedstat.
+
+    The guest's soft lockup detector measures the time a CPU did not schedule by the guest's
+    clock, which under TCG follows the host's. It cannot tell a CPU that ran kernel code for 49 s
+    (a product or kernel bug) from a vCPU thread the host did not run for 49 s (an overcommitted
+    host: 8 emulated CPUs on 2 cores shared with other guests). These samples can: a stall the
+    host caused shows as a vCPU that *waited* for the host's CPU all along, a real one as a vCPU
+    that *ran* all along.
+    """
+
+    def __init__(self, qemu_pid: int, period: float = 1.0):
+        self.pid = qemu_pid
+        self.period = period
+        self.samples: list[tuple[float, dict[str, tuple[int, int]], str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vcpu-watch", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)
+        return False
+
+    def _sample(self) -> dict[str, tuple[int, int]]:
+        """vCPU name -> (ns run on a host CPU, ns waited on a host run queue), since it started."""
+        out: dict[str, tuple[int, int]] = {}
+        base = f"/proc/{self.pid}/task"
+        try:
+            tids = os.listdir(base)
+        except OSError:
+            return out
+        for tid in tids:
+            try:
+                with open(f"{base}/{tid}/comm") as f:
+                    name = f.read().strip()
+                if not name.startswith("CPU "):
+                    continue
+                with open(f"{base}/{tid}/schedstat") as f:
+                    run, wait = f.read().split()[:2]
+            except (OSError, ValueError):
+                continue
+            out[name.split("/")[0]] = (int(run), int(wait))
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with open("/proc/loadavg") as f:
+                    load = f.read().split()[0]
+            except OSError:
+                load = "?"
+            self.samples.append((time.time(), self._sample(), load))
+            self._stop.wait(self.period)
+
+    def worst(self, since: float = 0.0) -> dict[str, dict[str, float]]:
+        """Per vCPU since *since* (time.time()): the longest stretch in seconds it was starved
+        (waited for the host more than half of each period and ran less than a tenth) and the
+        longest it was busy (ran more than nine tenths of each period)."""
+        out: dict[str, dict[str, float]] = {}
+        runs: dict[str, dict[str, float]] = {}
+        prev = None
+        for at, sample, _load in self.samples:
+            if at < since:
+                prev = (at, sample)
+                continue
+            if prev is not None:
+                span = (at - prev[0]) * 1e9
+                for cpu, (run, wait) in sample.items():
+                    if cpu not in prev[1] or span <= 0:
+                        continue
+                    ran = (run - prev[1][cpu][0]) / span
+                    waited = (wait - prev[1][cpu][1]) / span
+                    cur = runs.setdefault(cpu, {"starved": 0.0, "busy": 0.0})
+                    best = out.setdefault(cpu, {"starved": 0.0, "busy": 0.0})
+                    cur["starved"] = cur["starved"] + span / 1e9 if waited > 0.5 and ran < 0.1 else 0.0
+                    cur["busy"] = cur["busy"] + span / 1e9 if ran > 0.9 else 0.0
+                    for key in cur:
+                        best[key] = max(best[key], cur[key])
+            prev = (at, sample)
+        return out
+
+    def quietest(self, cpu: int, seconds: float, since: float = 0.0) -> tuple[float, float] | None:
+        """(seconds run, seconds waited for the host) of vCPU *cpu* in the *seconds*-long stretch
+        since *since* in which it ran least; None without samples that long."""
+        name = f"CPU {cpu}"
+        points = [(at, sample[name]) for at, sample, _load in self.samples if at >= since and name in sample]
+        best = None
+        lo = 0
+        for hi in range(len(points)):
+            while lo < hi and points[hi][0] - points[lo + 1][0] >= seconds:
+                lo += 1
+            if points[hi][0] - points[lo][0] < seconds:
+                continue
+            ran = (points[hi][1][0] - points[lo][1][0]) / 1e9
+            waited = (points[hi][1][1] - points[lo][1][1]) / 1e9
+            if best is None or ran < best[0]:
+                best = (ran, waited)
+        return best
+
+    def host_stalls(self, dmesg: str, since: float = 0.0) -> tuple[list[str], list[str]]:
+        """The soft lockups in *dmesg* split into those the host caused and the rest.
+
+        A guest CPU that really spun in its kernel for N seconds was executed by its vCPU thread
+        whenever the host let it run, so over those N seconds it ran for a good part of them (on
+        this 2-core host, with 8 vCPUs and other guests, a fifth of the time or more). One whose
+        vCPU thread ran under a tenth of some N-second stretch since *since* did not execute for
+        most of the time the guest counts as stuck: its lockup is the host's (TCG on an
+        overcommitted host), not the guest's. Every other stall report is the guest's."""
+        host, guest = [], []
+        for line in dmesg.splitlines():
+            m = re.search(r"soft lockup - CPU#(\d+) stuck for (\d+)s", line)
+            if not m:
+                guest.append(line)
+                continue
+            cpu, stuck = int(m.group(1)), int(m.group(2))
+            quiet = self.quietest(cpu, stuck, since)
+            if quiet is not None and quiet[0] < 0.1 * stuck:
+                host.append(f"{line.strip()} -- the host ran its vCPU {quiet[0]:.1f}s of its quietest {stuck}s "
+                            f"(it waited {quiet[1]:.1f}s for a host CPU)")
+            else:
+                guest.append(f"{line.strip()} -- its vCPU ran {quiet[0] if quiet else float('nan'):.1f}s of its "
+                             f"quietest {stuck}s")
+        return host, guest
+
+    def report(self, since: float = 0.0) -> str:
+        """One line a vCPU: its worst starved and busy stretches; then the host's load."""
+        worst = self.worst(since)
+        loads = [float(load) for at, _s, load in self.samples if at >= since and load != "?"]
+        lines = [f"{cpu}: longest starved by the host {w['starved']:.0f}s, longest running flat out "
+                 f"{w['busy']:.0f}s" for cpu, w in sorted(worst.items(), key=lambda kv: int(kv[0].split()[1]))]
+        if loads:
+            lines.append(f"host load average 1 min: max {max(loads):.1f} (host CPUs {os.cpu_count()})")
+        return "\n".join(lines)

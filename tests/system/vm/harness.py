@@ -180,7 +180,9 @@ class Guest:
         cpus = self.nodes * self.cpus_per_node
         mem = self.nodes * self.mem_per_node_mb
         argv = [
-            QEMU, "-name", "hpc-batch-test",
+            # debug-threads: the vCPU threads are named ("CPU 0/TCG"), so the host can tell
+            # how much of its CPU each got (guestlib.VcpuWatch).
+            QEMU, "-name", "hpc-batch-test,debug-threads=on",
             "-accel", self.accel, "-cpu", self.cpu_model, "-machine", "q35",
             "-m", "%dM" % mem,
             "-smp", "%d,sockets=%d,cores=%d,threads=%d"
