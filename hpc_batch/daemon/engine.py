@@ -17,6 +17,7 @@ job is a line on its shepherd's control FIFO. An error while acting on one
 job ends that job (as ``error``, with the reason), never the daemon.
 """
 
+import gc
 import logging
 import os
 import pwd
@@ -463,7 +464,16 @@ class Engine:
         """Give the oldest bulk under way this turn's slice: stored, or (once durable) entered."""
         if not self.storing:
             return
-        b = self.storing[0]
+        try:
+            self._bulk_slice(self.storing[0])
+        finally:
+            # The slice's jobs live on: out of the collector's generations (an O(1) move), so that the
+            # full collections a growing heap triggers do not walk 100,000 jobs, about 1 ms each
+            # 300 jobs, while the loop waits (bulks.py). The young ones are collected first.
+            gc.collect(1)
+            gc.freeze()
+
+    def _bulk_slice(self, b: bulks.Bulk) -> None:
         until = time.monotonic() + bulks.SLICE_SECONDS
         if not b.durable:
             if b.staged_last:
