@@ -232,6 +232,10 @@ main() {
     elif [ -e "$prefix" ]; then
         say "left $prefix alone: it is not a venv"
     fi
+    # hpc-batch-install's venvs, one per version; the prefix was the link to one of them.
+    if [ -d "$prefix.versions" ] && [ ! -L "$prefix.versions" ]; then
+        safe_rm "$prefix.versions"
+    fi
     say "done"
     exit 0
 }

@@ -9,10 +9,13 @@ hpc-batch-install``, linked as ``/opt/bin/hpc-batch-install``). One run:
    that contradicts the record is refused unless ``--force``. A prefix,
    bin dir or path spec that anyone but root could change is refused
    outright (find_unsafe), whether given now or recorded;
-2. unless ``--no-pip``: creates the venv if missing, ``pip install
-   --upgrade SPEC`` into it, then re-execs the freshly installed
-   ``hpc-batch-install --no-pip`` so the rest is done by the new version's
-   own code, with the new version's unit file;
+2. unless ``--no-pip``: ``pip install --upgrade SPEC`` into a copy of the
+   venv (a new venv the first time) under ``<prefix>.versions/``, synced to
+   disk, then the prefix, a symlink, switched to it in one rename, so a
+   power cut leaves one version or the other, whole (versions.py); then
+   re-execs the freshly installed ``hpc-batch-install --no-pip`` so the
+   rest is done by the new version's own code, with the new version's
+   unit file;
 3. links the entry points into the bin dir, writes
    ``/etc/profile.d/hpc-batch.sh``, ``/etc/systemd/system/hpc-batch.service``,
    the bash and zsh completion of ``dispatch``, the manual pages
@@ -34,6 +37,7 @@ package version; tests/unit/test_layout.py holds them to it. They are:
   mirrors it) and what --purge may delete;
 - ``texts``: the unit, the PATH snippet, the completion marker (pure);
 - ``host``: the machine's paths, systemctl, groups and the venv's files;
+- ``versions``: one venv per version and the symlink switched between them;
 - ``steps``: the install itself, step by step;
 - ``purge``: --uninstall and --purge (uninstall.sh mirrors is_shepherd);
 - here, the command line: ``main`` and its parser.
@@ -67,7 +71,8 @@ from .common import DEFAULT_BIN_DIR, DEFAULT_PREFIX, DEFAULT_SPEC, DEFAULT_STATE
 from .host import Host, Paths, existing_groups
 from .purge import uninstall
 from .safety import check_root_only
-from .steps import ensure_venv, install, pip_install, reexec_argv
+from .steps import check_prefix, fast_dispatch, install, reexec_argv
+from .versions import prune, stage, switch
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,8 +154,10 @@ def main(argv: list[str] | None = None, host: Host | None = None) -> int:
         check_root_only(choices, explicit, host.paths.record, cwd)
         prefix = Path(choices["prefix"])
         if not args.no_pip:
-            ensure_venv(prefix, host)
-            pip_install(prefix, choices["spec"], host)
+            check_prefix(prefix)
+            prune(prefix, host)   # versions staged by runs a power cut stopped, and older ones no one runs
+            staged = stage(prefix, choices["spec"], host, lambda venv: fast_dispatch(venv, host))
+            switch(prefix, staged, host)
             new = reexec_argv(prefix, choices, args.force)
             if os.access(new[0], os.X_OK):
                 sys.stdout.flush()

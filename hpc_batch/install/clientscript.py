@@ -115,9 +115,14 @@ def rewrite(script: Path) -> str:
     """Rewrite *script* in place (atomically, its mode kept); returns its python. Raises Declined."""
     python = interpreter(script)
     text = render(python, site_paths(python, script))
+    with open(script) as f:
+        if f.read() == text:
+            return python   # written before: a live file is not replaced for nothing
     tmp = script.with_name(f".{script.name}.tmp")
     with open(tmp, "w") as f:
         f.write(text)
+        f.flush()
+        os.fsync(f.fileno())   # on disk before its name is: a power cut leaves the old script or this one
     os.chmod(tmp, os.stat(script).st_mode & 0o7777)
     os.replace(tmp, script)
     return python

@@ -23,6 +23,7 @@ from .host import Host, Paths
 from .safety import safe_to_remove
 from .steps import remove_completions, remove_links
 from .texts import daemon_dirs, exec_start_argv
+from .versions import versions_dir
 
 SHEPHERD = "hpc-batch-shepherd"
 
@@ -214,11 +215,17 @@ def uninstall(choices: dict, host: Host, *, purge: bool) -> None:
     if removed:
         host.note(f"removed links {', '.join(p.name for p in removed)} from {bin_dir}")
     # Last: this very process may be running from that venv.
-    if (prefix / "pyvenv.cfg").is_file():
+    vdir = versions_dir(prefix)
+    if prefix.is_symlink() and os.path.dirname(os.path.realpath(prefix)) == os.path.realpath(vdir):
+        prefix.unlink()   # the link to one of the venvs under vdir, removed below
+        host.note(f"removed {prefix}")
+    elif (prefix / "pyvenv.cfg").is_file() and not prefix.is_symlink():
         shutil.rmtree(prefix)
         host.note(f"removed {prefix}")
-    elif prefix.exists():
+    elif os.path.lexists(prefix):
         host.note(f"left {prefix} alone: it is not a venv")
+    if vdir.is_dir() and not vdir.is_symlink():
+        remove_tree(vdir, host)
     if not purge:
         host.note(f"kept {dirs['state_dir']} (queued jobs and history) and running "
                   "jobs; installing again picks them up, --purge removes them")

@@ -1,11 +1,9 @@
-"""The install's steps: the venv and pip, the links, unit, snippet, completions, the start."""
+"""The install's steps: the links, unit, snippet, completions, the start."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -82,28 +80,12 @@ def remove_links(prefix: Path, bin_dir: Path) -> list[Path]:
     return removed
 
 
-def ensure_venv(prefix: Path, host: Host) -> None:
-    """Create the venv at ``prefix`` unless one is there."""
-    if (prefix / "bin" / "python").exists():
+def check_prefix(prefix: Path) -> None:
+    """Refuse a prefix that is something other than a venv (or the link to one) and not empty."""
+    if (prefix / "bin" / "python").exists() or not os.path.lexists(prefix):
         return
-    if prefix.exists() and any(prefix.iterdir()):
+    if prefix.is_symlink() or (prefix.is_dir() and any(prefix.iterdir())) or not prefix.is_dir():
         raise InstallError(f"{prefix} exists and is not a venv; pick another --prefix")
-    host.note(f"creating a venv at {prefix}")
-    # -I: not the working directory's modules (a user's venv.py, say) as root.
-    rc = subprocess.run([sys.executable, "-I", "-m", "venv", str(prefix)]).returncode
-    if rc != 0:
-        raise InstallError(f"could not create a venv at {prefix} (on Debian/Ubuntu: "
-                           "apt-get install python3-venv)")
-
-
-def pip_install(prefix: Path, spec: str, host: Host) -> None:
-    """``pip install --upgrade spec`` into the venv."""
-    host.note(f"pip install --upgrade {spec} into {prefix}")
-    # -I keeps the working directory off sys.path: a pip/ there would run as root.
-    rc = subprocess.run([str(prefix / "bin" / "python"), "-I", "-m", "pip", "install",
-                         "--disable-pip-version-check", "--upgrade", spec]).returncode
-    if rc != 0:
-        raise InstallError(f"pip could not install {spec!r}; nothing else was changed")
 
 
 def reexec_argv(prefix: Path, choices: dict, force: bool) -> list[str]:

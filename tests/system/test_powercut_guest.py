@@ -8,7 +8,7 @@ loses of a disk without a volatile cache: the guest's page cache and the
 requests in flight, never what was flushed. (``cache=unsafe``, the other
 tests' mode, would drop flushes and could lose what the daemon fsynced.)
 
-Each cut lands in one of four kinds of work, in turn:
+Each cut lands in one of five kinds of work, in turn:
 
 ``burst``   alice and bob each submit single jobs back to back (a loop of
             ``dispatch new``); every line dispatch printed goes to the host
@@ -21,6 +21,19 @@ Each cut lands in one of four kinds of work, in turn:
 ``output``  a job writing a few MiB to a log (under ``--max-output-buffer``,
             so the shepherd copies its buffer at the end), cut once the
             copy has reached a random size in the guest.
+``upgrade`` jobs running and queued, alice and bob submitting (paced, each
+            acknowledged line at the host at once), and ``hpc-batch-install
+            --spec WHEEL`` upgrading the package under the running daemon
+            and reloading it: from this checkout's wheel to the same tree
+            one version higher (test_upgrade_guest.build_next_wheel), or
+            back, whichever is not installed. The cut lands a random
+            instant (0 to 1.5 s) after a stage of the installer's output
+            reached the host, each stage in turn from a random one: its
+            start, the venv's copy, pip's steps (the old version's files
+            removed, the new ones written), the prefix switched, the links,
+            the reload, the end. The first upgrade
+            also moves the install from the older layout (the prefix a venv
+            itself) to the installer's versioned one.
 
 Every job appends its id to ``~/runs`` and fsyncs it before it exits with
 ``id % 5``. After each reboot (the daemon must come up on its own, with no
@@ -31,14 +44,22 @@ own and belongs to a job that ran (a job that ended "error", never run, must
 have no line in ``runs``; such jobs are listed with the results); that
 every job that ran is known; and
 that each delivered log is whole, or else its buffer is kept and named in
-``list``.
+``list``. After an ``upgrade`` cut, also that the daemon runs one version,
+whole, never a mix: the one the prefix names, either the version before the
+upgrade or the one after; the venv its command line names is that one; every
+file of that venv's site-packages is the one its RECORD names (a half-written
+or replaced file shows), with no package source the RECORD does not list; the
+venv's scripts name no other venv; and the daemon's "ready" line and
+``dispatch --version`` say the version the files say.
 
 A broken guarantee is printed when it is seen and the cuts go on; the test
 fails at the end with all of them, each with the cut after which it showed.
 
-``$HPC_BATCH_POWERCUT_CUTS`` sets the number of cuts (default 4, one of each
-kind; 50 for the long run) and ``$HPC_BATCH_POWERCUT_SEED`` the random
-seed (printed with the results, so a failing run can be repeated).
+``$HPC_BATCH_POWERCUT_CUTS`` sets the number of cuts (default 5, one of each
+kind; 50 for the long run), ``$HPC_BATCH_POWERCUT_KINDS`` the kinds taken in
+turn (comma-separated, default all five; ``upgrade`` alone to iterate on it)
+and ``$HPC_BATCH_POWERCUT_SEED`` the random seed (printed with the results,
+so a failing run can be repeated).
 """
 
 import collections
@@ -55,13 +76,19 @@ import time
 import pytest
 from guestlib import GUEST_BIN, dispatch, set_flags, wait_for
 from harness import Guest
+from test_upgrade_guest import PREFIX, build_next_wheel
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CUTS = int(os.environ.get("HPC_BATCH_POWERCUT_CUTS", "4"))
+CUTS = int(os.environ.get("HPC_BATCH_POWERCUT_CUTS", "5"))
 SEED = int(os.environ.get("HPC_BATCH_POWERCUT_SEED") or time.time_ns() % 1_000_000)
-KINDS = ("burst", "drain", "reload", "output")
+ALL_KINDS = ("burst", "drain", "reload", "output", "upgrade")
+KINDS = tuple(k for k in os.environ.get("HPC_BATCH_POWERCUT_KINDS", ",".join(ALL_KINDS)).split(",") if k)
+# The lines of the installer's output (its own and pip's) an upgrade cut follows, in order; "" is its start.
+UPGRADE_STAGES = ("", "copying ", "Processing ", "Attempting uninstall", "Successfully uninstalled",
+                  "Successfully installed", " now names ", " linked ", "reloading the running daemon",
+                  " is installed;")
 USERS = ("alice", "bob")
 CACHE = "writethrough"
 FLAGS = ("--keep-finished", "1000000", "--max-output-buffer", "8M")
@@ -72,7 +99,7 @@ PATTERN = b"0123456789abcdef\n"
 JOB = ('sleep "$1"; echo "$HPC_BATCH_JOB_ID" >> "$HOME/runs" && sync "$HOME/runs"; '
        'exit $((HPC_BATCH_JOB_ID % 5))')
 BURST = """#!/bin/sh
-# burst CUT: submit single jobs back to back; each line dispatch printed goes to the host at once
+# burst CUT [PAUSE]: submit single jobs back to back; each line dispatch printed goes to the host at once
 job='%s'
 i=0
 while :; do
@@ -80,8 +107,62 @@ while :; do
     name="b$1-$(id -un)-$i"
     out=$(%s/dispatch new --no-output --name "$name" -- sh -c "$job" job 0) || exit 1
     echo "$name $out" >> "/mnt/host/acks-$1"
+    # Pacing, not a wait: an upgrade's submits spread over its minute or two without flooding the queue.
+    [ -z "$2" ] || sleep "$2"
 done
 """ % (JOB, GUEST_BIN)
+
+# Run in the guest by the venv the prefix names (argv: that venv, the daemon's pid): what that venv is,
+# and whatever in it is not of one version, whole.
+VENV_CHECK = r"""
+import base64, csv, glob, hashlib, json, os, re, sys
+real, pid = sys.argv[1], sys.argv[2]
+bad, listed = [], set()
+sps = glob.glob(os.path.join(real, "lib", "python3*", "site-packages"))
+for sp in sps:
+    for record in glob.glob(os.path.join(sp, "*.dist-info", "RECORD")):
+        with open(record, newline="") as f:
+            for row in csv.reader(f):
+                if len(row) < 2 or row[0].startswith(".."):
+                    continue   # the scripts in bin/: the installer rewrites dispatch, checked below
+                path = os.path.normpath(os.path.join(sp, row[0]))
+                listed.add(path)
+                if not row[1]:
+                    continue   # RECORD itself, and what pip compiled
+                algo, _, want = row[1].partition("=")
+                try:
+                    with open(path, "rb") as g:
+                        got = base64.urlsafe_b64encode(hashlib.new(algo, g.read()).digest()).rstrip(b"=").decode()
+                except OSError as exc:
+                    bad.append(f"{path}: {exc}")
+                    continue
+                if got != want:
+                    bad.append(f"{path}: not the file its RECORD names")
+    for pkg in ("hpc_batch", "shepherd"):
+        for path in glob.glob(os.path.join(sp, pkg, "**", "*.py"), recursive=True):
+            if os.path.normpath(path) not in listed:
+                bad.append(f"{path}: no RECORD lists it")
+version = dist = None
+for sp in sps:
+    with open(os.path.join(sp, "hpc_batch", "__init__.py")) as f:
+        version = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
+    for info in glob.glob(os.path.join(sp, "hpc_batch-*.dist-info")):
+        dist = os.path.basename(info)[len("hpc_batch-"):-len(".dist-info")]
+for script in glob.glob(os.path.join(real, "bin", "*")):
+    if os.path.islink(script) or not os.path.isfile(script):
+        continue
+    with open(script, "rb") as f:
+        for m in re.finditer(re.escape(sys.argv[3]).encode() + rb"[^\s'\x22]*", f.read()):
+            named = m.group().decode()
+            if named != real and not named.startswith(real + "/"):
+                bad.append(f"{script} names {named}, of another venv")
+with open(f"/proc/{pid}/cmdline", "rb") as f:
+    argv0 = f.read().split(b"\0")[0].decode()
+parent = os.path.dirname(real)
+print(json.dumps({"version": version, "dist": dist, "bad": bad,
+                  "daemon_venv": os.path.realpath(os.path.dirname(os.path.dirname(argv0))),
+                  "venvs": sorted(os.listdir(parent)) if parent.endswith(".versions") else []}))
+"""
 
 
 class DiskGuest(Guest):
@@ -132,6 +213,10 @@ class PowerCuts:
         self.results = []      # one line per cut
         self.never_ran = {}    # job id -> why: acknowledged jobs that ended "error" without running
         self.faults = {}       # what broke -> the cut after which it was first seen
+        self.wheels = {}       # version -> its wheel (host path), for the upgrade cuts
+        self.version = None    # the version installed, as the last check found it
+        self.upgrading = None  # (from, to) of the upgrade the last cut landed in
+        self.stage = None      # the stage the next upgrade cut follows: each in turn, from a random one
 
     def boot(self):
         workdir = self.tmp / f"boot{self.boots}"
@@ -161,7 +246,8 @@ class PowerCuts:
         r = self.g.run(f"cat /home/{user}/runs 2>/dev/null || true", timeout=60, check=True)
         return [w for w in r.out.replace("\0", "").split() if w.isdigit()]
 
-    def burst(self, n, rng):
+    def _start_burst(self, n, pause=""):
+        """alice's and bob's burst.sh running; the host file their acknowledged submits go to."""
         acks = os.path.join(self.g.share_dir, f"acks-{n}")
         open(acks, "w").close()
         os.chmod(acks, 0o666)
@@ -170,19 +256,31 @@ class PowerCuts:
         self.g.run("sync", timeout=120, check=True)
         for user in USERS:
             self.g.run(f"systemd-run --quiet --unit hpcb-burst-{n}-{user} --uid {user} "
-                       f"-p WorkingDirectory=/home/{user} /home/{user}/burst.sh {n}", timeout=60, check=True)
-        want = rng.randint(2, 16)
+                       f"-p WorkingDirectory=/home/{user} /home/{user}/burst.sh {n} {pause}",
+                       timeout=60, check=True)
+        return acks
 
-        def lines():
-            with open(acks) as f:
-                return [ln for ln in f.read().split("\n")[:-1]]   # whole lines only
-        wait_for(lambda: len(lines()) >= want, 600, interval=0.02, what=f"{want} acknowledged submits")
-        self.cut()
-        for line in lines():
+    @staticmethod
+    def _ack_lines(acks):
+        with open(acks) as f:
+            return [ln for ln in f.read().split("\n")[:-1]]   # whole lines only
+
+    def _take_acks(self, acks):
+        """What the burst had acknowledged when the power went: all of it must be there after."""
+        lines = self._ack_lines(acks)
+        for line in lines:
             m = re.match(r"(b\d+-(\w+)-\d+) job (\d+) ", line)
             assert m, f"cannot read an acknowledgement from {line!r}"
             self.acked[int(m.group(3))] = (m.group(2), m.group(1))
-        return f"after {len(lines())} acknowledged submits"
+        return len(lines)
+
+    def burst(self, n, rng):
+        acks = self._start_burst(n)
+        want = rng.randint(2, 16)
+        wait_for(lambda: len(self._ack_lines(acks)) >= want, 600, interval=0.02,
+                 what=f"{want} acknowledged submits")
+        self.cut()
+        return f"after {self._take_acks(acks)} acknowledged submits"
 
     def drain(self, n, rng):
         before = len(self._runs("alice"))
@@ -234,6 +332,57 @@ class PowerCuts:
         wait_for(lambda: os.path.exists(go), 900, interval=0.02, what=f"the log of job {job} to reach {at} bytes")
         self.cut()
         return f"with the log of a {size}-byte output at {at}+ bytes"
+
+    def upgrade(self, n, rng):
+        g = self.g
+        to = next(v for v in self.wheels if v != self.version)
+        wheel = f"/root/wheels/{os.path.basename(self.wheels[to])}"
+        if g.run(["test", "-f", wheel], timeout=30).rc != 0:
+            g.run("mkdir -p -m 700 /root/wheels", timeout=30, check=True)
+            with open(self.wheels[to], "rb") as f:
+                g.put_bytes(f.read(), wheel, mode=0o644)
+            g.run("sync", timeout=120, check=True)   # a cut must not leave half a wheel for the next upgrade
+        r = dispatch(g, "bob", "new", "--array", "1-8", "--no-output", "--name", f"u{n}",
+                     "--", "sh", "-c", JOB, "job", "3", timeout=300)
+        m = re.match(r"jobs (\d+)-(\d+): ", r.out)
+        assert r.ok and m, r.describe()
+        for job in range(int(m.group(1)), int(m.group(2)) + 1):
+            self.acked[job] = ("bob", f"u{n}")
+
+        def running():
+            r = dispatch(g, "bob", "list", "--json")
+            return r.ok and any(j["state"] == "running" for j in json.loads(r.out)["jobs"])
+        wait_for(running, 300, what="a job running")
+        acks = self._start_burst(n, pause="0.5")
+        log = os.path.join(g.share_dir, f"upgrade-{n}.log")
+        # The installer's lines reach the host as they are printed (unbuffered, over 9p); its status last.
+        run = (f"PIP_NO_INDEX=1 PYTHONUNBUFFERED=1 {GUEST_BIN}/hpc-batch-install --spec {wheel} "
+               f"> /mnt/host/upgrade-{n}.log 2>&1; echo \"exit $?\" >> /mnt/host/upgrade-{n}.log")
+        if self.stage is None:
+            self.stage = rng.randrange(len(UPGRADE_STAGES))
+        stage, delay = UPGRADE_STAGES[self.stage], rng.uniform(0.0, 1.5)
+        self.stage = (self.stage + 1) % len(UPGRADE_STAGES)
+        started = time.monotonic()
+        g.run(f"systemd-run --quiet --unit hpcb-upgrade-{n} sh -c {shlex.quote(run)}", timeout=60, check=True)
+
+        def text():
+            with open(log, errors="replace") as f:
+                return f.read()
+
+        def reached():
+            out = text() if os.path.exists(log) else ""
+            failed = re.search(r"^exit ([1-9]\d*)$", out, re.M)
+            assert not failed, f"hpc-batch-install failed:\n{out[-4000:]}"
+            return stage in out or "exit 0" in out
+        wait_for(reached, 900, interval=0.02, what=f"the upgrade's output to say {stage!r}")
+        at = time.monotonic() - started
+        # Not a wait for anything: where the cut lands, after the stage.
+        time.sleep(delay)
+        last = ([ln for ln in text().splitlines() if ln.strip()] or ["(nothing yet)"])[-1]
+        self.cut()
+        self.upgrading = (self.version, to)
+        return (f"{delay:.2f} s after {stage or 'its start'!r} ({at + delay:.1f} s into the upgrade "
+                f"{self.version} -> {to}; its last line {last[:100]!r}; {self._take_acks(acks)} submits acknowledged)")
 
     # --- after the reboot --------------------------------------------------------------
 
@@ -309,6 +458,40 @@ class PowerCuts:
                 self.fault(f"job {j['id']} is lost, but not to the cut: {j}")
         return kinds, self._check_outputs(by_id)
 
+    def check_version(self):
+        """After an upgrade cut: the daemon runs one version, whole; which one (an empty string: not an upgrade)."""
+        g = self.g
+        g.put_bytes(VENV_CHECK, "/root/venv-check.py", mode=0o644)
+        r = g.run(f'real=$(readlink -f {PREFIX}) && pid=$(systemctl show -p MainPID --value hpc-batch) && '
+                  f'echo "$real" && "$real/bin/python" -I /root/venv-check.py "$real" "$pid" {PREFIX}', timeout=300)
+        assert r.ok, r.describe()
+        real, got = r.out.strip().split("\n", 1)
+        info = json.loads(got)
+        ready = g.run("journalctl -b -u hpc-batch -o cat --no-pager | grep ' ready on ' | tail -1", timeout=60).out
+        m = re.search(r"hpc-batchd (\S+) ready on", ready)
+        client = dispatch(g, "alice", "--version", timeout=60).out.strip()
+        version = info["version"]
+        for what in info["bad"]:
+            self.fault(f"the installed venv {real} is not whole: {what}")
+        if info["dist"] != version:
+            self.fault(f"{real}: hpc_batch/__init__.py says {version}, its dist-info {info['dist']}")
+        if info["daemon_venv"] != real:
+            self.fault(f"the daemon runs from {info['daemon_venv']}, {PREFIX} names {real}")
+        if not m or m.group(1) != version:
+            self.fault(f"the daemon says {ready.strip()!r}, its files are {version}")
+        if client != f"dispatch {version}":
+            self.fault(f"dispatch --version says {client!r}, the files {version}")
+        if self.upgrading is None:
+            self.version = version
+            return ""
+        before, after = self.upgrading
+        self.upgrading = None
+        if version not in (before, after):
+            self.fault(f"after an upgrade from {before} to {after}, the daemon runs {version}")
+        self.version = version
+        which = "the new version" if version == after else "the old version"
+        return f"came up on {version} ({which}) from {real}; {len(info['venvs'])} venvs under {PREFIX}.versions"
+
     def _check_outputs(self, by_id):
         said = collections.Counter()
         for job, (user, log, size) in self.outputs.items():
@@ -346,6 +529,8 @@ def test_power_cuts(guest_image, project_wheel, tmp_path, request):
     def say(msg):
         (tr.write_line if tr else print)(f"[power cuts] {msg}")
     rng = random.Random(SEED)
+    unknown = set(KINDS) - set(ALL_KINDS)
+    assert KINDS and not unknown, f"HPC_BATCH_POWERCUT_KINDS: no such kinds {sorted(unknown)} (of {ALL_KINDS})"
     say(f"{CUTS} cuts, seed {SEED} (HPC_BATCH_POWERCUT_SEED repeats it), disk cache={CACHE}")
     conftest = _system_conftest(request.config)
     pc = PowerCuts(guest_image, tmp_path, say)
@@ -354,6 +539,11 @@ def test_power_cuts(guest_image, project_wheel, tmp_path, request):
         conftest.install_project(g, project_wheel, str(request.config.rootpath), by_hand=True)
         conftest.make_users(g)
         set_flags(g, FLAGS, how="restart")
+        if "upgrade" in KINDS:
+            pc.check_version()   # the version installed, before any upgrade
+            nxt, version = build_next_wheel(str(request.config.rootpath), tmp_path / "next-src", tmp_path / "next")
+            pc.wheels = {pc.version: project_wheel, version: nxt}
+            say(f"upgrades between {pc.version} and {version}")
         g.run("sync", timeout=300, check=True)   # the install itself must survive the first cut
         for n in range(CUTS):
             kind = KINDS[n % len(KINDS)]
@@ -361,9 +551,11 @@ def test_power_cuts(guest_image, project_wheel, tmp_path, request):
             where = getattr(pc, kind)(n, rng)
             pc.boot()
             kinds, outputs = pc.check()
+            upgraded = pc.check_version() if kind == "upgrade" else ""
             line = (f"cut {n + 1}/{CUTS} ({kind}, {where}): daemon up alone; {len(pc.acked)} acknowledged jobs "
                     f"so far, all there once; results {dict(kinds)}"
                     + (f"; outputs {dict(outputs)}" if outputs else "")
+                    + (f"; {upgraded}" if upgraded else "")
                     + f" ({time.monotonic() - started:.0f} s)")
             pc.results.append(line)
             say(line)

@@ -1,6 +1,8 @@
 """An in-place upgrade under a working daemon: jobs survive, the reloaded daemon runs the new code.
 
-``hpc-batch-install`` upgrades in two halves: pip replaces the package's files
+An upgrade in two halves, as a ``pip install`` by hand into the venv does it
+(``hpc-batch-install`` no longer does: it installs each version into a venv
+of its own and switches to it, hpc_batch/install/versions.py): pip replaces the package's files
 under the running daemon, then the new version's installer (``--no-pip``)
 reloads it. Between the two, the old daemon keeps working on the new files:
 here it collects a job and starts the next one from its queue, which must
@@ -41,13 +43,11 @@ USER = "bob"
 PREFIX = "/opt/hpc-batch"
 
 
-@pytest.fixture(scope="module")
-def next_wheel(request, tmp_path_factory):
-    """(path, version) of a wheel of this tree whose version is one local label higher."""
-    root = str(request.config.rootpath)
+def build_next_wheel(root, src, out):
+    """(path, version) of a wheel of the checkout at *root* whose version is one local label higher,
+    built from a copy in *src* into *out* (both empty directories, pathlib paths)."""
     listed = subprocess.run(["git", "-C", root, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             capture_output=True, check=True, timeout=120).stdout.decode().split("\0")
-    src = tmp_path_factory.mktemp("next-src")
     for rel in filter(None, listed):
         if os.path.isfile(os.path.join(root, rel)):
             os.makedirs(os.path.dirname(src / rel), exist_ok=True)
@@ -57,12 +57,18 @@ def next_wheel(request, tmp_path_factory):
     old = re.search(r'__version__ = "([^"+]+)"', text).group(1)
     new = old + "+upgraded"
     init.write_text(text.replace(f'"{old}"', f'"{new}"'))
-    out = tmp_path_factory.mktemp("next-wheel")
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--disable-pip-version-check",
                            "-w", str(out), str(src)], capture_output=True, text=True, timeout=600)
     wheels = glob.glob(str(out / "hpc_batch-*.whl"))
     assert proc.returncode == 0 and len(wheels) == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
     return wheels[0], new
+
+
+@pytest.fixture(scope="module")
+def next_wheel(request, tmp_path_factory):
+    """(path, version) of a wheel of this tree whose version is one local label higher."""
+    return build_next_wheel(str(request.config.rootpath), tmp_path_factory.mktemp("next-src"),
+                            tmp_path_factory.mktemp("next-wheel"))
 
 
 def held(flag, code):

@@ -759,8 +759,8 @@ def test_install_refuses_paths_others_can_change_before_pip(scratch, capsys, mon
     _owned_by_nobody(theirs)
     ours = root / "root-co"
     ours.mkdir()
-    monkeypatch.setattr(inst, "ensure_venv", _refuse_to_build)
-    monkeypatch.setattr(inst, "pip_install", _refuse_to_build)
+    monkeypatch.setattr(inst, "stage", _refuse_to_build)
+    monkeypatch.setattr(inst, "prune", _refuse_to_build)
     args = ["--prefix", str(prefix), "--bin-dir", str(bin_dir), "--admin-group", "adm"]
 
     assert inst.main([*args, "--spec", str(theirs)], host) == 1
