@@ -361,6 +361,21 @@ class VcpuWatch:
                              f"quietest {stuck}s")
         return host, guest
 
+    def judge(self, reports: list[tuple[str, str]], since: float = 0.0) -> tuple[list[str], list[str]]:
+        """*reports* (a stall report's first line, the dmesg lines that follow it) split into
+        those the host caused and the guest's: soft lockups as `host_stalls` judges them, RCU
+        stalls as `rcu_stall_is_the_hosts` does; every other report is the guest's."""
+        host, guest = [], []
+        for head, block in reports:
+            if "soft lockup" in head:
+                h, g = self.host_stalls(head, since)
+                host += h
+                guest += g
+                continue
+            why = rcu_stall_is_the_hosts(head, block)
+            (host if why else guest).append(f"{head.strip()} -- {why}" if why else head.strip())
+        return host, guest
+
     def report(self, since: float = 0.0) -> str:
         """One line a vCPU: its worst starved and busy stretches; then the host's load."""
         worst = self.worst(since)
@@ -370,3 +385,57 @@ class VcpuWatch:
         if loads:
             lines.append(f"host load average 1 min: max {max(loads):.1f} (host CPUs {os.cpu_count()})")
         return "\n".join(lines)
+
+
+def rcu_stall_is_the_hosts(head: str, block: str) -> str:
+    """Why the RCU stall report starting at *head* (followed in dmesg by *block*) is the host's,
+    or '' if it is not shown to be.
+
+    The report names each stalled CPU with the timer ticks it took in the grace period
+    (`0-....: (1359 ticks this GP)`), the period's length in jiffies (`t=5254 jiffies`), and an
+    NMI backtrace of each stalled CPU with its flags register. A CPU that really held up RCU
+    with interrupts on takes every tick of the period (one a jiffy); one that took fewer than
+    half of them while its backtrace shows interrupts on (IF, 0x200, in EFLAGS) was not being
+    executed for most of the period: under TCG, its vCPU thread was not run by the host. The
+    stall is the host's only if that holds for every stalled CPU."""
+    if "detected stalls on CPUs" not in head:
+        return ""
+    m = re.search(r"t=(\d+) jiffies", block)
+    cpus = re.findall(r"rcu:\s+(\d+)-\S*: \((\d+) ticks this GP\)", block)
+    if not m or not cpus:
+        return ""
+    period = int(m.group(1))
+    why = []
+    for cpu, ticks in cpus:
+        trace = re.search(rf"NMI backtrace for cpu {cpu}\b(.*?)EFLAGS: ([0-9a-f]+)", block, re.S)
+        if not trace or not int(trace.group(2), 16) & 0x200 or int(ticks) * 2 >= period:
+            return ""
+        why.append(f"CPU {cpu} took {ticks} timer ticks of a {period}-jiffy grace period with interrupts on")
+    return "; ".join(why) + ": its vCPU was not run for most of it"
+
+
+class StallJudge:
+    """The guest kernel's stall reports that appeared since this judge was made: those already
+    in dmesg then belong to an earlier test, which judged them."""
+
+    def __init__(self, guest, heads: tuple[str, ...], context: int = 80):
+        self.guest = guest
+        self.heads = heads
+        self.context = context
+        self.seen = {head for head, _block in self._reports()}
+
+    def _reports(self) -> list[tuple[str, str]]:
+        lines = self.guest.run("dmesg", timeout=60, check=True).out.splitlines()
+        return [(line, "\n".join(lines[i + 1:i + 1 + self.context]))
+                for i, line in enumerate(lines) if any(h in line for h in self.heads)]
+
+    def new(self) -> list[tuple[str, str]]:
+        """(first line, the lines after it) of each report not returned before."""
+        fresh = [(head, block) for head, block in self._reports() if head not in self.seen]
+        self.seen.update(head for head, _block in fresh)
+        return fresh
+
+
+def stall_text(reports: list[tuple[str, str]]) -> str:
+    """The reports as dmesg showed them, for a failure message."""
+    return "\n".join(f"{head}\n{block}" for head, block in reports)
