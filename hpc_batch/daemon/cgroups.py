@@ -120,7 +120,9 @@ def pin_shepherds(root: str, cpus) -> None:
     Raises OSError when the kernel refuses; a job's child leaves for its own
     cgroup before it execs, so this never confines a job.
     """
-    _write(os.path.join(shepherds_path(root), "cpuset.cpus"), format_cpulist(cpus))
+    # An empty list must still reach the kernel (it then inherits the parent's CPUs): a write of
+    # nothing makes no write(2) at all, and the old housekeeping CPUs would stay.
+    _write(os.path.join(shepherds_path(root), "cpuset.cpus"), format_cpulist(cpus) or "\n")
 
 
 def check_pids(root: str = defaults.CGROUP_ROOT) -> None:
