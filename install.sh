@@ -139,6 +139,10 @@ main() {
     # A hardened root umask would leave the venv unreadable to the users of dispatch.
     umask 022
 
+    # The Debian package's wheels (WHEELHOUSE in hpc_batch/install/debian.py, with this message):
+    # dpkg manages hpc-batch here, and pip must not touch the venv it made.
+    [ ! -d /usr/share/hpc-batch/wheels ] || die "the Debian package hpc-batch manages hpc-batch on this machine; upgrade it with a newer package (sudo apt install ./hpc-batch_<version>_all.deb), or remove it first (sudo apt remove hpc-batch keeps queued jobs and history)"
+
     python=${HPC_BATCH_PYTHON:-python3}
     command -v "$python" >/dev/null 2>&1 || die "needs $python (Python >= 3.10)"
     # -I everywhere: root must not import the working directory's modules.

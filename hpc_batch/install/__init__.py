@@ -40,6 +40,10 @@ package version; tests/unit/test_layout.py holds them to it. They are:
 - ``versions``: one venv per version and the symlink switched between them;
 - ``steps``: the install itself, step by step;
 - ``purge``: --uninstall and --purge (uninstall.sh mirrors is_shepherd);
+- ``debian``, ``debbuild``, ``debhooks``: the Debian package, its texts
+  (pure), its build (scripts/build-deb) and its postinst's venv, which is
+  ``versions``' (where the package is installed, this installer and
+  install.sh refuse to run);
 - here, the command line: ``main`` and its parser.
 """
 
@@ -68,6 +72,7 @@ from .choices import (
     pick_admin_group,
 )
 from .common import DEFAULT_BIN_DIR, DEFAULT_PREFIX, DEFAULT_SPEC, DEFAULT_STATE_DIR, EX_NOPERM, PROG, InstallError
+from .debian import MANAGED_BY_PACKAGE
 from .host import Host, Paths, existing_groups
 from .purge import uninstall
 from .safety import check_root_only
@@ -132,6 +137,9 @@ def main(argv: list[str] | None = None, host: Host | None = None) -> int:
         "admin_group": args.admin_group,
     }
     try:
+        if host.paths.deb_wheelhouse.is_dir():
+            # Two managers would switch one venv under each other, and a unit in /etc hides the package's.
+            raise InstallError(MANAGED_BY_PACKAGE)
         if args.spec is not None:
             explicit["spec"] = normalize_spec(args.spec, cwd)
         recorded = load_record(host.paths.record)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import manpages
 from .common import DEFAULT_DEV_DIR, DEFAULT_SOCKET, DEFAULT_STATE_DIR, PROG, InstallError, read_head
+from .debian import WHEELHOUSE
 from .texts import is_our_completion
 
 UNIT_DATA = ("hpc_batch", "data", "hpc-batch.service")
@@ -32,6 +33,8 @@ class Paths:
     dropins: Path = Path("/etc/systemd/system/hpc-batch.service.d")
     profile: Path = Path("/etc/profile.d/hpc-batch.sh")
     record: Path = Path("/etc/hpc-batch/install.json")
+    # There while the Debian package is installed (its wheels): dpkg, not this installer, manages hpc-batch.
+    deb_wheelhouse: Path = Path(WHEELHOUSE)
     # Debian's: bash-completion loads the first on `dispatch <TAB>`; zsh's
     # fpath holds the second's directory.
     bash_completion: Path = Path("/usr/share/bash-completion/completions/dispatch")

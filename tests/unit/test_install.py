@@ -533,6 +533,7 @@ def scratch_paths(root: Path) -> Paths:
         dropins=root / "etc/systemd/system/hpc-batch.service.d",
         profile=root / "etc/profile.d/hpc-batch.sh",
         record=root / "etc/hpc-batch/install.json",
+        deb_wheelhouse=root / "usr/share/hpc-batch/wheels",
         bash_completion=root / "usr/share/bash-completion/completions/dispatch",
         zsh_completion=root / "usr/share/zsh/vendor-completions/_dispatch",
         man_dir=root / "usr/local/share/man",
@@ -1274,3 +1275,14 @@ def test_uninstall_sh_removes_the_same_pages_by_the_same_marker():
     named = set(re.findall(r"/usr/local/share/man/man\d/[\w.-]+", text))
     assert named == {str(manpages.destination(inst.Paths().man_dir, p)) for p in manpages.PAGES}
     assert "installed by hpc-batch-install" in manpages.MARKER and "head -n 1" in text
+
+
+@pytest.mark.parametrize("flags", [["--no-pip"], ["--uninstall"], ["--purge"]])
+def test_nothing_is_done_where_the_debian_package_is_installed(scratch, capsys, flags):
+    # dpkg manages that install (its venv, its unit in /lib): a second manager would undo it.
+    from hpc_batch.install.debian import MANAGED_BY_PACKAGE
+    root, paths, systemd, host, _ = scratch
+    paths.deb_wheelhouse.mkdir(parents=True)
+    assert inst.main([*flags, "--prefix", str(fake_prefix(root))], host) == 1
+    assert capsys.readouterr().err == f"hpc-batch-install: {MANAGED_BY_PACKAGE}\n"
+    assert systemd.calls == [] and not paths.unit.exists() and not paths.record.exists()
