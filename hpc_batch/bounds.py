@@ -15,6 +15,10 @@ MAX_UID = (1 << 32) - 2       # uid_t, less (uid_t)-1
 MAX_CPUS = 1 << 16
 MAX_GPUS = 1 << 10
 MAX_MEM = 1 << 60             # bytes: 1 EiB
+# A job's least memory budget (bytes). Under cgroups its memory.max holds the job and the
+# shepherd's record helper, which joins the job's cgroup, with swap off: a fresh Python interpreter
+# is OOM-killed under 6 MiB and runs under 8 MiB, and a budget near that only fails oddly. Twice it.
+MIN_JOB_MEM = 16 << 20
 MAX_SECONDS = 100 * 365 * 86400   # durations: a century
 MAX_OFFSET = 1 << 62          # attach offsets: far below what pread can take
 MAX_PATH = 4096               # PATH_MAX
@@ -22,6 +26,14 @@ MAX_UMASK = 0o777
 MAX_EPOCH = 1 << 40           # timestamps: seconds since 1970, comfortably past any clock
 MAX_ARRAY = 100_000           # elements of one --array or --commands submit (the per-user queue cap bites first)
 MAX_ARRAY_INDEX = 10_000_000  # an --array index
+
+
+SHOWN_CHARS = 40   # of a bad value, quoted back in its error message
+
+
+def shown(text: str) -> str:
+    """*text* quoted for an error message, cut to SHOWN_CHARS: a megabyte of junk is not echoed back."""
+    return repr(text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "...")
 
 
 def check_int(value: "Any", low: int, high: int, what: str) -> int:

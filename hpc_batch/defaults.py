@@ -60,6 +60,11 @@ BENCH_PROBE_INTERVAL = 1.0
 # A job its shepherd could not fork goes back to the queue, retried every START_RETRY seconds.
 START_RETRY = 2.0
 
+# dispatch status --watch: seconds between redraws (watch(1)'s default), and the range --interval takes
+# (a floor, so a roomful of watchers does not keep the root daemon busy).
+STATUS_INTERVAL = "2"
+STATUS_INTERVAL_RANGE = (0.5, 3600.0)
+
 # Seconds a recovering daemon waits before it decides an unstarted shepherd never ran.
 SHEPHERD_START_GRACE = 2.0
 

@@ -127,7 +127,8 @@ def collector(src, job_id: int, version: str, commit: str | None) -> dict:
         "job": field(job_id, "hpc-batch"),
         "version": field(version, "hpc-batch"),
         "commit": field(commit, "hpc-batch") if commit
-        else field(None, "hpc-batch", "unknown (not installed from a git checkout)"),
+        # An installed package carries no git metadata, so the daemon never has one to give.
+        else field(None, "hpc-batch", "not recorded: an installed hpc-batch knows its version, not its commit"),
         "schema": field(SCHEMA, "hpc-batch"),
         "hostname": src.field("/proc/sys/kernel/hostname"),
         "boot_id": src.field("/proc/sys/kernel/random/boot_id"),

@@ -42,6 +42,14 @@ def escape(raw: bytes, limit: int = QUOTE_CAP) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def name_problem(name: str) -> str | None:
+    """Why *name* cannot be a figure's name (NAME_RULE), or None: for a name a user types (report --metric)."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if not raw or len(raw) > MAX_NAME or raw[:1] not in _LETTERS or not _only(raw, _NAME_REST):
+        return NAME_RULE
+    return None
+
+
 def _figure(fields: list[bytes]) -> tuple[str, float, str | None] | str:
     """``(name, value, unit)`` of one line's fields, or why they are not a figure."""
     if len(fields) not in (2, 3):

@@ -27,7 +27,9 @@ daemon can stop, reload or crash without touching it. The shepherd:
 6. writes exit.json atomically, then delivers the output as the user
    within a time limit (the FIFO can still interrupt it): the log is
    fsynced before the buffer, its only other copy, is removed; and records
-   that in delivery.json (``delivery``).
+   that in delivery.json (``delivery``);
+7. with ``--notify``, forks the notifier (``notify``), which drops to the
+   user, and exits without waiting for it.
 
 Out of pids (or memory), fork() fails with EAGAIN (ENOMEM): each fork here
 is retried for a bounded time while the poll loop still hears the FIFO and
@@ -49,7 +51,7 @@ import sys
 import time
 
 try:
-    from shepherd import acl, cgroup, control, delivery, identity, output, process, record, records
+    from shepherd import acl, cgroup, control, delivery, identity, notify, output, process, record, records
 except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py): siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
     import acl  # type: ignore[no-redef]
@@ -57,6 +59,7 @@ except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py)
     import control  # type: ignore[no-redef]
     import delivery  # type: ignore[no-redef]
     import identity  # type: ignore[no-redef]
+    import notify  # type: ignore[no-redef]
     import output  # type: ignore[no-redef]
     import process  # type: ignore[no-redef]
     import record  # type: ignore[no-redef]
@@ -92,6 +95,11 @@ def main(argv=None) -> int:
     sup.out.make_durable()   # before the record that makes the end final (see make_durable)
     _finish(job_dir, result)
     delivery.deliver(sup)
+    if sup.pid is not None:   # --notify: only now, the exit record written and the output delivered
+        done = sup.delivered
+        spec.env.pop(record.FIGURES_ENV, None)   # the record's file is gone with the job
+        notify.start(spec, result, sup.started, done.path if done is not None and done.ok else None,
+                     sup.groups, _fork)
     return 0
 
 
@@ -155,6 +163,8 @@ class Supervisor:
         self.kill_at: float | None = None
         self.abandon: str | None = None     # why delivery is skipped (the shepherd was told to stop)
         self.pid: int | None = None
+        self.started: float | None = None   # when the job was forked (its status record's)
+        self.delivered: records.DeliveryRecord | None = None   # what delivery.json says, once written
         self.reaped = False
         self.poller = select.poll()
         self.watched: dict = {}
@@ -237,6 +247,7 @@ class Supervisor:
         records.unlink(os.path.join(self.job_dir, records.LAUNCH))   # the environment is in no file while the job runs
         pidfd = os.pidfd_open(pid)
         status = records.StatusRecord(pid, records.proc_starttime(pid), time.time())
+        self.started = status.started
         _persist(lambda: status.write(os.path.join(self.job_dir, records.STATUS), durable=False),
                  "the status record")
         self.out.start(pipe_r)
@@ -440,6 +451,7 @@ class Supervisor:
 
     def record_delivery(self, rec: records.DeliveryRecord) -> None:
         """Write delivery.json (retried until it can be: see _persist)."""
+        self.delivered = rec
         # Not fsync'd: if a crash loses it, the buffer's presence tells the daemon
         # the same thing (it is deleted only after a complete, durable copy).
         _persist(lambda: rec.write(os.path.join(self.job_dir, records.DELIVERY), durable=False),

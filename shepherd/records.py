@@ -33,6 +33,7 @@ which would be most of a shepherd's start-up time.
 
 import errno
 import os
+import signal
 import stat
 
 try:
@@ -303,6 +304,23 @@ class ExitRecord(_Record):
         rec.old_format = "stopped" not in d
         return rec
 
+    def outcome(self) -> tuple:
+        """``(result, exit)``: the daemon's result kind and ``list --finished``'s <exit> word for this
+        record, as ``Engine._result`` and ``exit_column`` make them (tests/unit/test_notifytext.py holds the
+        two together); for a shepherd, which cannot ask the daemon (``--notify``)."""
+        if self.error:
+            return "error", "error"
+        if self.oom_kill:
+            return "oom", "oom"
+        if self.stopped:
+            return self.stopped, self.stopped
+        if self.signal:
+            try:
+                return "signalled", signal.Signals(self.signal).name
+            except ValueError:
+                return "signalled", f"signal{self.signal}"
+        return "exited", str(self.code)
+
 
 class DeliveryRecord(_Record):
     """delivery.json: what became of the output; the buffer is gone only after a complete copy."""
@@ -350,7 +368,7 @@ class LaunchSpec(_Record):
 
     FIELDS = __slots__ = ("id", "user", "uid", "gid", "cwd", "argv", "env", "output", "umask", "admin_gid",
                           "cpus", "cgroup", "shepherd_cgroup", "deadline", "kill_grace", "delivery_limit",
-                          "max_output_buffer", "fork_retry", "aslr", "thp", "record")
+                          "max_output_buffer", "fork_retry", "aslr", "thp", "record", "notify")
 
     def __init__(self, *, user: str, uid: int, gid: int, cwd: str, argv: list, env: dict,
                  id: int | None = None, output: str | None = None, umask: int = UMASK,
@@ -358,13 +376,15 @@ class LaunchSpec(_Record):
                  shepherd_cgroup: str | None = None, deadline: float | None = None,
                  kill_grace: float = KILL_GRACE, delivery_limit: float = DELIVERY_LIMIT,
                  max_output_buffer: int = MAX_OUTPUT_BUFFER, fork_retry: float = FORK_RETRY,
-                 aslr: str = "on", thp: str = "on", record: dict | None = None):
+                 aslr: str = "on", thp: str = "on", record: dict | None = None, notify: dict | None = None):
         self.id, self.user, self.uid, self.gid, self.cwd = id, user, uid, gid, cwd
         self.argv, self.env, self.output, self.umask, self.admin_gid = argv, env, output, umask, admin_gid
         self.cpus, self.cgroup, self.shepherd_cgroup = cpus, cgroup, shepherd_cgroup
         self.deadline, self.kill_grace, self.delivery_limit = deadline, kill_grace, delivery_limit
         self.max_output_buffer, self.fork_retry = max_output_buffer, fork_retry
         self.aslr, self.thp, self.record = aslr, thp, record
+        # --notify: {"tty": bool, "command": str | None, "limit": seconds, "name": str | None}, or None
+        self.notify = notify
 
     def replace(self, **changes) -> "LaunchSpec":
         """A copy with *changes* (e.g. another ``output`` for the record's delivery)."""
@@ -387,7 +407,7 @@ class LaunchSpec(_Record):
                    delivery_limit=cls.DELIVERY_LIMIT if limit is None else limit,
                    max_output_buffer=_int(d, "max_output_buffer") or cls.MAX_OUTPUT_BUFFER,
                    fork_retry=cls.FORK_RETRY if retry is None else retry,
-                   aslr=aslr or "on", thp=thp or "on", record=_dict(d, "record"))
+                   aslr=aslr or "on", thp=thp or "on", record=_dict(d, "record"), notify=_dict(d, "notify"))
 
 
 def read_record(path: str, kind):

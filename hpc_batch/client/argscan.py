@@ -115,28 +115,35 @@ def scan(argv: "list[str]", verb: str, usage: str, command_key: str = "<command>
 
 
 def scan_flags(argv: "list[str]", verb: str, usage: str, words_key: str) -> "dict[str, Any] | None":
-    """docopt(*usage*, argv) for ``<verb> [--flag]... [<word>...]``, or None to ask docopt.
+    """docopt(*usage*, argv) for ``<verb> [--flag]... [--opt VALUE]... [<word>...]``, or None to
+    ask docopt.
 
-    For a usage whose options all take no value (``list``): each long flag at most once,
-    anywhere; every other word is one of *words_key*. A word that starts with ``-`` (help,
-    ``--``, an abbreviation, ``--flag=x``, a negative number) is left to docopt.
+    For ``list``: each long option at most once, anywhere, a valued one as ``--opt VALUE`` or
+    ``--opt=VALUE``; every other word is one of *words_key*. A word that starts with ``-`` (help,
+    ``--``, an abbreviation, ``--flag=x``, a negative number, a value that looks like an option)
+    is left to docopt.
     """
     if not argv or argv[0] != verb:
         return None
     table = options(usage)
-    if any(opt.takes_value for opt in table):
-        return None
-    flags = {name: opt.key for opt in table if opt.key != "--help" for name in opt.names if name.startswith("--")}
-    given: set[str] = set()
+    flags = {name: opt for opt in table if opt.key != "--help" for name in opt.names if name.startswith("--")}
+    given: dict[str, Any] = {}
     words: list[str] = []
-    for word in argv[1:]:
+    rest = iter(argv[1:])
+    for word in rest:
         if not word.startswith("-"):
             words.append(word)
             continue
-        key = flags.get(word)
-        if key is None or key in given:
+        name, eq, value = word.partition("=")
+        opt = flags.get(name)
+        if opt is None or opt.key in given or (eq and not opt.takes_value):
             return None
-        given.add(key)
-    result: dict[str, Any] = {opt.key: opt.key in given for opt in table}
+        if opt.takes_value and not eq:
+            value = next(rest, "-")
+        if opt.takes_value and (not value or value.startswith("-")):
+            return None
+        given[opt.key] = value if opt.takes_value else True
+    result: dict[str, Any] = {opt.key: given.get(opt.key, opt.default if opt.takes_value else False)
+                              for opt in table}
     result.update({verb: True, words_key: words})
     return result

@@ -10,13 +10,15 @@ import os
 import sys
 
 from .. import __version__
+from ..bounds import MAX_CPUS, MAX_GPUS, shown
 from ..core.jobnames import env_word
-from ..wire.messages import CLIENT_FAILURES  # (no imports of its own: free for dispatch's start-up)
+from ..wire.messages import CLIENT_FAILURES, REFUSALS  # (no imports of its own: free for dispatch's start-up)
 from .argscan import scan, scan_flags
 from .cli_usage import SUBCOMMANDS, USAGE
 
 EX_USAGE = CLIENT_FAILURES["usage"]
 EX_UNAVAILABLE = CLIENT_FAILURES["unreachable"]
+EX_NO_INPUT = CLIENT_FAILURES["no_input"]
 
 
 class UsageError(Exception):
@@ -53,19 +55,26 @@ def _die(msg: str, status: int = 1) -> int:
 
 
 def parse_mem(text: str) -> int:
-    """``--max-mem``: GiB by default, or a K/M/G/T suffix; returns bytes."""
-    from ..core.sizes import SizeError, parse_size
+    """``--max-mem``: GiB by default, or a K/M/G/T suffix; returns bytes, at least MIN_JOB_MEM."""
+    from ..bounds import MIN_JOB_MEM, shown
+    from ..core.sizes import SizeError, format_size, parse_size
     try:
-        return parse_size(text, "G")
+        value = parse_size(text, "G")
     except SizeError as exc:
         raise UsageError(f"--max-mem {exc}") from None
+    if value < MIN_JOB_MEM:
+        raise UsageError(f"--max-mem {shown(text)}: less than the {format_size(MIN_JOB_MEM)} a job needs "
+                         f"to start; give at least {format_size(MIN_JOB_MEM)}")
+    return value
 
 
-def _positive(flag: str, text: str, minimum: int) -> int:
-    digits = text.strip().removeprefix("-")
-    if not (digits.isascii() and digits.isdigit()) or int(text) < minimum:
-        raise UsageError(f"{flag} {text!r}: expected a whole number of at least {minimum}")
-    return int(text)
+def _positive(flag: str, text: str, minimum: int, maximum: int) -> int:
+    from ..bounds import shown
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > len(str(maximum)) \
+            or not minimum <= int(digits) <= maximum:
+        raise UsageError(f"{flag} {shown(text)}: expected a whole number from {minimum} to {maximum}")
+    return int(digits)
 
 
 
@@ -80,22 +89,39 @@ def split_env(words):
     return env, list(words[i:])
 
 
-def job_ref(text: str):
-    """A <job> as typed: an id (digits), a job's --name, or USER:NAME (another user's, for admins)."""
-    if text.isascii() and text.isdigit():
-        if int(text) == 0:
-            raise UsageError(f"job id {text!r}: expected a positive number, as shown by dispatch list")
+def job_ref(text: str, whole: bool = False):
+    """A <job> as typed: an id (digits), a job's --name, USER:NAME (another user's, for admins), or
+    an array element, ``6_3``; with *whole*, a whole array too, ``6_*`` (arrayref.py)."""
+    from ..bounds import MAX_ID, shown
+    from ..core import arrayref
+    try:
+        aref = arrayref.parse(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if aref is not None:
+        if aref.index is None and not whole:
+            raise UsageError(f"{shown(text)} names a whole array; this takes one job: an id, a name, "
+                             f"or one element, e.g. {arrayref.element_name(aref.first, 1)}")
+        return str(aref)
+    number = text.strip().removeprefix("-").removeprefix("+")
+    if number.isascii() and number.isdigit():
+        # -1 and 0 are no ids (nor names: a name is never a number), whatever a job is named
+        if number != text or not number.strip("0"):
+            raise UsageError(f"job id {shown(text)}: job ids are whole numbers from 1, as dispatch list shows them")
+        if len(number) > len(str(MAX_ID)) or int(number) > MAX_ID:
+            raise UsageError(f"job id {shown(text)}: no job has an id that large (they go up to {MAX_ID})")
         return int(text)
     from ..core.jobnames import split_ref
     if split_ref(text) is None:
         from ..core.jobnames import NAME_RULE
-        raise UsageError(f"{text!r} is neither a job id nor a job name ({NAME_RULE}; "
+        raise UsageError(f"{shown(text)} is neither a job id nor a job name ({NAME_RULE}; "
                          f"USER:NAME for another user's)")
     return text
 
 
 def job_refs(words, most: int = 100_000) -> list:
-    """<job> words as typed: ids, names, and FIRST-LAST ranges expanded to their ids."""
+    """<job> words as typed: ids, names, array elements and whole arrays (``6_*``, left for
+    ``array_ids`` to expand), and FIRST-LAST ranges expanded to their ids."""
     from ..core.arrays import is_range, parse_range
     refs: list = []
     for word in words:
@@ -105,8 +131,28 @@ def job_refs(words, most: int = 100_000) -> list:
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
         else:
-            refs.append(job_ref(word))
+            refs.append(job_ref(word, whole=True))
     return refs
+
+
+def array_ids(c, refs: list, held: bool) -> "tuple[list, dict | None]":
+    """*refs* with each whole array (``6_*``) replaced by its ids, asked of the daemon on the
+    connection *c*: those it still holds (*held*: what kill can act on), or all from first to
+    last (what wait reports on: an ended one forgotten is answered from the history). The
+    second value is the daemon's refusal of one, or None."""
+    from ..core import arrayref
+    out: list = []
+    for ref in refs:
+        aref = arrayref.parse(ref) if isinstance(ref, str) else None
+        if aref is None or aref.index is not None:
+            out.append(ref)
+            continue
+        reply = c.call("show", id=ref)
+        if not reply.get("ok"):
+            return out, reply
+        doc = reply["result"]["array"]
+        out += doc["ids"] if held else list(range(doc["first"], doc["last"] + 1))
+    return out, None
 
 
 def _bulk(a) -> dict:
@@ -155,9 +201,9 @@ def _bench_args(a) -> dict:
             raise UsageError("--whole-l3 goes with --benchmark")
         out["whole_l3"] = True
     for flag, key in (("--aslr", "aslr"), ("--thp", "thp")):
-        value = a.get(flag) or "on"
+        value = "on" if a.get(flag) is None else a[flag]
         if value not in ("on", "off"):
-            raise UsageError(f"{flag} {value!r}: expected on or off")
+            raise UsageError(f"{flag} {shown(value)}: expected on or off")
         if value != "on":
             out[key] = value
     return out
@@ -187,34 +233,13 @@ def _near(a: str, b: str) -> bool:
     return prev[-1] <= 2
 
 
-def _values_given(argv: list) -> None:
-    """Refuse an option of ``new`` that takes a value but is followed by ``--`` or nothing:
-    docopt would only say the command is missing."""
-    from .argscan import options
-    takes = {n for o in options(SUBCOMMANDS["new"]) if o.takes_value for n in o.names}
-    i = 1
-    while i < len(argv):
-        word = argv[i]
-        if word == "--" or not word.startswith("-"):
-            return
-        if word in takes:
-            if i + 1 >= len(argv) or argv[i + 1] == "--":
-                raise UsageError(f"{word} needs a value, e.g. {word} {_EXAMPLE.get(word, 'VALUE')} "
-                                 f"(see dispatch new --help)")
-            i += 1
-        i += 1
-
-
-_EXAMPLE = {"--cpu": "4", "--max-mem": "8G", "--max-time": "2h", "--gpu-cores": "1", "--name": "prep",
-            "--after": "12", "--after-ok": "12", "--array": "1-10", "--output": "logs/"}
-
-
 def bare_benchmark(argv: list) -> list:
     """``--benchmark`` written alone (before the command) as ``--benchmark=warn``, and
     ``--benchmark strict`` as ``--benchmark=strict``: docopt knows no option whose value may be
     left out."""
     from .argscan import options
     takes = {n for o in options(SUBCOMMANDS["new"]) if o.takes_value for n in o.names}
+    every = {n for o in options(SUBCOMMANDS["new"]) for n in o.names}
     out = list(argv)
     i = 1
     while i < len(out):
@@ -224,8 +249,9 @@ def bare_benchmark(argv: list) -> list:
         if word == "--benchmark":
             if i + 1 < len(out) and out[i + 1] in ("warn", "strict"):   # --benchmark strict
                 out[i:i + 2] = [f"--benchmark={out[i + 1]}"]
-            elif i + 1 < len(out) and not out[i + 1].startswith("-") and _meant_as_mode(out[i + 1], out[i + 2:]):
-                raise UsageError(f"--benchmark {out[i + 1]!r}: expected warn or strict (a bare --benchmark "
+            elif i + 1 < len(out) and out[i + 1] != "--" and out[i + 1].partition("=")[0] not in every \
+                    and (out[i + 1].startswith("-") or _meant_as_mode(out[i + 1], out[i + 2:])):
+                raise UsageError(f"--benchmark {shown(out[i + 1])}: expected warn or strict (a bare --benchmark "
                                  f"is warn; the command goes after '--')")
             else:
                 out[i] = "--benchmark=warn"
@@ -235,37 +261,36 @@ def bare_benchmark(argv: list) -> list:
     return out
 
 
-def cmd_new(conn, a) -> int:
-    out = Out(a["--json"])
-    bulk = _bulk(a)
-    job_env, argv = split_env(a["<command>"])
-    if not argv and "commands" not in bulk:
-        raise UsageError("no command given: put it after '--', e.g. dispatch new -- echo hello")
-    if a["--output"] not in (None, "./output.<id>.log") and a["--no-output"]:
-        raise UsageError("give --output or --no-output, not both")
+def _notify_args(forms: str | None, command: str | None) -> dict:
+    """The request fields of --notify and --notify-command (shepherd/notifytext.py checks them)."""
+    from shepherd.notifytext import check_command, parse_forms
     try:
-        cwd = os.getcwd()
-    except OSError as exc:
-        raise UsageError(f"cannot submit from this directory ({exc.strerror}): cd somewhere that exists") from None
-    args = {"argv": argv, "cwd": cwd, "job_env": job_env,
-            "cpus": None if a["--cpu"] is None else _positive("--cpu", a["--cpu"], 1),
-            "gpus": _positive("--gpu-cores", a["--gpu-cores"], 0),
-            "mem": None if a["--max-mem"] is None else parse_mem(a["--max-mem"]),
-            "exclusive": a["--exclusive"], "numa_local": a["--numa-local"] or a["--numa-local-mem"],
-            "numa_local_gpu": a["--numa-local-gpu"] or (a["--numa-local"] and a["--gpu-cores"] not in ("0", None)),
-            "no_output": a["--no-output"],
-            "base_env": {k: os.environ[k] for k in ("PATH", "LANG") if k in os.environ}}
-    args.update(bulk)
-    if "commands" in bulk:
-        del args["argv"]
+        if command is not None:
+            check_command(command)
+        return {"notify": parse_forms(forms, command is not None), "notify_command": command}
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _checked_words(a) -> dict:
+    """The request fields of new's flags whose words dispatch checks itself (each refusal names
+    its flag): --gpu-link, --name, --after/--after-ok, --max-time; and an empty --output/--record."""
+    for flag in ("--output", "--record"):
+        if a[flag] is not None and not a[flag].strip():
+            raise UsageError(f"{flag} {a[flag]!r}: give a directory or a file name")
+    fields: dict = {}
     if a["--gpu-link"] is not None:
-        args["gpu_link"] = a["--gpu-link"]
-    args.update(_bench_args(a))
+        from ..core.gputopo import TopoError, parse_link_class
+        try:
+            parse_link_class(a["--gpu-link"])
+        except TopoError as exc:
+            raise UsageError(f"--gpu-link: {exc}") from None
+        fields["gpu_link"] = a["--gpu-link"]
     if a["--name"] is not None:
         from ..core.jobnames import NAME_RULE, valid_name
         if not valid_name(a["--name"]):
-            raise UsageError(f"--name {a['--name']!r}: {NAME_RULE}")
-        args["name"] = a["--name"]
+            raise UsageError(f"--name {shown(a['--name'])}: {NAME_RULE}")
+        fields["name"] = a["--name"]
     if a["--after"] is not None and a["--after-ok"] is not None:
         raise UsageError("give --after or --after-ok, not both")
     deps = a["--after"] if a["--after"] is not None else a["--after-ok"]
@@ -275,14 +300,49 @@ def cmd_new(conn, a) -> int:
         if not all(words):
             raise UsageError(f"{flag} {deps!r}: an empty job between commas; give job ids or names, "
                              f"comma-separated, e.g. {flag} 12,prep")
-        args["after"] = [job_ref(word) for word in words]
-        args["after_ok"] = a["--after-ok"] is not None
+        try:
+            fields["after"] = [job_ref(word) for word in words]
+        except UsageError as exc:
+            raise UsageError(f"{flag}: {exc}") from None
+        fields["after_ok"] = a["--after-ok"] is not None
     if a["--max-time"] is not None:
         from ..core.durations import DurationError, parse_duration
         try:
-            args["max_time"] = parse_duration(a["--max-time"])
+            fields["max_time"] = parse_duration(a["--max-time"])
         except DurationError as exc:
             raise UsageError(f"--max-time: {exc}") from None
+    return fields
+
+
+def cmd_new(conn, a) -> int:
+    out = Out(a["--json"])
+    bulk = _bulk(a)
+    job_env, argv = split_env(a["<command>"])
+    if not argv and "commands" not in bulk:
+        raise UsageError("no command given: put it after '--', e.g. dispatch new -- echo hello")
+    if a["--parsable"] and out.json:
+        raise UsageError("give --parsable (the id alone) or --json (the whole reply), not both")
+    if a["--output"] not in (None, "./output.<id>.log") and a["--no-output"]:
+        raise UsageError("give --output or --no-output, not both")
+    try:
+        cwd = os.getcwd()
+    except OSError as exc:
+        raise UsageError(f"cannot submit from this directory ({exc.strerror}): cd somewhere that exists") from None
+    args = {"argv": argv, "cwd": cwd, "job_env": job_env,
+            "cpus": None if a["--cpu"] is None else _positive("--cpu", a["--cpu"], 1, MAX_CPUS),
+            "gpus": _positive("--gpu-cores", a["--gpu-cores"], 0, MAX_GPUS),
+            "mem": None if a["--max-mem"] is None else parse_mem(a["--max-mem"]),
+            "exclusive": a["--exclusive"], "numa_local": a["--numa-local"] or a["--numa-local-mem"],
+            "numa_local_gpu": a["--numa-local-gpu"] or (a["--numa-local"] and a["--gpu-cores"] not in ("0", None)),
+            "no_output": a["--no-output"],
+            "base_env": {k: os.environ[k] for k in ("PATH", "LANG") if k in os.environ}}
+    args.update(bulk)
+    if "commands" in bulk:
+        del args["argv"]
+    args.update(_checked_words(a))
+    args.update(_bench_args(a))
+    if a["--notify"] is not None or a["--notify-command"] is not None:
+        args.update(_notify_args(a["--notify"], a["--notify-command"]))
     if a["--output"] and a["--output"] != "./output.<id>.log":
         args["output"] = os.path.abspath(os.path.expanduser(a["--output"]))
     if not a["--no-output"]:
@@ -318,9 +378,11 @@ def cmd_new(conn, a) -> int:
         return out.refused(reply, "the daemon refused the job")
     r = reply["result"]
     ids = list(range(r["id"], r.get("last", r["id"]) + 1))
-    if not out.json:
-        from ..core.sizes import format_mem
-        how = "assigned by default" if r.get("mem_assigned") else "requested"
+    if a["--parsable"]:   # the id alone, as sbatch --parsable prints it; a bulk's as list and kill take it
+        from ..core.arrays import format_ids
+        print(format_ids(ids), flush=True)
+    elif not out.json:
+        from .submitted import memory_words
         where = f"output to {r['output']}" if r.get("output") else "output discarded"
         if "count" in r:
             if r.get("output") and r["count"] > 1:
@@ -329,24 +391,43 @@ def cmd_new(conn, a) -> int:
             cap = f", at most {r['limit']} at once" if r.get("limit") else ""
             waiting = "waiting" if r.get("after") else "queued"
             print(f"jobs {r['id']}-{r['last']}: {r['count']} submitted, {r['starting']} starting now, "
-                  f"{r['count'] - r['starting']} {waiting}{cap}; memory budget {format_mem(r['mem'])} each ({how}); "
+                  f"{r['count'] - r['starting']} {waiting}{cap}; {memory_words(r, each=True)}; "
                   f"{where}", flush=True)
         else:
-            print(f"job {r['id']} {r['state']}; memory budget {format_mem(r['mem'])} ({how}); {where}", flush=True)
+            print(f"job {r['id']} {r['state']}; {memory_words(r)}; {where}", flush=True)
     if out.json and "count" in r:
         r = dict(r, ids=ids)
     if not a["--wait"]:
         if out.json:
             out.doc(r)
         return 0
-    return _wait(conn, ids, out, submitted=r)
+    return _wait(conn, ids, out, submitted=r, quiet=a["--parsable"])
+
+
+def _list_columns(a, out: Out) -> list | None:
+    """The columns of ``dispatch list``'s table, or None for the plain rows (a pipe's, the spec's)."""
+    if a["--format"] is None and not a["--no-header"] and (out.json or not sys.stdout.isatty()):
+        return None
+    if out.json:
+        raise UsageError("--format and --no-header shape the table; --json prints every field: drop one")
+    from .listtable import FormatError, default_columns, parse_format
+    if a["--format"] is None:
+        return default_columns(a["--all"], a["--finished"])
+    try:
+        return parse_format(a["--format"])
+    except FormatError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def cmd_list(conn, a) -> int:
     out = Out(a["--json"])
+    columns = _list_columns(a, out)
     wanted = set(job_refs(a["<job>"])) if a["<job>"] else None
     # The text form of the whole list: the daemon writes the rows of jobs that never started.
-    text = {"text": True} if not out.json and wanted is None else {}
+    text = {"text": True} if columns is None and not out.json and wanted is None else {}
+    if columns is not None:   # the table's: each job as a short list of values, not its summary
+        text = {"table": True}
+        from .listtable import job_of, job_of_summary
     # The daemon answers in pages (a bounded reply each): ask on one connection until the last.
     c = conn()
     jobs: list = []
@@ -358,18 +439,34 @@ def cmd_list(conn, a) -> int:
             return out.refused(reply, "list failed")
         rows = "rows" in reply["result"]   # a daemon before the text form answers jobs
         page = reply["result"]["rows" if rows else "jobs"]
+        if columns is not None:
+            page = [job_of(j) if rows else job_of_summary(j) for j in page]
         if wanted is not None:
-            page = [j for j in page if j.get("id") in wanted or (j.get("name") and j["name"] in wanted)]
+            from .listnamed import array_words
+            page = [j for j in page if j.get("id") in wanted or (j.get("name") and (
+                j["name"] in wanted or f"{j.get('user')}:{j['name']}" in wanted))
+                or not wanted.isdisjoint(array_words(j))]
         jobs += page
         more = reply["result"].get("more")
         cursor = more if isinstance(more, int) and more > cursor else None   # a daemon before paging: one reply
+    unlisted = _unlisted(c, a, jobs) if wanted is not None else []
     c.close()
+    if columns is not None and a["--format"] is None and any(j.get("array") for j in jobs):
+        from .listtable import default_columns
+        columns = default_columns(a["--all"], a["--finished"], arrays=True)
     if out.json:
-        out.doc({"jobs": jobs})
-        return 0
+        out.doc({"jobs": jobs, "errors": [u.doc() for u in unlisted]} if unlisted else {"jobs": jobs})
+        return unlisted[0].status if unlisted else 0
     import time
     now = time.time()
-    if rows:   # in id order already, page after page
+    if columns is not None:
+        from .listtable import render
+        width = None
+        if sys.stdout.isatty():   # cut to the terminal; a pipe gets every cell whole
+            import shutil
+            width = shutil.get_terminal_size().columns
+        lines = render(sorted(jobs, key=lambda j: j["id"]), columns, now, width, header=not a["--no-header"])
+    elif rows:   # in id order already, page after page
         from ..core.listrows import format_row
         lines = [r if isinstance(r, str) else format_row(r, now, a["--finished"]) for r in jobs]
     else:
@@ -377,13 +474,24 @@ def cmd_list(conn, a) -> int:
         lines = format_rows(jobs, now, a["--finished"])
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
-    return 0
+    for u in unlisted:
+        print(f"dispatch: {u.message}", file=sys.stderr)
+    return unlisted[0].status if unlisted else 0
+
+
+def _unlisted(c, a, jobs: list) -> list:
+    """The jobs named on the command line that the listing lacks, each with why (listnamed)."""
+    from ..core.arrays import is_range
+    from .listnamed import explain, unmatched
+    named = [(word, job_refs([word]) if is_range(word) else job_ref(word, whole=True)) for word in a["<job>"]]
+    return explain(c.call, unmatched(named, jobs), a["--finished"], a["--all"], os.getuid())
 
 
 def cmd_kill(conn, a) -> int:
     from ..core.arrays import is_range
     refs = job_refs(a["<job>"])
-    ranged = len(refs) > 1 or any(is_range(w) for w in a["<job>"])
+    whole = [r for r in refs if isinstance(r, str) and r.endswith("_*")]
+    ranged = len(refs) > 1 or bool(whole) or any(is_range(w) for w in a["<job>"])
     if not ranged:
         reply = conn().call("kill", id=refs[0])
         if not reply.get("ok"):
@@ -395,6 +503,12 @@ def cmd_kill(conn, a) -> int:
     # Several: one connection, a request each; an already-ended job in a range is no failure.
     from ..core.arrays import format_ids
     c = conn()
+    refs, refused = array_ids(c, refs, held=True)
+    if refused is not None:
+        c.close()
+        return Out(False).refused(refused, "kill failed")
+    if whole:   # last first: a queued element is cancelled before a kill's freed room could start it
+        refs.reverse()
     done: dict[str, list] = {"killed": [], "cancelled": [], "ended": []}
     status = 0
     for ref in refs:
@@ -407,15 +521,21 @@ def cmd_kill(conn, a) -> int:
         else:
             status = status or Out(False).refused(reply, f"kill {ref} failed")
     c.close()
-    parts = [f"{len(v)} {k if k != 'ended' else 'had already ended'} ({format_ids(v)})" for k, v in done.items() if v]
-    print(f"jobs {format_ids(refs)}: {'; '.join(parts) or 'nothing to do'}")
+    def ids(v: list) -> str:   # (ids and names apart: sorted() cannot compare the two)
+        return format_ids(sorted(v, key=lambda x: (isinstance(x, str), x)))
+    parts = [f"{len(v)} {k if k != 'ended' else 'had already ended'} ({ids(v)})" for k, v in done.items() if v]
+    label = " ".join(a["<job>"]) if whole else f"jobs {format_ids(refs)}"
+    print(f"{label}: {'; '.join(parts) or 'nothing to do'}")
     return status
 
 
 def cmd_show(conn, a) -> int:
     out = Out(a["--json"])
+    ref = job_ref(a["<job>"], whole=not a["--record"])   # (before connecting: a bad one never reaches the daemon)
+    if isinstance(ref, str) and ref.endswith("_*"):
+        return _show_array(conn, ref, out)
     if a["--record"]:
-        reply = conn().call("record", id=job_ref(a["<job>"]))
+        reply = conn().call("record", id=ref)
         if not reply.get("ok"):
             return out.refused(reply, "show --record failed")
         if out.json:
@@ -424,7 +544,7 @@ def cmd_show(conn, a) -> int:
             from .recorddiff import render
             print(render(reply["result"]["record"]))
         return 0
-    reply = conn().call("show", id=job_ref(a["<job>"]))
+    reply = conn().call("show", id=ref)
     if not reply.get("ok"):
         return out.refused(reply, "show failed")
     if out.json:
@@ -436,16 +556,35 @@ def cmd_show(conn, a) -> int:
     return 0
 
 
+def _show_array(conn, ref: str, out: Out) -> int:
+    """``dispatch show 6_*``: the array as a whole (its elements: ``list 6_*``)."""
+    reply = conn().call("show", id=ref)
+    if not reply.get("ok"):
+        return out.refused(reply, "show failed")
+    if out.json:
+        out.doc(reply["result"]["array"])
+    else:
+        from .listing import format_array
+        for line in format_array(reply["result"]["array"]):
+            print(line)
+    return 0
+
+
 def cmd_record(conn, a) -> int:
-    """``dispatch record diff A B``: exit 0 when the two setups match, 1 when they differ."""
+    """``dispatch record diff A B``: exit 0 when the two setups match, 1 when they differ, and
+    another status when a record cannot be had (EX_NO_INPUT, or the daemon's refusal's)."""
     out = Out(a["--json"])
+    # Each word's job reference is checked before anything is read or asked.
+    sources = [(word, None if _is_record_file(word) else job_ref(word)) for word in (a["<a>"], a["<b>"])]
     loaded = []
-    for word in (a["<a>"], a["<b>"]):
-        got = _load_record(conn, word)
-        if isinstance(got, dict) and "record" in got:
-            loaded.append(got["record"])
-        else:
-            return out.refused(got, f"cannot read the record {word!r}")
+    for word, ref in sources:
+        got = _read_record_file(word) if ref is None else _ask_record(conn, ref)
+        if "record" not in got:
+            # The daemon's plain refusal (a job with no record) would read as 1, "they differ".
+            code = "no_input" if got.get("code") in ("refused", None) else str(got["code"])
+            status = EX_NO_INPUT if code == "no_input" else REFUSALS.get(code, EX_NO_INPUT)
+            return out.fail(got.get("error") or f"cannot read the record {word!r}", status, code)
+        loaded.append(got["record"])
     from .recorddiff import comparable, diff_json, differences, format_diff
     diffs = differences(loaded[0], loaded[1])
     if out.json:
@@ -455,45 +594,68 @@ def cmd_record(conn, a) -> int:
     return 0 if comparable(diffs) else 1
 
 
-def _load_record(conn, word: str) -> dict:
-    """A record from a file (read as the user) when *word* is a path, else from the daemon: a reply.
-
-    A path has a ``/`` or ends in ``.json``; any other word is a job (an id or a name), whatever
+def _is_record_file(word: str) -> bool:
+    """A path has a ``/`` or ends in ``.json``; any other word is a job (an id or a name), whatever
     the current directory holds: a file another user planted there is never read for a job
     (``./5`` names the file)."""
-    if "/" in word or word.endswith(".json"):
-        from .userio import read_user_json
-        try:
-            data = read_user_json(word, 1 << 20)
-        except (OSError, ValueError) as exc:
-            return {"ok": False, "error": f"cannot read the record file {word}: {exc}", "code": "refused"}
-        if not isinstance(data, dict) or "schema" not in data:
-            return {"ok": False, "error": f"{word} is not a record (no \"schema\" key)", "code": "refused"}
-        return {"record": data}
-    reply = conn().call("record", id=job_ref(word))
+    return "/" in word or word.endswith(".json")
+
+
+def _read_record_file(path: str) -> dict:
+    """``{"record": ...}`` from the user's file (read as the user), or an error reply saying why not."""
+    from .userio import read_user_json
+    try:
+        data = read_user_json(path, 1 << 20)
+    except OSError as exc:
+        return {"error": f"cannot read the record file {path}: {exc.strerror or exc}"}
+    except ValueError as exc:
+        return {"error": f"cannot read the record file {path}: not a record ({exc})"}
+    if not isinstance(data, dict) or "schema" not in data:
+        return {"error": f"{path} is not a record (no \"schema\" key): give a file written by "
+                         f"dispatch new --record, or saved from dispatch show --record --json"}
+    return {"record": data}
+
+
+def _ask_record(conn, ref) -> dict:
+    """``{"record": ...}`` of job *ref* from the daemon, or its refusal."""
+    reply = conn().call("record", id=ref)
     return reply["result"] if reply.get("ok") else reply
 
 
 def cmd_status(conn, a) -> int:
     out = Out(a["--json"])
+    from . import statusscreen
+    if a.get("--watch"):
+        try:
+            seconds = statusscreen.check_watch(a.get("--interval"))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return statusscreen.watch(conn, seconds)
     reply = conn().call("status")
     if not reply.get("ok"):
         return out.refused(reply, "status failed")
     if out.json:
         out.doc(reply["result"])
     else:
-        from .listing import format_status
-        for line in format_status(reply["result"]):
-            print(line)
+        statusscreen.show(reply["result"], bool(a.get("--map")))
     return 0
 
 
 def cmd_wait(conn, a) -> int:
-    return _wait(conn, job_refs(a["<job>"]), Out(a["--json"]))
+    out = Out(a["--json"])
+    refs = job_refs(a["<job>"])
+    if any(isinstance(r, str) and r.endswith("_*") for r in refs):
+        c = conn()
+        refs, refused = array_ids(c, refs, held=False)
+        c.close()
+        if refused is not None:
+            return out.refused(refused, "wait failed")
+    return _wait(conn, refs, out)
 
 
-def _wait(conn, refs: list, out: Out, submitted: dict | None = None) -> int:
-    """Block until the jobs end (woken by the daemon, not a poll); reconnect across a reload or restart."""
+def _wait(conn, refs: list, out: Out, submitted: dict | None = None, quiet: bool = False) -> int:
+    """Block until the jobs end (woken by the daemon, not a poll); reconnect across a reload or restart.
+    *quiet*: only the exit status says how they ended (new --parsable --wait)."""
     import time
 
     from .connection import Unreachable
@@ -541,7 +703,7 @@ def _wait(conn, refs: list, out: Out, submitted: dict | None = None) -> int:
     if out.json:
         out.doc({"jobs": jobs, "exit": status} if submitted is None
                 else dict(submitted, wait={"jobs": jobs, "exit": status}))
-    else:
+    elif not quiet:
         for j in jobs:
             print(_end_line(j))
     return status
@@ -594,49 +756,14 @@ def _end_line(ev: dict) -> str:
 
 
 def cmd_attach(conn, a) -> int:
-    import time
+    from .joblog import follow
+    end = follow(conn, job_ref(a["<job>"]), read_delivered=True)
+    return end if isinstance(end, int) else 0
 
-    from .connection import Unreachable
-    job_id = job_ref(a["<job>"])
-    offset, out = 0, sys.stdout.buffer
-    deadline = None
-    while True:
-        try:
-            c = _connect(conn, deadline)
-        except Unreachable as exc:
-            return _die(f"{exc}" if deadline is None else
-                        f"hpc-batchd restarted and is not back; job {job_id} may still be running: "
-                        f"run dispatch attach {job_id} again later", EX_UNAVAILABLE)
-        c.send("attach", id=job_id, offset=offset)
-        while True:
-            msg = c.receive()
-            if msg is None:
-                break
-            if not msg.get("ok"):
-                return Out(False).refused(msg, "attach failed")
-            ev = msg.get("event")
-            if ev == "output":
-                data = msg["data"].encode("utf-8", "surrogateescape")
-                out.write(data)
-                out.flush()
-                offset = msg.get("offset", offset + len(data))
-            elif ev == "attached" and msg.get("state") in ("queued", "waiting") and offset == 0:
-                print(f"job {job_id} is {msg['state']}; waiting for it to start", file=sys.stderr)
-            elif ev == "end":
-                out.flush()
-                if offset == 0 and deadline is None and msg.get("state") == "finished":
-                    where = msg.get("output")
-                    tail = (f"its output is in {where}" if where and not msg.get("output_error")
-                            else f"its output was not delivered: {msg['output_error']}" if msg.get("output_error")
-                            else "its output was discarded (--no-output)")
-                    print(f"{_end_line(msg)}; {tail}", file=sys.stderr)
-                else:
-                    print(_end_line(msg), file=sys.stderr)
-                return 0
-        c.close()
-        # The daemon went away mid-stream (reload or restart): reconnect and resume.
-        print(f"dispatch: hpc-batchd restarted; reconnecting to job {job_id}", file=sys.stderr)
-        deadline = time.monotonic() + 30
+
+def cmd_log(conn, a) -> int:
+    from .joblog import cmd_log as log
+    return log(conn, a)
 
 
 def cmd_history(conn, a) -> int:
@@ -649,7 +776,8 @@ def cmd_report(conn, a) -> int:
     return report(conn, a, Out(a["--json"]))
 
 
-COMMANDS = {"new": cmd_new, "list": cmd_list, "attach": cmd_attach, "kill": cmd_kill, "wait": cmd_wait,
+COMMANDS = {"new": cmd_new, "list": cmd_list, "attach": cmd_attach, "log": cmd_log, "kill": cmd_kill,
+            "wait": cmd_wait,
             "show": cmd_show, "record": cmd_record, "status": cmd_status, "job": cmd_job,
             "history": cmd_history, "report": cmd_report}
 
@@ -658,11 +786,15 @@ def main(argv=None) -> int:
     """Entry point of ``dispatch``."""
     args = sys.argv[1:] if argv is None else list(argv)
     verb = args[0] if args and args[0] in COMMANDS else None
+    from .argcheck import BadArgs, check
+    try:
+        check(args, SUBCOMMANDS)
+    except BadArgs as exc:
+        return Out("--json" in args).fail(str(exc), EX_USAGE, "usage")
     if verb == "new":
         try:
             if "--benchmark" in args:
                 args = bare_benchmark(args)
-            _values_given(args)
         except UsageError as exc:
             return Out("--json" in args).fail(str(exc), EX_USAGE, "usage")
     sub = (scan(args, "new", SUBCOMMANDS["new"]) if verb == "new" else

@@ -5,20 +5,22 @@ and ``jobs.WAIT_STATUS`` by tests/unit/test_doc_facts.py (importing the job reco
 here would cost every ``dispatch`` start).
 """
 
-from ..defaults import SOCKET, SOCKET_ENV
+from ..defaults import SOCKET, SOCKET_ENV, STATUS_INTERVAL, STATUS_INTERVAL_RANGE
 
 USAGE = f"""dispatch: submit and manage hpc-batch jobs.
 
 Usage:
   dispatch new [options] [--] <command>...
   dispatch new [options] --commands FILE
-  dispatch list [--all] [--finished] [--json] [<job>...]
+  dispatch list [--all] [--finished] [--json] [--format COLS] [--no-header] [<job>...]
   dispatch attach <job>
+  dispatch log [-f] <job>
   dispatch kill <job>...
   dispatch wait [--json] <job>...
   dispatch show [--json] [--record] <job>
   dispatch record diff [--json] <a> <b>
-  dispatch status [--json]
+  dispatch status [--json | --map]
+  dispatch status --watch [--interval SECONDS]
   dispatch history [options] [<job>...]
   dispatch report [options] [<job>...]
   dispatch job <job> max-time (get | set <duration> | add <duration>)
@@ -29,26 +31,30 @@ Commands:
   new      Queue a job; everything after "--" is its command line.
   list     Show queued and running jobs (--finished: recent ones too).
   attach   Follow a running job's output.
+  log      A job's output so far (-f: and as it comes, until it ends).
   kill     Kill a running job, or cancel a queued one.
   wait     Wait for jobs to end; exit with how they ended.
   show     Everything about one job (--record: its reproducibility record).
   record   Compare two jobs' records: dispatch record diff A B.
-  status   The machine at a glance: CPUs, memory and GPUs per NUMA node, the queue.
+  status   The machine at a glance: CPUs, memory and GPUs per NUMA node, the queue,
+           and on a terminal a map of which job holds each CPU and GPU.
   history  Your finished jobs, as far back as the daemon keeps them.
   report   A series of runs side by side: times, verdicts, spread, a plot.
   job      Read a job's max time; admins can set it or add to it.
 
 A <job> is its id, or the --name it was given (your newest job of that name,
-admins too), or USER:NAME for another user's (admins);
-list, kill and wait also take a range of ids, FIRST-LAST (a bulk submit's).
+admins too), or USER:NAME for another user's (admins), or an array element
+as ARRAY_INDEX (6_3: the element of array 6 with index 3; an array's id is its
+first job's); list, show, kill and wait also take a whole array, ARRAY_* (6_*),
+and list, kill and wait a range of ids, FIRST-LAST (a bulk submit's).
 Run 'dispatch <command> --help' for a command's options. The daemon's socket
 is ${SOCKET_ENV}, or {SOCKET}.
 
 Exit status: 0 success; 1 refused (the message says why); 2 usage; 3 no such
 job; 4 not yours (or admins only); 5 invalid request; 6 can never fit here;
 7 too many queued jobs; 8 job too large; 9 the daemon is busy, try again; 10
-the job has already ended; 69 the daemon is unreachable; 70 a bug in the
-daemon. dispatch wait (and new --wait) exit with the job's own exit code,
+the job has already ended; 66 a record cannot be read (record diff); 69 the
+daemon is unreachable; 70 a bug in the daemon. dispatch wait (and new --wait) exit with the job's own exit code,
 128+N for a job killed by signal N, or 240 killed, 241 timeout, 242 oom,
 243 error, 244 cancelled, 245 dependency-failed, 246 lost.
 """
@@ -61,7 +67,9 @@ HPC_BATCH_ARRAY_INDEX set (and HPC_BATCH_ARRAY_JOB_ID, the first job's id);
 with --commands FILE each line of FILE (or of stdin, for "-") is its own job,
 run by /bin/sh (HPC_BATCH_ARRAY_INDEX is its number, from 1). Either is one
 request; the jobs get consecutive ids, which list, kill and wait take as a
-range (FIRST-LAST). Every other option applies to each job.
+range (FIRST-LAST). The first id is the array's: 6_3 names its element with
+index 3 and 6_* all of it, in list, show, kill and wait. Every other option
+applies to each job.
 
 Usage:
   dispatch new [options] [--] <command>...
@@ -76,8 +84,9 @@ Options:
   --gpu-cores N     GPUs; the job sees them in CUDA_VISIBLE_DEVICES [default: 0].
   --gpu-link CLASS  Wait for GPUs linked at worst by CLASS: NV for any NVLink,
                     NV4 for 4 NVLinks or more, PIX, PXB, PHB, NODE or SYS.
-  --max-mem GB      Hard memory budget in GiB (or 512M, 64G). Default: the share
-                    of a NUMA node the CPUs it holds represent.
+  --max-mem GB      Hard memory budget in GiB, or with a unit K, M, G or T
+                    (512M, 64G; KB and KiB mean K: powers of 2), at least 16M.
+                    Default: the share of a NUMA node the CPUs it holds represent.
   --max-time D      Kill the job after this long: 3600, 45m, 2h, 1h30m, 1d.
                     Default and ceiling: the daemon's --max-lifetime.
   --exclusive       Run alone on the machine (waits until it is idle).
@@ -110,6 +119,14 @@ Options:
                     either way.
   --record-env      Put the environment's values in the record (by default
                     only its keys and digest: values can hold secrets).
+  --notify FORMS    Tell you when the job ends: tty (a line on each terminal
+                    you are logged in on, as write(1) does; not with mesg n),
+                    cmd (run --notify-command), or tty,cmd.
+  --notify-command CMD
+                    Run CMD (by /bin/sh, as you, in this directory) when the
+                    job ends, with HPC_BATCH_JOB_ID, _NAME, _RESULT, _EXIT,
+                    _CODE, _OUTPUT and _WALL set; killed after 30s, output
+                    discarded. Implies --notify cmd.
   --env             Forward this environment instead of a clean one.
   --output PATH     Directory or file for the log [default: ./output.<id>.log].
   --no-output       Discard the output when the job ends.
@@ -117,34 +134,51 @@ Options:
   --after JOBS      Start only once these jobs (ids or names, comma-separated)
                     have ended, however they ended.
   --after-ok JOBS   Start only if these jobs all exit 0; otherwise end as
-                    dependency-failed, saying which did not.
+                    dependency-failed, saying which did not. One that has
+                    already ended otherwise is refused at submit (exit 10).
   --array SPEC      One job per index: 1-100, 0-98:2 (every 2nd), 1,4,9;
                     append %N to run at most N of them at once (1-1000%8).
   --commands FILE   One job per line of FILE, or of stdin if FILE is "-", each
                     run by /bin/sh; blank lines and # comment lines are skipped.
   --wait            Wait for the job (all of them) to end, and exit as
                     dispatch wait does.
+  --parsable        Print only the job's id, for scripts (as sbatch --parsable);
+                    a bulk's as FIRST-LAST, which list, kill and wait take.
   --json            Print one JSON document instead of the summary line.
   -h --help         Show this help.
 """
 
-LIST_USAGE = """List jobs: <username> <id> <command> <start> <uptime> <max-time> <mem> <exclusive> <gpus>;
-with --finished also, for jobs that ran, cpu <time> peak <memory>, then <state> <exit>.
+LIST_USAGE = """List jobs. On a terminal, a table: a header, aligned columns, the command cut
+to the terminal's width (--format picks the columns).
 
-With jobs named (ids, names or FIRST-LAST ranges), only those.
+Piped, each job is one line of words (the format scripts read, unchanged):
+<username> <id> <command> <start> <uptime> <max-time> <mem> <exclusive> <cpus> <gpus>,
+the command preceded by [name] when the job has one; with --finished also, for
+jobs that ran, cpu <time> peak <memory> [verdict], then <state> <exit> [(note)].
+
+With jobs named (ids, names, FIRST-LAST ranges, array elements 6_3 or whole
+arrays 6_*), only those; one that is
+not listed gets a line on stderr saying why (no such job, exit 3; ended,
+without --finished, exit 10; another user's, without --all, exit 4).
 
 Usage:
-  dispatch list [--all] [--finished] [--json] [<job>...]
+  dispatch list [--all] [--finished] [--json] [--format COLS] [--no-header] [<job>...]
   dispatch list (-h | --help)
 
 Options:
   --all        Every user's jobs (admins, or everyone with --list-is-public).
   --finished   Include recently finished jobs and their exit status.
   --json       One JSON document: {"jobs": [...]} (field names in docs/json.md).
+  -o COLS, --format COLS  The table's columns, comma-separated, in any mode (a pipe
+               too): user, id, array, name, command, start, uptime, max-time,
+               mem, exclusive, cpus, gpus, cpu, peak, verdict, state, exit, note.
+  --no-header  The table without its header line, also when piped.
   -h --help    Show this help.
 """
 
-ATTACH_USAGE = """Follow a job's output until it ends, then print its final state.
+ATTACH_USAGE = """Follow a job's output until it ends, then print its final state. A job that
+has already ended: what attach had not shown of its output (from the log it
+was delivered to, or the buffer the daemon kept when delivery failed).
 
 Usage:
   dispatch attach <job>
@@ -154,9 +188,30 @@ Options:
   -h --help    Show this help.
 """
 
+LOG_USAGE = """Print a job's output so far, and exit 0. The output goes to stdout; a line
+about the job to stderr: that it has no output yet (queued or waiting), or,
+for a finished job, how it ended and where its output is (its log file's
+path; or, when delivery failed, the buffer the daemon kept, which is printed).
+
+With -f, follow it as tail -f does: what is there, then the output as it
+comes, until the job ends (a queued job: until it starts, then so on). Ends
+with the job's end line on stderr and the exit status dispatch wait gives:
+the job's own exit code, 128+N for a signal, or 240 killed, 241 timeout,
+242 oom, 243 error, 244 cancelled, 245 dependency-failed, 246 lost.
+Ctrl-C stops following (exit 130); the job keeps running.
+
+Usage:
+  dispatch log [-f] <job>
+  dispatch log (-h | --help)
+
+Options:
+  -f --follow  Follow the output until the job ends.
+  -h --help    Show this help.
+"""
+
 KILL_USAGE = """Kill a running job (state killed) or cancel a queued or waiting one (cancelled).
-A FIRST-LAST range (a bulk submit's ids) kills each of them; jobs in it that
-have already ended are skipped.
+A FIRST-LAST range (a bulk submit's ids) or a whole array, 6_*, kills each of
+them; jobs in it that have already ended are skipped. 6_3 is one element.
 
 Usage:
   dispatch kill <job>...
@@ -171,7 +226,8 @@ jobs, the first in the order given that did not exit 0), 128+N for a signal,
 or 240 killed, 241 timeout, 242 oom, 243 error, 244 cancelled, 245
 dependency-failed, 246 lost. Survives a daemon reload or restart.
 
-A FIRST-LAST range stands for each job in it (a bulk submit's ids).
+A FIRST-LAST range stands for each job in it (a bulk submit's ids), a whole
+array (6_*) for each of its elements, and 6_3 for one element.
 
 Usage:
   dispatch wait [--json] <job>...
@@ -186,7 +242,11 @@ SHOW_USAGE = """Everything about one job: command, user, name, state, why it wai
 place in the queue, CPUs, NUMA nodes, GPUs, memory budget, max time and
 deadline, cgroup, output, start and end, result, CPU time and peak memory;
 for a --benchmark job the CPUs it holds idle and every way the machine fell
-short; whether ASLR and transparent huge pages were on.
+short; whether ASLR and transparent huge pages were on; for an array's
+element, its ARRAY_INDEX (6_3), the array's size and its %N cap.
+
+A whole array, ARRAY_* (6_*): its ids, size, %N cap and how many of its
+jobs are in each state (list 6_* lists them).
 
 With --record, the job's reproducibility record instead: the machine, kernel,
 CPU, frequency, memory, allocation, GPUs and software it ran with, what
@@ -209,7 +269,9 @@ names (their records are asked of the daemon) or record files (written by
 dispatch new --record, or saved from dispatch show --record --json): a file
 is a path with a '/' or ending in .json (./5 for a file named 5; a bare 5 is
 job 5, whatever the current directory holds).
-Exits 0 when the setups match, 1 when they differ.
+Exits 0 when the setups match, 1 when they differ, 66 when a record cannot
+be read (a missing file, one that is not a record, a job with none), 3 or 4
+for a job that is not found or not yours.
 
 Usage:
   dispatch record diff [--json] <a> <b>
@@ -220,17 +282,27 @@ Options:
   -h --help    Show this help.
 """
 
-STATUS_USAGE = """The machine at a glance: per NUMA node the CPUs, memory and GPUs total /
+STATUS_USAGE = f"""The machine at a glance: per NUMA node the CPUs, memory and GPUs total /
 reserved / in use / free; the policy; how many jobs run, queue and wait; the
-head of the queue and why it waits.
+head of the queue and why it waits. On a terminal, labelled and followed by the
+machine map: each NUMA node, its last-level cache groups, their cores and
+threads, each CPU with the job holding it (ID USER; busy for another user's
+job you may not see), reserved, held idle for a benchmark job (~) or
+housekeeping (H); then each GPU and its job. Piped, the plain lines scripts
+read, unless --map. Colour only on a terminal, never with NO_COLOR set.
 
 Usage:
-  dispatch status [--json]
+  dispatch status [--json | --map]
+  dispatch status --watch [--interval SECONDS]
   dispatch status (-h | --help)
 
 Options:
-  --json       One JSON document (field names in docs/json.md).
-  -h --help    Show this help.
+  --json                One JSON document (field names in docs/json.md).
+  --map                 The labelled view and the machine map, even when piped.
+  --watch               Redraw the view in place, like watch(1); q or Ctrl-C quits.
+  --interval SECONDS    Seconds between --watch redraws, {STATUS_INTERVAL_RANGE[0]:g} to {STATUS_INTERVAL_RANGE[1]:g}
+                        [default: {STATUS_INTERVAL}].
+  -h --help             Show this help.
 """
 
 HISTORY_USAGE = """Your finished jobs, newest last, from the history the daemon keeps (for as long
@@ -307,6 +379,6 @@ Options:
   -h --help    Show this help.
 """
 
-SUBCOMMANDS = {"new": NEW_USAGE, "list": LIST_USAGE, "attach": ATTACH_USAGE, "kill": KILL_USAGE,
+SUBCOMMANDS = {"new": NEW_USAGE, "list": LIST_USAGE, "attach": ATTACH_USAGE, "log": LOG_USAGE, "kill": KILL_USAGE,
                "wait": WAIT_USAGE, "show": SHOW_USAGE, "record": RECORD_USAGE, "status": STATUS_USAGE,
                "history": HISTORY_USAGE, "report": REPORT_USAGE, "job": JOB_USAGE}

@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from ..bounds import shown
 from ..core.cut import one_line
 from ..core.durations import DurationError, format_duration, parse_duration
 
@@ -32,7 +33,7 @@ def parse_time(text: str, now: float) -> float:
     try:
         when = datetime.datetime.fromisoformat(text.strip())
     except ValueError:
-        raise BadValue(f"{text!r} is not a time: give a date (2026-12-01), a date and time "
+        raise BadValue(f"{shown(text)} is not a time: give a date (2026-12-01), a date and time "
                        f"(2026-12-01T09:30) or a duration ago (7d, 12h)") from None
     return when.timestamp()
 
@@ -51,10 +52,10 @@ def request_fields(a: dict[str, Any], now: float) -> dict[str, Any]:
             except ValueError as exc:
                 raise BadValue(str(exc)) from None
             ranges.append([ids[0], ids[-1]])
-        elif word.isascii() and word.isdigit() and int(word) > 0:
+        elif _whole(word, 1, 1 << 53):
             ranges.append([int(word), int(word)])
         else:
-            raise BadValue(f"{word!r}: name jobs here by id or FIRST-LAST range (a name goes to --name)")
+            raise BadValue(f"{shown(word)}: name jobs here by id or FIRST-LAST range (a name goes to --name)")
     if len(ranges) > protocol.HISTORY_ID_RANGES:
         raise BadValue(f"name at most {protocol.HISTORY_ID_RANGES} ids or ranges (use --array or --name for "
                        f"a whole series)")
@@ -62,31 +63,34 @@ def request_fields(a: dict[str, Any], now: float) -> dict[str, Any]:
         fields["ids"] = ranges
     if a.get("--name") is not None:
         if not valid_name(a["--name"]):
-            raise BadValue(f"--name {a['--name']!r}: {NAME_RULE}")
+            raise BadValue(f"--name {shown(a['--name'])}: {NAME_RULE}")
         fields["name"] = a["--name"]
     if a.get("--array") is not None:
         text = a["--array"]
-        if not (text.isascii() and text.isdigit() and int(text) > 0):
-            raise BadValue(f"--array {text!r}: give the first job id of the bulk submit, as list shows it")
+        if not _whole(text, 1, 1 << 53):
+            raise BadValue(f"--array {shown(text)}: give the first job id of the bulk submit, as list shows it")
         fields["array"] = int(text)
     for flag, key, choices in (("--state", "result", protocol.HISTORY_RESULTS),
                                ("--verdict", "verdict", protocol.HISTORY_VERDICTS)):
         if a.get(flag) is not None:
             if a[flag] not in choices:
-                raise BadValue(f"{flag} {a[flag]!r}: expected one of {', '.join(choices)}")
+                raise BadValue(f"{flag} {shown(a[flag])}: expected one of {', '.join(choices)}")
             fields[key] = a[flag]
     for flag in ("--since", "--until"):
         if a.get(flag) is not None:
-            fields[flag[2:]] = parse_time(a[flag], now)
+            try:
+                fields[flag[2:]] = parse_time(a[flag], now)
+            except BadValue as exc:
+                raise BadValue(f"{flag} {exc}") from None
     if a.get("--setup") is not None:
         digest = protocol.setup_digest(a["--setup"])
         if digest is None:
-            raise BadValue(f"--setup {a['--setup']!r}: give a setup digest (sha256:...) or at least its "
+            raise BadValue(f"--setup {shown(a['--setup'])}: give a setup digest (sha256:...) or at least its "
                            f"first 8 hex digits, as report and show --record print it")
         fields["setup"] = digest
     if a.get("--user") is not None:
         if split_ref(f"{a['--user']}:x") is None:
-            raise BadValue(f"--user {a['--user']!r}: not a login name")
+            raise BadValue(f"--user {shown(a['--user'])}: not a login name")
         fields["user"] = a["--user"]
     if a.get("--all"):
         fields["all"] = True
@@ -94,10 +98,15 @@ def request_fields(a: dict[str, Any], now: float) -> dict[str, Any]:
 
 
 def limit_of(a: dict[str, Any]) -> int:
-    text = a.get("--limit") or "100"
-    if not (text.isascii() and text.isdigit() and 0 < int(text) <= 1_000_000):
-        raise BadValue(f"--limit {text!r}: expected a whole number from 1 to 1000000")
+    text = "100" if a.get("--limit") is None else a["--limit"]
+    if not _whole(text, 1, 1_000_000):
+        raise BadValue(f"--limit {shown(text)}: expected a whole number from 1 to 1000000")
     return int(text)
+
+
+def _whole(text: str, low: int, high: int) -> bool:
+    """Whether *text* is a whole number from *low* to *high* (ASCII digits; thousands of them are not)."""
+    return text.isascii() and text.isdigit() and len(text) <= len(str(high)) and low <= int(text) <= high
 
 
 def fetch(conn, fields: dict[str, Any], limit: int) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
@@ -161,10 +170,11 @@ def format_history(rows: list[dict[str, Any]], width: int | None) -> list[str]:
 
 
 def _cells(r: dict[str, Any]) -> tuple[str, ...]:
-    array = r.get("array") or {}
+    from ..core.listrows import array_cell
+    array = r.get("array")
     ended = r.get("ended")
     return (str(r["id"]), one_line(r.get("name") or "-"),
-            f"{array['first']}_{array['index']}" if array.get("first") is not None else "-",
+            (isinstance(array, dict) and array.get("first") is not None and array_cell(array)) or "-",
             time.strftime("%Y-%m-%d %H:%M", time.localtime(ended)) if ended else "-",
             _seconds(r.get("wall_s")), _seconds(r.get("cpu_s")), one_line(str(r.get("exit") or "-")),
             r.get("verdict") or "-", one_line(r.get("command") or ""))
@@ -195,8 +205,14 @@ def cmd_report(conn, a: dict[str, Any], out) -> int:
     from . import report
     now = time.time()
     try:
-        fields, limit = request_fields(a, now), limit_of({"--limit": a.get("--limit") or "1000"})
-        fmt = report.plot_format(a["--plot"]) if a.get("--plot") else None
+        fields = request_fields(a, now)
+        limit = limit_of({"--limit": "1000" if a.get("--limit") is None else a["--limit"]})
+        fmt = report.plot_format(a["--plot"]) if a.get("--plot") is not None else None
+        if a.get("--metric") is not None:
+            from shepherd.figures import name_problem
+            if name_problem(a["--metric"]):
+                raise BadValue(f"--metric {shown(a['--metric'])}: {name_problem(a['--metric'])}, as the job "
+                               f"wrote it to $HPC_BATCH_METRICS_FILE")
     except (BadValue, ValueError) as exc:
         return out.fail(str(exc), 2, "usage")
     if not any(k in fields for k in ("ids", "name", "array", "setup")):

@@ -27,13 +27,13 @@ def format_cores(cores: list[list[int]]) -> str:
 
 
 SHOW_FIELDS = (
-    ("id", "id"), ("name", "name"), ("user", "user"), ("command", "command"), ("cwd", "directory"),
+    ("id", "id"), ("array", "array"), ("name", "name"), ("user", "user"), ("command", "command"), ("cwd", "directory"),
     ("state", "state"), ("position", "place in queue"), ("why", "waiting because"),
     ("after", "after"), ("benchmark", "benchmark"), ("cpus", "cpus"), ("cores", "cores"),
     ("idle_cpus", "held idle"), ("l3_idle", "held for its L3"), ("numa_nodes", "numa nodes"), ("gpus", "gpus"),
     ("gpu_label", "gpu set"), ("mem", "memory budget"), ("max_time", "max time"), ("deadline", "deadline"),
-    ("cgroup", "cgroup"), ("output", "output"), ("submitted", "submitted"), ("started", "started"),
-    ("ended", "ended"), ("wall", "wall time"), ("exit", "result"), ("cpu_time", "cpu time"),
+    ("cgroup", "cgroup"), ("output", "output"), ("notify", "notify"), ("submitted", "submitted"),
+    ("started", "started"), ("ended", "ended"), ("wall", "wall time"), ("exit", "result"), ("cpu_time", "cpu time"),
     ("peak_mem", "peak memory"), ("aslr", "aslr"), ("thp", "transparent huge pages"),
     ("shortfalls", "fell short"),
 )
@@ -71,12 +71,42 @@ def format_show(job: dict[str, Any], now: float) -> list[str]:
                     f"{'/'.join(map(str, sorted(threads)))} thread{'s' if threads != {1} else ''} each)")
         elif key == "exit":
             text = f"{job['exit']}" + _note(job) if job["state"] == "finished" else ""
+        elif key == "array":
+            text = array_words(value)
+        elif key == "notify":
+            text = ", ".join(value.get("forms") or ())
+            text += f" ({value['command']})" if value.get("command") else ""
         else:
             text = str(value)
         if text:
             lines.append(f"{label}: {one_line(text)}")
     lines += [f"{label}: {one_line(text)}" for label, text in describe(job.get("quiet"))]
     return lines
+
+
+def array_words(array: dict[str, Any]) -> str:
+    """An element's ``show`` line: ``6_3 (index 3 of array 6_*: 5 jobs, at most 2 at once)``."""
+    from ..core.arrayref import WHOLE, element_name
+    size = f"{array['count']} jobs" if array.get("count") else "its size not recorded"
+    cap = f", at most {array['limit']} at once" if array.get("limit") else ""
+    return (f"{element_name(array['first'], array['index'])} (index {array['index']} of array "
+            f"{element_name(array['first'], WHOLE)}: {size}{cap})")
+
+
+def format_array(doc: dict[str, Any]) -> list[str]:
+    """``dispatch show 6_*`` for people: the array as a whole, one ``field: value`` line each."""
+    from ..core.arrayref import WHOLE, element_name
+    held = len(doc["ids"])
+    states = ", ".join(f"{n} {state}" for state, n in sorted(doc["states"].items()))
+    lines = [f"array: {element_name(doc['first'], WHOLE)}",
+             f"jobs: {doc['count']} ({doc['first']}-{doc['last']})" if doc["count"] > 1 else
+             f"jobs: 1 ({doc['first']})",
+             f"at most at once: {doc['limit'] or 'no cap'}", f"user: {doc['user']}"]
+    if doc.get("name"):
+        lines.append(f"name: {doc['name']}")
+    lines.append(f"states: {states}" + (f" ({doc['count'] - held} more ended and left the list: "
+                                        f"dispatch history --array {doc['first']})" if held < doc["count"] else ""))
+    return [one_line(line) for line in lines]
 
 
 def format_rows(jobs: list[dict[str, Any]], now: float, finished: bool) -> list[str]:

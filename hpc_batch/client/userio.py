@@ -32,7 +32,7 @@ def check_destination(cwd: str, output: str | None, flag: str = "--output") -> t
     except FileNotFoundError:
         is_dir = False
     except OSError as exc:
-        raise OutputError(f"cannot use {what} path {target}: {exc.strerror}") from None
+        raise OutputError(f"cannot use {what} path {target}: {exc.strerror}; pick another {flag}") from None
     parent = target if is_dir else (os.path.dirname(target) or "/")
     if not os.path.isdir(parent):
         raise OutputError(f"{what} directory {parent} does not exist; create it or pick another {flag}")

@@ -14,7 +14,9 @@ ARRAY_FORMS = "e.g. 1-100, 0-98:2, 1,4,9 or 1-1000%8 (at most 8 at once)"
 
 def _number(text: str, what: str) -> int:
     if not (text.isascii() and text.isdigit()):
-        raise ValueError(f"{what} {text!r} is not a whole number")
+        raise ValueError(f"{what} {bounds.shown(text)} is not a whole number")
+    if len(text) > len(str(bounds.MAX_ARRAY_INDEX)):   # past every bound below (int() of any length is slow)
+        raise ValueError(f"{what} {bounds.shown(text)} is too large")
     return int(text)
 
 
@@ -25,8 +27,8 @@ def parse_array(spec: str) -> tuple[list[int], int | None]:
     try:
         if pct:
             cap = _number(cap_text, "the cap after %")
-            if cap < 1:
-                raise ValueError("the cap after % must be at least 1")
+            if not 1 <= cap <= bounds.MAX_ARRAY:
+                raise ValueError(f"the cap after % must be from 1 to {bounds.MAX_ARRAY}")
         indices: set[int] = set()
         for part in text.split(","):
             part = part.strip()
@@ -45,7 +47,7 @@ def parse_array(spec: str) -> tuple[list[int], int | None]:
                 raise ValueError(f"at most {bounds.MAX_ARRAY} jobs may be submitted at once")
             indices.update(range(low, high + 1, step))
     except ValueError as exc:
-        raise ValueError(f"--array {spec!r}: {exc}; {ARRAY_FORMS}") from None
+        raise ValueError(f"--array {bounds.shown(spec)}: {exc}; {ARRAY_FORMS}") from None
     return sorted(indices), cap
 
 
@@ -66,16 +68,19 @@ def parse_commands(text: str, source: str) -> list[str]:
 def parse_range(text: str, most: int) -> list[int]:
     """The job ids of ``A-B`` (both ends included), at most *most* of them."""
     low_text, _, high_text = text.partition("-")
+    if max(len(low_text), len(high_text)) > len(str(bounds.MAX_ID)):   # (and int() of any length is slow)
+        raise ValueError(f"job range {bounds.shown(text)}: no job has an id that large "
+                         f"(they go up to {bounds.MAX_ID})")
     low, high = int(low_text), int(high_text)
     if low < 1 or high < low:
-        raise ValueError(f"job range {text!r}: expected FIRST-LAST with 1 <= FIRST <= LAST, e.g. 12-40")
+        raise ValueError(f"job range {bounds.shown(text)}: expected FIRST-LAST with 1 <= FIRST <= LAST, e.g. 12-40")
     if high - low + 1 > most:
-        raise ValueError(f"job range {text!r} names {high - low + 1} jobs; at most {most} at once")
+        raise ValueError(f"job range {bounds.shown(text)} names {high - low + 1} jobs; at most {most} at once")
     return list(range(low, high + 1))
 
 
 def format_ids(ids: list[int]) -> str:
-    """``12-40`` for a run of consecutive ids, else the ids comma-separated."""
-    if ids and ids == list(range(ids[0], ids[0] + len(ids))) and len(ids) > 1:
+    """``12-40`` for a run of consecutive ids, else the ids (or names) comma-separated."""
+    if len(ids) > 1 and all(isinstance(i, int) for i in ids) and ids == list(range(ids[0], ids[0] + len(ids))):
         return f"{ids[0]}-{ids[-1]}"
     return ",".join(str(i) for i in ids)

@@ -1,6 +1,6 @@
 """Durations as users type them: ``3600``, ``45m``, ``2h``, ``1h30m``, ``1d``."""
 
-from ..bounds import MAX_SECONDS
+from ..bounds import MAX_SECONDS, shown
 
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _PART = r"([0-9]+)([dhms])"
@@ -13,6 +13,8 @@ class DurationError(ValueError):
 def parse_duration(text: str) -> int:
     """Return *text* as whole seconds (plain seconds or d/h/m/s parts, largest first)."""
     s = text.strip()
+    if sum(c.isdigit() for c in s.lstrip("0")) > _MOST_DIGITS:   # (int() of thousands of digits is refused, slowly)
+        raise DurationError(_too_long(text))
     if s.isascii() and s.isdigit():
         value = int(s)
     else:
@@ -31,15 +33,21 @@ def parse_duration(text: str) -> int:
         if pos != len(s) or pos == 0:
             raise DurationError(_message(text))
     if value <= 0:
-        raise DurationError(f"duration {text!r} must be longer than zero seconds")
+        raise DurationError(f"duration {shown(text)} must be longer than zero seconds")
     if value > MAX_SECONDS:
-        raise DurationError(f"duration {text!r} is longer than the {MAX_SECONDS // (365 * 86400)} years "
-                            f"any job may be given")
+        raise DurationError(_too_long(text))
     return value
 
 
+_MOST_DIGITS = 24   # far past MAX_SECONDS in any unit, and its parts together
+
+
+def _too_long(text: str) -> str:
+    return f"duration {shown(text)} is longer than the {MAX_SECONDS // (365 * 86400)} years any job may be given"
+
+
 def _message(text: str) -> str:
-    return (f"invalid duration {text!r}: use seconds (3600) or d/h/m/s parts "
+    return (f"invalid duration {shown(text)}: use seconds (3600) or d/h/m/s parts "
             f"largest first (45m, 2h, 1h30m, 1d)")
 
 

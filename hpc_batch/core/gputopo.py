@@ -81,6 +81,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from .. import bounds
+
 ENUMERATION_LIMIT = 20_000
 
 _PCIE_RANK = {"PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
@@ -244,7 +246,7 @@ def parse_link_class(text: str) -> Link:
     if name in _PCIE_RANK:
         return Link(name)
     raise TopoError(
-        f"unknown GPU link class {text!r}: use NV (any NVLink), NV<n> (at least n NVLinks, e.g. NV4), "
+        f"unknown GPU link class {bounds.shown(text)}: use NV (any NVLink), NV<n> (at least n NVLinks, e.g. NV4), "
         "PIX, PXB, PHB, NODE or SYS"
     )
 

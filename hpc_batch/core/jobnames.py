@@ -3,8 +3,9 @@
 MAX_NAME = 64
 NAME_PUNCTUATION = "._-"   # besides ASCII letters and digits, all a name may hold
 # The rule in words, for every message that refuses a name (client, daemon, PSI/J).
-NAME_RULE = (f"a job name is 1-{MAX_NAME} letters, digits, '.', '_' or '-', and neither only digits "
-             f"nor FIRST-LAST digits (those are job ids and ranges)")
+NAME_RULE = (f"a job name is 1-{MAX_NAME} letters, digits, '.', '_' or '-', and not only digits, "
+             f"a negative number, FIRST-LAST digits, or digits and '_' alone (those are job ids, ranges "
+             f"and array elements, or read as such)")
 
 
 def name_char(c: str) -> bool:
@@ -20,6 +21,13 @@ def is_range(text: str) -> bool:
 
 def valid_name(name: object) -> bool:
     """A --name, by :data:`NAME_RULE`: the one definition the client, daemon and PSI/J bridge share."""
+    from .arrayref import looks_like
+    return stored_name(name) and not str(name).lstrip("-").isdigit() and not looks_like(str(name))
+
+
+def stored_name(name: object) -> bool:
+    """A name a stored job may hold: the rule before negative numbers were refused (a job named
+    ``-5`` by an older daemon still loads; it is named by its id)."""
     return (isinstance(name, str) and 0 < len(name) <= MAX_NAME and not name.isdigit()
             and all(name_char(c) for c in name) and not is_range(name))
 

@@ -24,12 +24,13 @@ older and newer state files keep loading.
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from shepherd.notifytext import check_request as check_notify
 from shepherd.records import KILLED as KILLED  # the shepherd's stop reasons are these two results
 from shepherd.records import TIMEOUT as TIMEOUT
 
 from .. import bounds
 from .cut import cut_command, join
-from .jobnames import valid_name
+from .jobnames import stored_name
 
 WAITING = "waiting"     # on its --after / --after-ok jobs
 QUEUED = "queued"
@@ -115,7 +116,9 @@ class Job:
     # How the jobs it names ended, kept when they were evicted before it left waiting:
     # [id, ok, exit column] each (dependencies.py reads it as it reads a finished job).
     after_ended: list[list[Any]] = field(default_factory=list)
-    array: dict[str, Any] | None = None                    # element of a bulk submit: first, index, limit
+    # Element of a bulk submit: first (the array's id), index, limit (%N), count (its size; a record
+    # from before arrays could be named has none, and its array is measured by its ids: Engine.array_of).
+    array: dict[str, Any] | None = None
     quiet: dict[str, Any] | None = None                    # benchmark job: IRQs, cpufreq, partition (quiet.py)
     shortfalls: list[str] = field(default_factory=list)    # --benchmark: every way the machine fell short
     bench_start: dict[str, Any] | None = None              # --benchmark: counters when it started (benchmark.Sample)
@@ -172,7 +175,7 @@ class Job:
         bounds.check_int(self.request.get("gpus", 0), 0, bounds.MAX_GPUS, "request.gpus")
         if self.request.get("gpu_link") is not None and not isinstance(self.request["gpu_link"], str):
             raise ValueError("request.gpu_link must be text")
-        if self.name is not None and not valid_name(self.name):
+        if self.name is not None and not stored_name(self.name):
             raise ValueError("name is not a valid job name")
         if not isinstance(self.after, list) or len(self.after) > MAX_AFTER:
             raise ValueError(f"after must be a list of at most {MAX_AFTER} job ids")
@@ -191,11 +194,16 @@ class Job:
             bounds.check_int(self.array.get("index"), 0, bounds.MAX_ARRAY_INDEX, "array.index")
             if self.array.get("limit") is not None:
                 bounds.check_int(self.array["limit"], 1, bounds.MAX_ARRAY, "array.limit")
+            if self.array.get("count") is not None:
+                bounds.check_int(self.array["count"], self.id - self.array["first"] + 1, bounds.MAX_ARRAY,
+                                 "array.count")
         if self.request.get("benchmark") not in (None, "warn", "strict"):
             raise ValueError("request.benchmark must be warn or strict")
         for name in ("aslr", "thp"):
             if self.request.get(name, "on") not in ("on", "off"):
                 raise ValueError(f"request.{name} must be on or off")
+        if self.request.get("notify") is not None:
+            check_notify(self.request["notify"])
         if not isinstance(self.shortfalls, list) or not all(isinstance(n, str) for n in self.shortfalls):
             raise ValueError("shortfalls must be a list of text")
         if self.bench_start is not None and not isinstance(self.bench_start, dict):

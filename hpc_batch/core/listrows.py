@@ -15,7 +15,8 @@ cpuset and two held idle (their siblings), on two cores.
 The row of a job that never started depends on nothing but the job (no
 clock, no time zone), so the daemon writes those itself for a text listing
 (``handlers.list_page``) and the client formats only the others; both with
-``format_row``.
+``format_row``. For the table form the daemon sends ``table_row``'s values
+instead, which hold no clock at all.
 """
 
 import time
@@ -56,6 +57,30 @@ def format_row(job: "dict[str, Any]", now: float, finished: bool) -> str:
         # Accounting goes before <state> <exit>, so those stay the last words (notes aside).
         line += _usage(job) + f" {job['state']} {job.get('exit') or '-'}" + _note(job)
     return line
+
+
+# A job as the table form of ``dispatch list`` reads it (client/listtable.py): its summary's
+# fields, with the cpus and the note already in their words. The daemon sends each job as a
+# list of these values (a fraction of a summary's bytes), or the client makes one from a summary.
+TABLE_FIELDS = ("id", "user", "name", "command", "state", "started", "ended", "max_time", "mem", "spread",
+                "exclusive", "cpus", "gpu_label", "exit", "note", "cpu_time", "peak_mem", "verdict", "array")
+
+
+def table_row(job: "dict[str, Any]") -> "list[Any]":
+    """A job's summary as TABLE_FIELDS' values; like the plain row, accounting only for a job
+    that finished."""
+    stats = (job.get("stats") or {}) if job["state"] == "finished" else {}
+    return [job["id"], job["user"], job.get("name"), job["command"], job["state"], job.get("started"),
+            job.get("ended"), job["max_time"], job.get("mem"), bool(job.get("spread")),
+            bool(job.get("exclusive")), cpu_column(job), job.get("gpu_label"), job.get("exit"),
+            _note(job)[2:-1] or None, stats.get("cpu_time"), stats.get("peak_mem"), stats.get("verdict"),
+            array_cell(job.get("array"))]
+
+
+def array_cell(array: "dict[str, Any] | None") -> "str | None":
+    """An array element's cell, ``6_3`` (Slurm's ARRAY_INDEX), or None for a job submitted alone."""
+    from .arrayref import element_name
+    return element_name(array["first"], array["index"]) if array else None
 
 
 def cpu_column(job: "dict[str, Any]") -> str:

@@ -374,7 +374,25 @@ def describe_unit(machine: Machine, limits: Limits) -> str:
     else:
         unit = "single threads (--cpu-unit thread): two jobs may run on the threads of one core"
     held = cputopo.format_cpulist(cap.reserved_cpus) if cap.reserved_cpus else "none"
-    return f"CPU allocation: {unit}; reserved for the OS (--reserve-cpu {limits.reserve_cpu}): CPUs {held}"
+    return (f"CPU allocation: {unit}; reserved for the OS (--reserve-cpu {limits.reserve_cpu}): CPUs {held}"
+            f"{_reserve_note(machine, limits, cap.reserved_cpus)}")
+
+
+def _reserve_note(machine: Machine, limits: Limits, reserved: tuple[int, ...]) -> str:
+    """Why the reserve holds another count of CPUs than ``--reserve-cpu`` asked, in words ("" if it does not).
+
+    The rules are capacity()'s: whole units, never the machine's last one, all from one node.
+    """
+    asked, got = limits.reserve_cpu, len(reserved)
+    if got == asked:
+        return ""
+    if got > asked:
+        return f" ({asked} rounded up to whole cores)"
+    units = _units(machine, limits.whole_cores)
+    left = len({units[c] for n in machine.nodes for c in n.cpus}) - len({units[c] for c in reserved})
+    if left <= 1:
+        return f" (only {got} of {asked}: the machine's last {'core' if limits.whole_cores else 'CPU'} is left to jobs)"
+    return f" (only {got} of {asked}: the reserve comes from the lowest NUMA node with CPUs, which has no more)"
 
 
 def default_share(cpus: int, machine: Machine) -> int:

@@ -11,10 +11,15 @@ from shepherd.sizes import KiB, TiB
 from shepherd.sizes import MiB as MiB
 from shepherd.sizes import format_size as format_size  # the one formatter (the shepherd's too: see there)
 
-from ..bounds import MAX_MEM
+from ..bounds import MAX_MEM, shown
 
-_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?"
+# K, KB and KiB alike are 1024 bytes: memory is counted in powers of two (a "16 GB" DIMM holds
+# 16 GiB), and refusing 64GB would only refuse what people mean. A B alone is no unit here: 512B
+# read as 512 GiB would be a trap.
+_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*(?:([KMGT])(?:i?B)?)?"
 UNITS = {"K": KiB, "M": MiB, "G": GiB, "T": TiB}
+# The units in words, for --help texts and messages.
+UNIT_FORMS = "K, M, G or T (KiB to TiB; KB and KiB mean the same)"
 
 
 class SizeError(ValueError):
@@ -26,14 +31,16 @@ def parse_size(text: str, default_unit: str = "G", allow_zero: bool = False) -> 
     import re  # here, not at the top: the client's start-up does not pay for re unless it parses a size
     m = re.fullmatch(_SIZE, text.strip(), re.IGNORECASE)
     if not m:
-        raise SizeError(f"{text!r}: expected a size such as 84 ({default_unit}iB), 512M or 64G")
-    unit = m.group(2).upper() or default_unit
-    value = int(float(m.group(1)) * UNITS[unit])
-    if value < 0 or (value == 0 and not allow_zero):
-        raise SizeError(f"{text!r}: must be more than zero")
-    if value > MAX_MEM:
-        raise SizeError(f"{text!r}: larger than any machine's memory or disk (at most 1 EiB; "
+        raise SizeError(f"{shown(text)}: expected a number in {default_unit}iB, or with a unit {UNIT_FORMS}, "
+                        f"e.g. 84, 512M or 64G")
+    unit = (m.group(2) or default_unit).upper()
+    number = float(m.group(1))
+    if number * UNITS[unit] > MAX_MEM:   # (a float: a thousand digits are inf, never an int)
+        raise SizeError(f"{shown(text)}: larger than any machine's memory or disk (at most 1 EiB; "
                         f"a bare number is in {default_unit}iB)")
+    value = int(number * UNITS[unit])
+    if value < 0 or (value == 0 and not allow_zero):
+        raise SizeError(f"{shown(text)}: must be more than zero")
     return value
 
 

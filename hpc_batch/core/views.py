@@ -57,8 +57,30 @@ def summary(job: Job, machine: Machine) -> dict[str, Any]:
         "exit": exit_column(res) if job.state == FINISHED else None,
         "result": job.result, "output": job.output, "output_error": job.output_error,
         "output_note": job.output_note, "name": job.name,
-        "stats": job.stats, "verdict": job.stats.get("verdict"),
+        "stats": job.stats, "verdict": job.stats.get("verdict"), "array": array_fields(job),
     }
+
+
+ARRAY_FIELDS = ("first", "index", "limit", "count")
+
+
+def array_fields(job: Job) -> dict[str, Any] | None:
+    """A bulk submit's element as every document shows it: ``first`` (the array's id), ``index``,
+    ``limit`` (the %N cap, or None) and ``count`` (its size; None for a job stored before it was
+    kept); None for a job submitted alone."""
+    return None if job.array is None else {k: job.array.get(k) for k in ARRAY_FIELDS}
+
+
+def array_doc(first: int, elements: list[Job], count: int) -> dict[str, Any]:
+    """``dispatch show 6_*``: the array as a whole. *elements* are those the daemon holds (an
+    ended one may be forgotten); ``states`` counts them by state, ``ids`` are theirs."""
+    states: dict[str, int] = {}
+    for job in elements:
+        states[job.state] = states.get(job.state, 0) + 1
+    head = elements[0]
+    limit = head.array.get("limit") if head.array is not None else None
+    return {"first": first, "last": first + count - 1, "count": count, "limit": limit, "user": head.user,
+            "name": head.name, "states": states, "ids": [job.id for job in elements]}
 
 
 def show(job: Job, machine: Machine, *, position: int | None, why: str | None, cgroup: str | None,
@@ -80,6 +102,7 @@ def show(job: Job, machine: Machine, *, position: int | None, why: str | None, c
         "wall": (job.ended or now) - job.started if job.started is not None else None,
         "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
         "after": job.after, "after_ok": job.after_ok, "quiet": job.quiet,
+        "notify": job.request.get("notify"),
         **report.bench_fields(job.request, job.alloc, job.shortfalls),
         **_how_it_ended(res),
     })
@@ -117,16 +140,17 @@ def watch_job(job: Job, machine: Machine) -> dict[str, Any]:
 
 def end_fields(job: Job) -> dict[str, Any]:
     """The fields of the ``end`` event that closes an ``attach`` stream (also the whole answer to
-    attaching to a job already finished)."""
+    attaching to a job already finished, and a ``log`` page's ``end``); ``wait_status`` is the
+    exit status ``dispatch wait`` gives for it, which ``log --follow`` exits with."""
     res = job.get_result()
-    return {"id": job.id, "state": job.state, "exit": exit_column(res), "note": res.note if res else None,
-            "output": job.output, "output_error": job.output_error}
+    return {"id": job.id, "state": job.state, "exit": exit_column(res), "wait_status": wait_status(res),
+            "note": res.note if res else None, "output": job.output, "output_error": job.output_error}
 
 
 def forgotten_end(job_id: int) -> dict[str, Any]:
     """The ``end`` event's fields for an attached job forgotten (``--keep-finished``) while a slow
     client still read its output: as a wait entry says it, ``unknown``."""
-    return {"id": job_id, "state": "unknown", "exit": None, "note": None}
+    return {"id": job_id, "state": "unknown", "exit": None, "wait_status": wait_status(None), "note": None}
 
 
 def history_row(job: Job) -> dict[str, Any]:
@@ -139,7 +163,7 @@ def history_row(job: Job) -> dict[str, Any]:
     alloc = job.alloc or {}
     started, ended = job.started, job.ended
     command, command_len = job.shown
-    array = None if job.array is None else {k: job.array.get(k) for k in ("first", "index", "limit")}
+    array = array_fields(job)
     return {
         "id": job.id, "user": job.user, "uid": job.uid, "name": job.name, "array": array,
         "command": command, "command_len": command_len,

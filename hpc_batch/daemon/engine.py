@@ -27,10 +27,10 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from shepherd import records
+from shepherd import notifytext, records
 
 from .. import bounds, defaults
-from ..core import benchmark, dependencies, report, resources, scheduler, views
+from ..core import arrayref, benchmark, dependencies, machinemap, report, resources, scheduler, views
 from ..core.durations import format_duration
 from ..core.jobnames import log_name, split_ref
 from ..core.jobs import (
@@ -302,10 +302,22 @@ class Engine:
         if self.table.queued:
             job = self.jobs[next(iter(self.table.in_order()))]
             head = {"id": job.id, "user": job.user, "name": job.name, "why": self.why(job)[1]}
-            if caller is not None and not (caller.is_admin or caller.uid == job.uid or self.cfg.list_is_public):
+            if not self._shows_whose(caller, job):
                 head.update(user=None, name=None, why=None)   # its request would say whose it may be
-        return report.status(self.machine, self.limits, self.table.allocs(),
-                             self.cfg.schedule, len(self.table.queued), len(self.table.waiting), head)
+        st = report.status(self.machine, self.limits, self.table.allocs(),
+                           self.cfg.schedule, len(self.table.queued), len(self.table.waiting), head)
+        holders = []
+        for job_id, run in self.table.running.items():
+            job = self.jobs[job_id]
+            seen = self._shows_whose(caller, job)
+            holders.append(machinemap.Holder(job_id if seen else None, job.user if seen else None, run.alloc))
+        st["map"] = machinemap.build(self.machine, resources.capacity(self.machine, self.limits).reserved_cpus,
+                                     holders)
+        return st
+
+    def _shows_whose(self, caller: Caller | None, job: Job) -> bool:
+        """Whether status names *job* and its user to *caller*: an admin's, the owner's, or a public list."""
+        return caller is None or caller.is_admin or caller.uid == job.uid or self.cfg.list_is_public
 
     def lookup(self, caller: Caller, ref: int | str) -> Job:
         """The job *caller* names by id, NAME or USER:NAME, or Refused.
@@ -315,7 +327,12 @@ class Engine:
         caller may not see is refused as not found, exactly like a job that
         does not exist, unless --list-is-public lets everyone see it anyway.
         """
-        if isinstance(ref, str):
+        if isinstance(ref, str) and (aref := arrayref.parse(ref)) is not None:
+            if aref.index is None:
+                raise Refused(f"{ref} names a whole array; name one job here, e.g. {aref.first}_1 "
+                              f"(dispatch list {ref} lists them)")
+            job = self._element(caller, aref.first, aref.index)
+        elif isinstance(ref, str):
             split = split_ref(ref)
             if split is None:
                 raise Refused(f"no job named {ref!r}", "not_found")
@@ -336,6 +353,63 @@ class Engine:
                               "not_found")
             raise Refused(f"job {ref} belongs to another user", "forbidden")
         return job
+
+    def array_of(self, caller: Caller, first: int) -> tuple[list[Job], int]:
+        """The elements of array *first* that the daemon holds, in id order, and the array's size;
+        Refused (as ``lookup`` refuses) when there is none or the caller may not see it.
+
+        O(array size), never O(jobs): its ids are consecutive from *first*. An element forgotten
+        (``--keep-finished``) is a gap; an array stored before arrays had a ``count`` is measured
+        to the last id it holds.
+        """
+        if first >= self.next_id:
+            raise Refused(f"no such job: {first}", "not_found")
+        head = self.jobs.get(first)
+        if head is not None:
+            self.lookup(caller, first)   # (another user's is refused before anything is said of it)
+        if head is not None and (head.array is None or head.array["first"] != first):
+            where = f"; it is element {arrayref.element_name(head.array['first'], head.array['index'])}" \
+                if head.array is not None else ""
+            raise Refused(f"job {first} is not an array's first job{where}", "not_found")
+        count = head.array.get("count") if head is not None and head.array is not None else None
+        elements = [] if head is None else [head]
+        last = first + (count or bounds.MAX_ARRAY) - 1
+        for job_id in range(first + 1, min(last, self.next_id - 1) + 1):
+            job = self.jobs.get(job_id)
+            if job is None:
+                continue
+            if job.array is None or job.array["first"] != first:
+                break   # past its end
+            elements.append(job)
+            count = count or job.array.get("count")
+            if count is not None:
+                last = first + count - 1
+        if not elements:
+            raise Refused(f"no array {first}: the daemon holds none of its jobs (dispatch history "
+                          f"--array {first} lists those that ended)", "not_found")
+        self.lookup(caller, elements[0].id)   # its user's, or refused as lookup refuses
+        return elements, count or elements[-1].id - first + 1
+
+    def _element(self, caller: Caller, first: int, index: int) -> Job:
+        """The element of array *first* submitted with *index*: O(1) when its indices run on
+        without gaps (each id one more than the last), else O(array size)."""
+        head = self.jobs.get(first)
+        if head is not None:
+            self.lookup(caller, first)   # (another user's is refused before anything is said of it)
+        if head is not None and head.array is not None and head.array["first"] == first:
+            guess = self.jobs.get(first + index - head.array["index"])
+            if guess is not None and guess.array is not None and guess.array["first"] == first \
+                    and guess.array["index"] == index:
+                return guess   # (one submit's: the same user's as its first)
+        elements, count = self.array_of(caller, first)
+        for job in elements:
+            if job.array is not None and job.array["index"] == index:
+                return job
+        indices = [j.array["index"] for j in elements if j.array is not None]
+        held = f"{count} jobs, indices {indices[0]} to {indices[-1]}" if len(elements) == count else \
+            f"{count} jobs, of which it still holds {len(elements)} (dispatch history --array {first} lists " \
+            f"those that ended)"
+        raise Refused(f"array {first} has no element with index {index} ({held})", "not_found")
 
     # -- submit ---------------------------------------------------------------
     def submit(self, caller, req: NewJob, now: float) -> dict | bulks.Storing:
@@ -363,12 +437,15 @@ class Engine:
                 f"you already have {held}"
             raise Refused(f"{many} queued or waiting, more than the {self.cfg.max_queued_per_user} one user may "
                           f"have (the admin's --max-queued-per-user); wait for some to start", "queue_full")
+        wanted: dict[str, Any]   # (its values are of many types: --notify's is an object)
         wanted = {"cpus": req.cpus, "mem": req.mem, "gpus": req.gpus, "exclusive": req.exclusive,
                   "numa_local": req.numa_local or req.benchmark is not None,   # --benchmark keeps memory local
                   "numa_local_gpu": req.numa_local_gpu, "gpu_link": req.gpu_link,
                   "benchmark": req.benchmark, "whole_l3": req.whole_l3, "aslr": req.aslr, "thp": req.thp}
         if req.record_to is not None or req.record_env:   # (kept out of the usual job's record)
             wanted.update(record_to=req.record_to, record_is_dir=req.record_is_dir, record_env=req.record_env)
+        if req.notify is not None:
+            wanted.update(notify=req.notify)
         request = request_of(wanted)
         try:
             budget = resources.check_request(request, self.machine, self.limits)
@@ -378,7 +455,7 @@ class Engine:
             pw = pwd.getpwuid(caller.uid)
         except KeyError:
             raise Refused(f"uid {caller.uid} has no passwd entry; jobs run as a named user") from None
-        after = [self.lookup(caller, ref).id for ref in req.after]   # unknown or another user's: refused
+        after = self._dependencies(caller, req)
         first = self.next_id
         bulk = len(elements) > 1 or bool(req.array or req.commands)
         # An --array's elements share one argv list, stored once (Store.add_jobs); --commands' differ.
@@ -400,13 +477,15 @@ class Engine:
                        budget={"mem": budget.mem, "assigned": budget.assigned},
                        output=output, umask=req.umask, name=req.name, after=sorted(set(after)),
                        after_ok=req.after_ok, state=WAITING if after else QUEUED,
-                       array=None if not bulk else {"first": first, "index": index, "limit": req.array_limit})
+                       array=None if not bulk else {"first": first, "index": index, "limit": req.array_limit,
+                                                     "count": len(elements)})
 
         env = {"forward": req.env, "job_env": req.job_env, "base": req.base_env}
         if len(elements) > bulks.SLICE:   # stored a slice per turn, answered once all of it is durable
             b = bulks.Bulk(uid=caller.uid, first=first, count=len(elements), make=make, env=env,
                            shared_argv=shared_argv,
                            reply={"id": first, "mem": budget.mem, "mem_assigned": budget.assigned,
+                                  "mem_enforced": self.cfg.cgroups,
                                   "name": req.name, "after": sorted(set(after)), "after_ok": req.after_ok,
                                   "note": None, "last": first + len(elements) - 1, "count": len(elements),
                                   "starting": 0, "limit": req.array_limit})
@@ -437,13 +516,32 @@ class Engine:
         starting = {j for j, _ in self.pending.starts} if self.pending is not None else set()
         job = made[0]
         reply = {"id": first, "state": RUNNING if first in starting else job.state, "mem": budget.mem,
-                 "mem_assigned": budget.assigned, "output": job.output, "name": job.name,
+                 "mem_assigned": budget.assigned, "mem_enforced": self.cfg.cgroups,
+                 "output": job.output, "name": job.name,
                  "after": job.after, "after_ok": job.after_ok,
                  "note": result.note if job.state == FINISHED and (result := job.get_result()) else None}
         if bulk:
             reply.update(last=first + len(made) - 1, count=len(made), starting=len(starting),
                          limit=req.array_limit)
         return reply
+
+    def _dependencies(self, caller: Caller, req: NewJob) -> list[int]:
+        """The ids of the jobs *req* follows (--after / --after-ok), or Refused naming the flag: one
+        unknown or another user's, or for --after-ok one that has already ended other than exit 0
+        (it could only wait, then fail as dependency-failed). One lookup a job named."""
+        flag = "--after-ok" if req.after_ok else "--after"
+        ids = []
+        for ref in req.after:
+            try:
+                dep = self.lookup(caller, ref)
+            except Refused as exc:
+                raise Refused(f"{flag} {ref}: {exc}", exc.code) from None
+            if req.after_ok and dep.state == FINISHED and not dependencies.ok(result := dep.get_result()):
+                raise Refused(f"{flag} {ref}: job {dep.id} has already ended with exit {exit_column(result)}, not 0, "
+                              f"so this job could never start (--after starts it however that one ended)",
+                              "finished")
+            ids.append(dep.id)
+        return ids
 
     def _enter(self, job: Job, look: bool) -> None:
         """A stored new job enters the table, with its output buffer and /dev entry; *look*: one
@@ -938,7 +1036,17 @@ class Engine:
             deadline=job.deadline, max_output_buffer=self.cfg.max_output_buffer,
             aslr=job.request.get("aslr", "on"), thp=job.request.get("thp", "on"),
             record=self._record_spec(job, alloc) if self.cfg.records == "all" else None,
+            notify=self._notify_spec(job),
         )
+
+    @staticmethod
+    def _notify_spec(job: Job) -> dict | None:
+        """The shepherd's part of --notify (shepherd/notify.py), or None."""
+        want = job.request.get("notify")
+        if not want:
+            return None
+        return {"tty": notifytext.TTY in want["forms"], "command": want.get("command"),
+                "limit": notifytext.LIMIT, "name": job.name}
 
     def _record_spec(self, job: Job, alloc) -> dict:
         """What the shepherd needs from the daemon for the job's reproducibility record."""

@@ -14,10 +14,12 @@ from typing import Any
 from shepherd.jsoncodec import dumps_wire
 
 from .. import __version__
+from ..core import arrayref, views
 from ..core.jobs import Job
-from ..core.listrows import format_row
+from ..core.listrows import format_row, table_row
 from ..wire import protocol
-from ..wire.protocol import History, JobRef, JobSetting, ListJobs, NewJob, Ping, Status
+from ..wire.protocol import History, JobRef, JobSetting, ListJobs, LogPage, NewJob, Ping, Status
+from . import joboutput
 from .access import Caller
 from .archive import Filters, Query
 from .bulks import Bulk, Storing
@@ -72,7 +74,11 @@ def list_page(engine: Engine, caller: Caller, req: ListJobs) -> dict[str, Any]:
         if job is None:
             continue
         row = text_row(engine, job, req.finished) if req.text else None
-        if row is not None:
+        if req.table:
+            cells, cost = table_cells(engine, job)
+            size += cost
+            jobs.append(cells)
+        elif row is not None:
             size += len(row) + 3
             jobs.append(row)
         else:
@@ -85,7 +91,7 @@ def list_page(engine: Engine, caller: Caller, req: ListJobs) -> dict[str, Any]:
                           f"{protocol.LIST_PAGE_BYTES >> 20} MiB) and this dispatch is older than "
                           f"hpc-batchd: use a dispatch of the same version, which asks for it in pages")
         return {"jobs": jobs}
-    return {"rows" if req.text else "jobs": jobs, "more": more}
+    return {"rows" if req.text or req.table else "jobs": jobs, "more": more}
 
 
 def text_row(engine: Engine, job: Job, finished: bool) -> str | None:
@@ -106,9 +112,35 @@ def text_row(engine: Engine, job: Job, finished: bool) -> str | None:
     return row
 
 
+def table_cells(engine: Engine, job: Job) -> tuple[list[Any], int]:
+    """A job's row of the table form (``listrows.table_row``) and its size in a reply.
+
+    Kept on a job that never started, as ``text_row`` is, and for the same fields: a long queue
+    costs a lookup a job, not a summary and its encoding.
+    """
+    if job.started is not None:
+        cells = table_row(engine.summary(job))
+        return cells, len(dumps_wire(cells)) + 1
+    key = (job.state, job.max_time, job.name, job.output_error, job.output_note)
+    kept = job.__dict__.get("_table_row")
+    if kept is not None and kept[0] == key:
+        return kept[1], kept[2]
+    cells = table_row(engine.summary(job))
+    cost = len(dumps_wire(cells)) + 1
+    job.__dict__["_table_row"] = (key, cells, cost)
+    return cells, cost
+
+
 def kill(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, Any]:
     """``dispatch kill ID``."""
     return protocol.ok(**engine.kill(caller, req.id, now))
+
+
+def log(engine: Engine, caller: Caller, req: LogPage, now: float) -> dict[str, Any]:
+    """``dispatch log JOB``: one page of the job's output so far (the same access as attach)."""
+    job = engine.lookup(caller, req.id)
+    return protocol.ok(**joboutput.log_page(job, engine.store.job_dir(job.id), req.offset, req.until,
+                                            engine.cfg.max_output_buffer))
 
 
 def job(engine: Engine, caller: Caller, req: JobSetting, now: float) -> dict[str, Any]:
@@ -117,11 +149,16 @@ def job(engine: Engine, caller: Caller, req: JobSetting, now: float) -> dict[str
 
 
 def show(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, Any] | Deferred:
-    """``dispatch show JOB``: a job the daemon holds, else one from the history."""
+    """``dispatch show JOB``: a job the daemon holds, else one from the history; ``show 6_*``: an
+    array's document (``views.array_doc``)."""
+    aref = arrayref.parse(req.id) if isinstance(req.id, str) else None
+    if aref is not None and aref.index is None:
+        elements, count = engine.array_of(caller, aref.first)
+        return protocol.ok(array=views.array_doc(aref.first, elements, count), now=now)
     try:
         return protocol.ok(job=engine.show(caller, req.id, now), now=now)
     except Refused as exc:
-        if exc.code != "not_found":
+        if exc.code != "not_found" or aref is not None:   # (the archive knows no 6_3)
             raise
         return Deferred(engine.archive_query(caller, "show", req.id, now))
 
@@ -132,7 +169,7 @@ def record(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str,
     try:
         return protocol.ok(record=engine.record(caller, req.id))
     except Refused as exc:
-        if exc.code != "not_found":
+        if exc.code != "not_found" or (isinstance(req.id, str) and arrayref.looks_like(req.id)):
             raise
         return Deferred(engine.archive_query(caller, "record", req.id, now))
 
@@ -158,4 +195,4 @@ def ping(engine: Engine, caller: Caller, req: Ping, now: float) -> dict[str, Any
 
 
 HANDLERS: dict[str, Handler] = {"new": new, "list": list_jobs, "kill": kill, "show": show, "record": record,
-                                 "status": status, "job": job, "ping": ping, "history": history}
+                                 "status": status, "job": job, "ping": ping, "history": history, "log": log}

@@ -65,7 +65,7 @@ def spec(job, alloc, machine, running: dict, *, housekeeping, thresholds: dict, 
         "cpus": list(alloc.cpus), "mems": mems, "node_cpus": node_cpus, "l3_cpus": l3_cpus,
         "held_idle": sorted(set(alloc.held) - set(alloc.cpus)),
         "requested": {
-            "request": {k: v for k, v in job.request.items() if k not in ("record_to", "record_is_dir")},
+            "request": {k: v for k, v in job.request.items() if k not in ("record_to", "record_is_dir", "notify")},
             "cpus": list(alloc.cpus), "held": list(alloc.held), "idle": list(alloc.idle),
             "cores": [list(c) for c in alloc.cores], "l3_idle": list(alloc.l3_idle),
             "l3_ids": sorted({cache.id for cache in l3 if cache.id is not None}),

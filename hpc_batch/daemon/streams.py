@@ -2,7 +2,9 @@
 
 A request is answered at once; these three are not. ``attach`` streams a
 job's output buffer as it grows (woken by inotify on the buffer, or a short
-poll where inotify is missing) and ends with the job's end; ``wait`` is
+poll where inotify is missing) and ends with the job's end (a finished job's
+buffer kept after a failed delivery is streamed from where the client
+is, then the end); ``wait`` is
 answered once every job it names has ended; ``watch`` sends one event per
 change to any of its user's jobs. Each is woken by the engine's job events,
 never by polling the jobs.
@@ -17,17 +19,15 @@ or user, and the inotify watches on the buffers.
 
 import logging
 import os
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from shepherd import records
-
-from ..core import views, waitpages
+from ..core import arrayref, views, waitpages
 from ..core.jobs import FINISHED, QUEUED, WAITING, Job
 from ..wire import framing, protocol
+from . import joboutput
 from .engine import Refused
 from .inotify import Inotify
 from .ratelog import RateLimited
@@ -153,8 +153,8 @@ class Streams:
             try:
                 job_id = self.engine.lookup(conn.caller, ref).id
             except Refused as exc:
-                if exc.code != "not_found":
-                    raise
+                if exc.code != "not_found" or (isinstance(ref, str) and arrayref.looks_like(ref)):
+                    raise   # (the archive knows no 6_3: the engine said what it knows of the array)
                 plan.append(("gone", len(gone)))
                 gone.append(ref)
                 continue
@@ -258,10 +258,13 @@ class Streams:
         """dispatch attach: the job's output so far, then as it comes, then its end."""
         assert self.engine is not None  # start() first
         job = self.engine.lookup(conn.caller, req.id)
-        if job.state == FINISHED:
+        kept = joboutput.has_kept_buffer(job, self.engine.store.job_dir(job.id))
+        if job.state == FINISHED and not kept:
             self.reply(conn, self._end_event(job), close=True)
             return
-        conn.attach = AttachState(job=job.id, fd=None, offset=req.offset)
+        # A finished job's kept buffer (its delivery failed) is streamed like a running job's
+        # rest: what the client has not yet seen, then the end.
+        conn.attach = AttachState(job=job.id, fd=None, offset=req.offset, ending=kept)
         self.attached.setdefault(job.id, set()).add(conn)
         self.reply(conn, protocol.event("attached", id=job.id, state=job.state))
         if job.state not in (QUEUED, WAITING):
@@ -273,18 +276,11 @@ class Streams:
         assert st is not None and self.engine is not None  # only for an attached conn, after start()
         if st.fd is not None:
             return
-        path = os.path.join(self.engine.store.job_dir(st.job), records.OUTPUT)
-        try:
-            # Non-blocking: a lease (or anything else a user set up) refuses instead of stalling us.
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-        except OSError:
+        path = joboutput.buffer_path(self.engine.store.job_dir(st.job))
+        st.fd = joboutput.open_buffer(path)
+        if st.fd is None:
             return
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-            os.close(fd)
-            return
-        st.fd = fd
-        if self.inotify and st.job not in self.job_wd:
+        if self.inotify and not st.ending and st.job not in self.job_wd:
             try:
                 wd = self.inotify.add(path)
                 self.job_wd[st.job] = wd

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import bounds
 from ..core import jobnames, jobs
 from ..core.jobnames import env_word
 
@@ -107,7 +108,8 @@ def _resources(res: Any) -> list[str]:
     if gpus:
         flags += ["--gpu-cores", str(gpus * procs)]
     if mem is not None:
-        flags += ["--max-mem", f"{-(-mem // 1024)}K"]   # bytes, rounded up to whole KiB
+        # Bytes, rounded up to whole KiB, and to the least budget a job has (asked less, it gets more).
+        flags += ["--max-mem", f"{-(-max(mem, bounds.MIN_JOB_MEM) // 1024)}K"]
     if res.exclusive_node_use:
         flags.append("--exclusive")
     return flags

@@ -29,6 +29,7 @@ REFUSALS = {
 # status dispatch exits with for a request; docs and usage texts are checked against both.
 CLIENT_FAILURES = {
     "usage": 2,         # a bad command line (docopt's, EX_USAGE)
+    "no_input": 66,     # record diff: a record cannot be had (a missing file, not a record) (EX_NOINPUT)
     "unreachable": 69,  # the daemon cannot be reached (EX_UNAVAILABLE)
 }
 

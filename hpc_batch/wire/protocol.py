@@ -14,7 +14,10 @@ is the *client's* fault with a message naming the field.
 from dataclasses import dataclass, field
 from typing import Any
 
+from shepherd import notifytext
+
 from .. import bounds
+from ..core import arrayref
 
 # Re-exported (``protocol.ok(...)`` and the rest): the redundant aliases mark them public.
 from ..core.jobnames import NAME_RULE, split_ref, valid_name
@@ -75,6 +78,11 @@ def _ref(value: object, field: str) -> int | str:
         if not 0 < value <= bounds.MAX_ID:
             raise ProtocolError(f"job ids are whole numbers from 1 to {bounds.MAX_ID}")
         return value
+    try:
+        if arrayref.parse(value) is not None:   # 6_3, 6_*: the engine resolves it
+            return value
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
     if split_ref(value) is None:
         raise ProtocolError(f"{_short(value)} is neither a job id nor a job name (NAME or USER:NAME)")
     return value
@@ -106,6 +114,19 @@ def _after(args: Args) -> tuple[int | str, ...]:
     if len(refs) > MAX_AFTER:
         raise ProtocolError(f"field 'after' may name at most {MAX_AFTER} jobs")
     return tuple(_ref(r, "after") for r in refs)
+
+
+def _notify(args: Args) -> dict[str, Any] | None:
+    forms = list(_str_list(args, "notify", max_items=len(notifytext.FORMS))) if "notify" in args else []
+    command = _get(args, "notify_command", (str,), default=None, allow_none=True)
+    if not forms and command is None:
+        return None
+    notify = {"forms": forms, "command": command}
+    try:
+        notifytext.check_request(notify)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
+    return notify
 
 
 def _str_list(args: Args, name: str, max_items: int | None = None) -> tuple[str, ...]:
@@ -173,6 +194,7 @@ class NewJob:
     record_to: str | None = None    # --record FILE: absolute; the record is written there as the user
     record_is_dir: bool = False     # *record_to* is a directory: record.<id>.json in it
     record_env: bool = False        # --record-env: the record holds the environment's values too
+    notify: dict[str, Any] | None = None   # --notify / --notify-command: {"forms": [...], "command": str | None}
 
     @classmethod
     def from_args(cls, args: Args) -> "NewJob":
@@ -197,7 +219,7 @@ class NewJob:
             argv=argv, cwd=_path(args, "cwd"),
             cpus=_int(args, "cpus", 1, bounds.MAX_CPUS, default=None, allow_none=True),
             gpus=_int(args, "gpus", 0, bounds.MAX_GPUS, default=0),
-            mem=_int(args, "mem", 1, bounds.MAX_MEM, default=None, allow_none=True),
+            mem=_int(args, "mem", bounds.MIN_JOB_MEM, bounds.MAX_MEM, default=None, allow_none=True),
             max_time=_int(args, "max_time", 1, bounds.MAX_SECONDS, default=None, allow_none=True),
             exclusive=_get(args, "exclusive", (bool,), default=False),
             numa_local=_get(args, "numa_local", (bool,), default=False),
@@ -219,6 +241,7 @@ class NewJob:
             record_to=_path(args, "record_to", default=None, allow_none=True),
             record_is_dir=_get(args, "record_is_dir", (bool,), default=False),
             record_env=_get(args, "record_env", (bool,), default=False),
+            notify=_notify(args),
         )
 
     def elements(self) -> list[tuple[tuple[str, ...], int | None]]:
@@ -258,6 +281,10 @@ class ListJobs:
     for ``jobs``: a job that never started as its text row (``core/listrows``),
     any other as its summary, for the client to format with its own clock and
     time zone. A daemon before *text* ignores it and answers ``jobs``.
+
+    With *table* (``dispatch list``'s table, on a terminal or with ``--format``) the
+    reply has ``rows`` too, each job as the list of ``core/listrows.TABLE_FIELDS``'
+    values; a daemon before *table* answers ``jobs``.
     """
 
     all: bool = False
@@ -265,6 +292,7 @@ class ListJobs:
     after: int | None = None        # the cursor: list jobs with greater ids (0: from the start)
     limit: int | None = None        # at most this many jobs in the page (capped at LIST_PAGE_JOBS)
     text: bool = False              # rows for the text form (above)
+    table: bool = False             # rows for the table form (above)
 
     @classmethod
     def from_args(cls, args: Args) -> "ListJobs":
@@ -272,7 +300,8 @@ class ListJobs:
                    finished=_get(args, "finished", (bool,), default=False),
                    after=_int(args, "after", 0, bounds.MAX_ID, default=None, allow_none=True),
                    limit=_int(args, "limit", 1, LIST_PAGE_JOBS, default=None, allow_none=True),
-                   text=_get(args, "text", (bool,), default=False))
+                   text=_get(args, "text", (bool,), default=False),
+                   table=_get(args, "table", (bool,), default=False))
 
 
 @dataclass(frozen=True)
@@ -297,6 +326,31 @@ class Attach:
     def from_args(cls, args: Args) -> "Attach":
         ref = JobRef.from_args(args)
         return cls(id=ref.id, offset=_int(args, "offset", 0, bounds.MAX_OFFSET, default=0))
+
+
+# A log reply is one page of a job's output: at most this many bytes of it.
+LOG_PAGE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class LogPage:
+    """``dispatch log JOB``: one page of the job's output buffer, from *offset*.
+
+    The first request leaves *until* out and the reply sets it to the buffer's
+    size then: the output "so far". The client asks for the rest with *offset*
+    at the reply's ``more`` and the same *until*, so a job writing without end
+    cannot keep it paging for ever. Following is ``attach``'s stream.
+    """
+
+    id: int | str
+    offset: int = 0
+    until: int | None = None
+
+    @classmethod
+    def from_args(cls, args: Args) -> "LogPage":
+        ref = JobRef.from_args(args)
+        return cls(id=ref.id, offset=_int(args, "offset", 0, bounds.MAX_OFFSET, default=0),
+                   until=_int(args, "until", 0, bounds.MAX_OFFSET, default=None, allow_none=True))
 
 
 # A wait's answer is paged as a list is: at most this many jobs and about this many bytes a reply.
@@ -482,10 +536,12 @@ class History:
 
 
 # A validated request, whichever verb it is.
-Payload = NewJob | ListJobs | Attach | JobRef | Ping | JobSetting | WaitJobs | Status | Watch | History
+Payload = (NewJob | ListJobs | Attach | LogPage | JobRef | Ping | JobSetting | WaitJobs | Status | Watch
+           | History)
 
 # One line a verb: the daemon's dispatch table is keyed on the same names.
-REQUESTS: dict[str, type[Payload]] = {"new": NewJob, "list": ListJobs, "attach": Attach, "kill": JobRef,
+REQUESTS: dict[str, type[Payload]] = {"new": NewJob, "list": ListJobs, "attach": Attach, "log": LogPage,
+                                      "kill": JobRef,
                                       "wait": WaitJobs, "show": JobRef, "record": JobRef, "status": Status,
                                       "job": JobSetting, "ping": Ping, "watch": Watch, "history": History}
 

@@ -68,11 +68,16 @@ def test_new_wait_survives_a_reload_and_a_restart(daemon_factory, users, scratch
         assert f"job {job} finished: exit 5" in out
 
 
-def test_after_ok_chain_with_a_failing_first_job(daemon):
-    first = daemon.submit("sh", "-c", "exit 1", flags=("--no-output", "--name", "prep"))
+def test_after_ok_chain_with_a_failing_first_job(daemon, scratch):
+    # The first job fails only once the chain is queued: --after-ok a job that has already failed
+    # is refused at submit (test_bad_input_daemon.py).
+    gate = os.path.join(scratch, "go")
+    first = daemon.submit("sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; exit 1",
+                          flags=("--no-output", "--name", "prep"))
     second = daemon.submit("true", flags=("--no-output", "--after-ok", "prep"))
     third = daemon.submit("true", flags=("--no-output", "--after-ok", str(second)))
     anyway = daemon.submit("sh", "-c", "exit 7", flags=("--no-output", "--after", f"{first},{second}"))
+    open(gate, "w").close()
     assert daemon.dispatch("wait", str(third)).returncode == 245
     rows = daemon.rows("--finished")
     assert exit_of(rows[second]) == "dependency-failed" and f"job {first}" in rows[second]

@@ -81,6 +81,10 @@ LIST_CASES = [
     # docopt's business: help, abbreviations, repeats, values, short options, "--", "-"
     "list -h", "list --help", "list --al", "list --fin", "list --all --all", "list --all=1", "list -- -3",
     "list 3 -4", "list -", "list --bogus", "list --", "new -- true", "status",
+    # --format takes a value: either way it is written; the short -o, a missing or option-like value are docopt's
+    "list --format id,state", "list --format=id 3", "list 3 --no-header --format id --all", "list --format",
+    "list -o id", "list -oid", "list --format --all", "list --format=", "list --format id --format id",
+    "list --no-header=1", "list --form id",
 ]
 
 
@@ -96,12 +100,14 @@ def test_list_fast_path_is_docopt_or_steps_aside(line):
 
 
 def test_list_common_forms_take_the_fast_path():
-    for line in ("list", "list --all", "list --finished --json", "list 12 13-20 train"):
+    for line in ("list", "list --all", "list --finished --json", "list 12 13-20 train", "list --format id,command",
+                 "list --no-header --format=id"):
         assert argscan.scan_flags(line.split(), "list", LIST_USAGE, "<job>") is not None, line
 
 
 WORDS = st.sampled_from(["--all", "--finished", "--json", "--help", "-h", "--al", "--json=1", "--", "-", "-3",
-                         "7", "3-9", "name", "bob:x", "", "list", "--bogus"])
+                         "7", "3-9", "name", "bob:x", "", "list", "--bogus", "--format", "--format=id", "-o",
+                         "--no-header", "id,state"])
 
 
 @given(st.lists(WORDS, max_size=6))
@@ -113,5 +119,8 @@ def test_list_fast_path_agrees_with_docopt_on_any_words(words):
     assert fast is None or fast == slow
 
 
-def test_flags_scan_declines_a_usage_with_values():
+def test_flags_scan_declines_new_and_reads_lists_values():
     assert argscan.scan_flags(["new", "--", "true"], "new", NEW_USAGE, "<command>") is None
+    got = argscan.scan_flags(["list", "--format", "id"], "list", LIST_USAGE, "<job>")
+    assert got is not None and got["--format"] == "id" and got["--no-header"] is False
+    assert argscan.scan_flags(["list"], "list", LIST_USAGE, "<job>")["--format"] is None

@@ -63,27 +63,30 @@ def usage_options(text: str) -> set[str]:
 
 
 def valued_options(text: str) -> set[str]:
-    """The options that take a value (``--cpu N``)."""
-    return {row[0] for row in _option_rows(text) if len(row) == 2 and not row[1].startswith("-")}
+    """The options that take a value (``--cpu N``, both names of ``-o COLS, --format COLS``)."""
+    return {word.rstrip(",") for row in _option_rows(text) if not row[-1].startswith("-")
+            for word in row if word.startswith("-")}
 
 
 VERBS = re.findall(r"^  ([a-z]+) {2,}", cli_usage.USAGE.split("Commands:", 1)[1], re.M)
 TOP_OPTIONS = {m for line in _usage_lines(cli_usage.USAGE)
                if line.split()[1] not in VERBS for m in _OPTION.findall(line)}
-JOB_VERBS = ["attach", "kill", "wait", "show", "job"]
+JOB_VERBS = ["attach", "log", "kill", "wait", "show", "job"]
 
 
 def test_the_usage_parser_sees_the_verbs_and_options():
     # Guards the helpers above: a parser that found nothing would pass every check below.
     assert list(cli_usage.SUBCOMMANDS) == VERBS
     assert {"-h", "--help", "--version"} == TOP_OPTIONS
-    assert usage_options(cli_usage.LIST_USAGE) == {"--all", "--finished", "--json", "-h", "--help"}
+    assert usage_options(cli_usage.LIST_USAGE) == {"--all", "--finished", "--json", "-o", "--format", "--no-header",
+                                                   "-h", "--help"}
     new = usage_options(cli_usage.NEW_USAGE)
     assert {"--gpu-link", "--no-output", "--after-ok", "--numa-local-gpu"} <= new
     assert "--max-lifetime" not in new and "--list-is-public" not in new
     assert valued_options(cli_usage.NEW_USAGE) == {
         "--cpu", "--gpu-cores", "--gpu-link", "--max-mem", "--max-time", "--output", "--name",
-        "--after", "--after-ok", "--array", "--commands", "--benchmark", "--aslr", "--thp", "--record"}
+        "--after", "--after-ok", "--array", "--commands", "--benchmark", "--aslr", "--thp", "--record",
+        "--notify", "--notify-command"}
 
 
 def test_every_verb_and_option_appears_in_both_files():
@@ -180,8 +183,12 @@ def test_bash_syntax():
     (["dispatch", "job", "3", "max-time", ""], ["get", "set", "add"]),
     (["dispatch", "job", "3", "max-time", "s"], ["set"]),
     (["dispatch", "job", "3", "max-time", "add", ""], []),
-    (["dispatch", "list", "--all", "--"], ["--finished", "--json", "--help"]),
-    (["dispatch", "status", ""], ["--json", "-h", "--help"]),
+    (["dispatch", "list", "--all", "--"], ["--finished", "--json", "--format", "--no-header", "--help"]),
+    (["dispatch", "list", "--format", "id,st"], ["id,start", "id,state"]),
+    (["dispatch", "list", "-o", "m"], ["max-time", "mem"]),
+    (["dispatch", "list", "--format=c"], ["--format=command", "--format=cpus", "--format=cpu"]),
+    (["dispatch", "status", ""], ["--json", "--map", "--watch", "--interval", "-h", "--help"]),
+    (["dispatch", "status", "--watch", "--interval", ""], []),
     (["dispatch", "bogus", ""], []),
 ])
 def test_bash_completes(tmp_path, words, expected):
@@ -195,6 +202,15 @@ def test_bash_offers_exactly_each_verbs_options(tmp_path, verb):
     expected = usage_options(cli_usage.SUBCOMMANDS[verb]) | ({"--"} if verb == "new" else set())
     got = complete(["dispatch", verb, "-"], tmp_path)
     assert sorted(got.words) == sorted(expected)
+
+
+def test_bash_and_zsh_offer_every_list_column_and_no_other(tmp_path):
+    from hpc_batch.client.listtable import COLUMNS
+    assert complete(["dispatch", "list", "--format", ""], tmp_path).words == list(COLUMNS)
+    # zsh's -o and --format offer the same names.
+    offered = re.findall(r"^\s*'\(--json --format -o\)(?:-o\+|--format=)\[[^]]*\]:columns:_sequence compadd - "
+                         r"([^']*)'", ZSH_FILE.read_text(), re.M)
+    assert [names.split() for names in offered] == [list(COLUMNS)] * 2
 
 
 def test_bash_offers_exactly_the_top_level_options(tmp_path):
@@ -461,10 +477,11 @@ def test_zsh_file(tmp_path):
         body = blocks[verb]
         assert re.search(r"_arguments\b[^\n]*\$help", body), verb
         for option in usage_options(usage) - {"-h", "--help"}:
-            form = "=" if option in valued_options(usage) else ""
+            # A value: --opt=VALUE or the next word; -oVALUE or the next word.
+            form = ("=" if option.startswith("--") else "+") if option in valued_options(usage) else ""
             # '--opt[what it does]' or '--opt=[what it does]:value...', maybe
             # after an exclusion list: each option is described.
-            spec = rf"'(?:\([^)]*\))?{re.escape(option)}{form}\[[^]']+\]"
+            spec = rf"'(?:\([^)]*\))?{re.escape(option + form)}\[[^]']+\]"
             assert re.search(spec, body), (verb, option)
     for verb in JOB_VERBS:
         assert "_dispatch_jobs" in blocks[verb], verb
@@ -543,6 +560,7 @@ def test_zsh_lists_exactly_each_verbs_long_options(tmp_path, verb):
     ("dispatch new --max-t\t", "dispatch new --max-time="),
     ("dispatch new --gpu-link=PH\t", "dispatch new --gpu-link=PHB "),
     ("dispatch new --aslr=o\t", "dispatch new --aslr=o"),          # on or off: no single match
+    ("dispatch list --format=id,comm\t", "dispatch list --format=id,command"),
     ("dispatch job 7 max-time s\t", "dispatch job 7 max-time set "),
 ])
 def test_zsh_completes_the_word(tmp_path, keys, line):

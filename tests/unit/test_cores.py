@@ -22,6 +22,7 @@ from hpc_batch.core.resources import (
     GiB,
     Limits,
     Machine,
+    Node,
     Request,
     RequestError,
     allocate,
@@ -275,3 +276,21 @@ def test_the_daemon_flag_defaults_to_cores():
     with pytest.raises(daemon.ConfigError) as e:
         daemon.parse_args(["--cpu-unit", "socket"])
     assert e.value.status == 2 and "choose core or thread" in str(e.value)
+
+
+def test_the_startup_line_says_why_the_reserve_holds_another_count_than_asked():
+    two_cpus = Machine((Node(0, (0, 1), 4 * GiB),))            # no SMT: each CPU a core of its own
+    assert describe_unit(two_cpus, Limits(reserve_cpu=2)).endswith(
+        "(--reserve-cpu 2): CPUs 0 (only 1 of 2: the machine's last core is left to jobs)")
+    assert describe_unit(two_cpus, Limits(reserve_cpu=2, whole_cores=False)).endswith(
+        "CPUs 0 (only 1 of 2: the machine's last CPU is left to jobs)")
+    assert describe_unit(two_cpus, Limits(reserve_cpu=1)).endswith("(--reserve-cpu 1): CPUs 0")
+    xeon = machine("intel-2s-xeon-gold-6248")
+    assert describe_unit(xeon, Limits(reserve_cpu=1)).endswith(
+        "(--reserve-cpu 1): CPUs 0,40 (1 rounded up to whole cores)")
+    two_nodes = Machine((Node(0, (0, 1), 4 * GiB), Node(1, (2, 3), 4 * GiB)))
+    assert describe_unit(two_nodes, Limits(reserve_cpu=3, whole_cores=False)).endswith(
+        "CPUs 0-1 (only 2 of 3: the reserve comes from the lowest NUMA node with CPUs, which has no more)")
+    one_core = Machine((Node(0, (0,), 4 * GiB),))
+    assert describe_unit(one_core, Limits(reserve_cpu=2)).endswith(
+        "CPUs none (only 0 of 2: the machine's last core is left to jobs)")

@@ -522,13 +522,36 @@ def test_a_submit_after_jobs_that_already_ended_is_settled_at_once(world):
     start_pending(eng)
     end(eng, store, bad, code=2)
     ok = submit(eng, after=(good,), after_ok=True, cpus=2)
-    doomed = submit(eng, after=(good, bad), after_ok=True, array=(1, 2))
+    anyhow = submit(eng, after=(good, bad), array=(1, 2))
     settle(eng)
     assert eng.jobs[ok["id"]].state in (jobs.QUEUED, jobs.RUNNING)
-    for job_id in (doomed["id"], doomed["last"]):
-        assert eng.jobs[job_id].get_result().kind == jobs.DEPENDENCY_FAILED
-        assert f"job {bad}" in eng.jobs[job_id].get_result().note
+    assert {eng.jobs[anyhow["id"]].state, eng.jobs[anyhow["last"]].state} <= {jobs.QUEUED, jobs.RUNNING}
     assert not eng.table.waiting and eng.table.held_by_uid.get(0, 0) == len(eng.table.queued)
+
+
+def test_after_ok_a_job_that_already_failed_is_refused_at_submit(world):
+    """It could only wait, then end dependency-failed: said at once, naming the job and how it ended."""
+    eng, store, fake, _ = world
+    good = submit(eng, cpus=2)["id"]
+    start_pending(eng)
+    end(eng, store, good, code=0)
+    bad = submit(eng, cpus=2)["id"]
+    start_pending(eng)
+    end(eng, store, bad, code=2)
+    known = set(eng.jobs)
+    with pytest.raises(Refused) as info:
+        submit(eng, after=(good, bad), after_ok=True, array=(1, 2))
+    assert info.value.code == "finished"
+    assert f"--after-ok {bad}: job {bad} has already ended with exit 2, not 0" in str(info.value)
+    assert set(eng.jobs) == known
+
+
+@pytest.mark.parametrize("after_ok,flag", [(False, "--after"), (True, "--after-ok")])
+def test_a_dependency_that_is_not_known_is_refused_naming_the_flag(world, after_ok, flag):
+    eng, *_ = world
+    with pytest.raises(Refused) as info:
+        submit(eng, after=(999,), after_ok=after_ok)
+    assert info.value.code == "not_found" and str(info.value) == f"{flag} 999: no such job: 999"
 
 
 def test_a_running_job_from_a_daemon_that_did_not_know_cores_is_readopted_and_its_core_kept(world):

@@ -402,6 +402,8 @@ class EngineStates(RuleBasedStateMachine):
                 why |= codes
             else:
                 resolved.append(job_id)
+                if after_ok and self.known[job_id].kind is not None and not self.known[job_id].ok:
+                    why.add("finished")     # it could never start: refused at submit
         before = set(self.eng.jobs)
 
         def event():
@@ -726,7 +728,8 @@ def new(**kw) -> tuple:
 
 
 def test_a_submit_refused_by_its_commit_leaves_no_finished_job_behind(machine):
-    """Its job failed at once (--after-ok a failed job), then the commit refused it: nothing of it may stay."""
+    """--after-ok a failed job is refused at submit; the commit the next submit meets refuses that one:
+    nothing of either may stay."""
     machine.boot(cap=2000, keep=3, policy="fifo-strict", cpus=4)         # alice's job 1 runs
     steps(machine, ("end", dict(pick=0, how="exit 3")), ("fail_next_commit", {}),
           new(after=[1], after_ok=True),

@@ -111,7 +111,7 @@ def _statuses(text: str) -> dict[int, str]:
 def test_dispatch_exit_statuses_are_the_refusal_codes_and_the_wait_statuses():
     exits = section(page("dispatch.1"), "EXIT STATUS")
     refusals, wait = exits.split(".SS dispatch wait\n")
-    expected = {**{status: code for code, status in messages.REFUSALS.items()}, 2: "usage", 69: "unreachable"}
+    expected = {status: code for code, status in {**messages.REFUSALS, **messages.CLIENT_FAILURES}.items()}
     assert _statuses(refusals) == expected
     assert _statuses(wait) == {status: kind for kind, status in jobs.WAIT_STATUS.items()}
     # The usage text says the same, status by status.

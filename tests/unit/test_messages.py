@@ -40,7 +40,7 @@ def test_new_defaults():
 # (field, value that must be accepted) for dispatch new
 GOOD = [
     ("cpus", 1), ("cpus", bounds.MAX_CPUS), ("cpus", None), ("gpus", 0), ("gpus", bounds.MAX_GPUS),
-    ("mem", 1), ("mem", bounds.MAX_MEM), ("max_time", 1), ("max_time", bounds.MAX_SECONDS),
+    ("mem", bounds.MIN_JOB_MEM), ("mem", bounds.MAX_MEM), ("max_time", 1), ("max_time", bounds.MAX_SECONDS),
     ("umask", 0), ("umask", 0o777), ("output", "/x/y.log"), ("output", None), ("output_is_dir", False),
     ("env", {"A": "1", "B": ""}), ("env", None), ("job_env", {"CC": "gcc"}), ("exclusive", True),
     ("numa_local", True), ("no_output", True), ("cwd", "/" + "d" * (bounds.MAX_PATH - 1)),
@@ -62,7 +62,8 @@ BAD = [
     ("cpus", 0, "from 1"), ("cpus", -1, "from 1"), ("cpus", bounds.MAX_CPUS + 1, "to"), ("cpus", True, "wrong type"),
     ("cpus", 1.0, "wrong type"), ("cpus", "2", "wrong type"),
     ("gpus", -1, "from 0"), ("gpus", None, "wrong type"), ("gpus", 2 ** 63, "to"),
-    ("mem", 0, "from 1"), ("mem", bounds.MAX_MEM + 1, "to"), ("mem", -10 ** 400, "from 1"),
+    ("mem", 0, f"from {bounds.MIN_JOB_MEM}"), ("mem", bounds.MIN_JOB_MEM - 1, f"from {bounds.MIN_JOB_MEM}"),
+    ("mem", bounds.MAX_MEM + 1, "to"), ("mem", -10 ** 400, f"from {bounds.MIN_JOB_MEM}"),
     ("max_time", 0, "from 1"), ("max_time", -10, "from 1"), ("max_time", 10 ** 400, "to"),
     ("max_time", -10 ** 400, "from 1"), ("max_time", 1.5, "wrong type"), ("max_time", float("nan"), "wrong type"),
     ("umask", -1, "from 0"), ("umask", 0o1000, "to 511"),
@@ -108,6 +109,8 @@ def test_new_size_counts_command_and_environment():
     ("attach", {"id": 1, "offset": -1}, "offset"), ("attach", {"id": 1, "offset": 2 ** 63}, "offset"),
     ("attach", {"id": 1, "offset": 1.0}, "wrong type"), ("attach", {"id": 2 ** 70}, "job ids"),
     ("list", {"all": 1}, "wrong type"), ("list", {"finished": "yes"}, "wrong type"),
+    ("log", {}, "lacks field 'id'"), ("log", {"id": 1, "offset": -1}, "offset"),
+    ("log", {"id": 1, "until": 2 ** 63}, "until"), ("log", {"id": 1, "until": "10"}, "wrong type"),
 ])
 def test_other_verbs_refuse(op, args, needle):
     with pytest.raises(protocol.ProtocolError, match=needle):
@@ -122,6 +125,12 @@ def test_job_refs_by_id_or_name():
     for bad in ({"name": "123"}, {"name": "a b"}, {"after": [0]}, {"after": list(range(1, 70))}):
         with pytest.raises(protocol.ProtocolError):
             parse("new", **dict(NEW, **bad))
+
+
+def test_a_log_page_request_starts_at_0_and_until_is_the_first_replys():
+    assert parse("log", id="prep")[1] == protocol.LogPage(id="prep", offset=0, until=None)
+    assert parse("log", id=3, offset=5, until=None)[1] == protocol.LogPage(id=3, offset=5, until=None)
+    assert parse("log", id=3, offset=5, until=bounds.MAX_OFFSET)[1].until == bounds.MAX_OFFSET
 
 
 def test_attach_offset_bounds():

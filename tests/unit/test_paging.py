@@ -10,7 +10,7 @@ from test_engine import ROOT, T0, start_pending, submit, world  # noqa: F401 (wo
 from hpc_batch.client.listing import format_rows
 from hpc_batch.core.cut import COMMAND_CUT, MARK, cut_command
 from hpc_batch.core.jobtable import COMPACT_FLOOR, JobsById
-from hpc_batch.core.listrows import format_row
+from hpc_batch.core.listrows import TABLE_FIELDS, format_row, table_row
 from hpc_batch.daemon import handlers
 from hpc_batch.daemon.access import Caller
 from hpc_batch.wire import protocol
@@ -113,7 +113,7 @@ def pages(e, caller, **kw):
     out, cursor = [], 0
     while cursor is not None:
         page = handlers.list_page(e, caller, ListJobs(after=cursor, **kw))
-        out.append(page["rows" if kw.get("text") else "jobs"])
+        out.append(page["rows" if kw.get("text") or kw.get("table") else "jobs"])
         assert page["more"] is None or page["more"] > cursor
         cursor = page["more"]
     return out
@@ -202,6 +202,42 @@ def test_a_kept_text_row_follows_the_job(eng):
     eng.kill(ROOT, queued, T0 + 1)                                      # cancelled: finished, never started
     cancelled = handlers.list_page(eng, ROOT, ListJobs(after=first, all=True, finished=True, text=True))["rows"][0]
     assert " finished cancelled (cancelled by root" in cancelled
+
+
+# -- the table form --------------------------------------------------------------------
+
+def test_table_rows_are_the_summaries_table_rows_and_pages_stay_bounded(eng, monkeypatch):
+    submit(eng, argv=("sleep", "9"), cpus=2)                              # runs
+    submit(eng, argv=("echo", "a b", "\x1b[2J"), array=tuple(range(5)), cpus=2, name="tab")   # queued
+    start_pending(eng)
+    eng.kill(ROOT, max(eng.jobs), T0 + 1)                                 # cancelled: never started
+    summaries = [j for p in pages(eng, ROOT, all=True, finished=True, limit=3) for j in p]
+    rows = [r for p in pages(eng, ROOT, all=True, finished=True, limit=3, table=True) for r in p]
+    assert rows == [table_row(s) for s in summaries] and len(rows) == 6
+    assert all(len(r) == len(TABLE_FIELDS) for r in rows)
+    # A page of table rows is bounded in bytes as one of summaries is.
+    monkeypatch.setattr(protocol, "LIST_PAGE_BYTES", 3 * COMMAND_CUT)
+    submit(eng, argv=("echo", "z" * 20_000), array=tuple(range(10)), cpus=2)
+    got = pages(eng, ROOT, all=True, table=True)
+    big = [sum(len(r[TABLE_FIELDS.index("command")]) == COMMAND_CUT for r in p) for p in got]
+    assert len(got) > 3 and max(big) <= 4 and sum(big) == 10 and sum(len(p) for p in got) == 15
+
+
+def test_a_kept_table_row_follows_the_job(eng):
+    first = submit(eng, argv=("sleep", "9"), cpus=2)["id"]
+    queued = submit(eng, argv=("true",), cpus=2)["id"]
+    start_pending(eng)
+
+    def row():
+        return handlers.list_page(eng, ROOT, ListJobs(after=first, all=True, finished=True, table=True))["rows"][0]
+
+    before = row()
+    assert row() is before                                              # kept: not made again
+    eng.job_setting(ROOT, JobSetting(id=queued, setting="max_time", action="set", seconds=60), T0)
+    assert row() != before and row() == table_row(eng.summary(eng.jobs[queued]))
+    eng.kill(ROOT, queued, T0 + 1)
+    cancelled = dict(zip(TABLE_FIELDS, row()))
+    assert cancelled["state"] == "finished" and cancelled["exit"] == "cancelled"
 
 
 # -- wait pages --------------------------------------------------------------------------

@@ -70,8 +70,8 @@ def test_the_flags_are_ones_dispatch_new_takes():
     (ResourceSpecV1(processes_per_node=2, cpu_cores_per_process=2), ["--cpu", "4"]),
     (ResourceSpecV1(node_count=1, process_count=3), ["--cpu", "3"]),
     (ResourceSpecV1(gpu_cores_per_process=0), []),
-    (ResourceSpecV1(memory=1), ["--max-mem", "1K"]),
-    (ResourceSpecV1(memory=2048), ["--max-mem", "2K"]),
+    (ResourceSpecV1(memory=1), ["--max-mem", "16384K"]),              # raised to the least budget a job has
+    (ResourceSpecV1(memory=(16 << 20) + 1), ["--max-mem", "16385K"]),
     (ResourceSpecV1(exclusive_node_use=True), ["--exclusive"]),
 ])
 def test_resources(resources, expected):

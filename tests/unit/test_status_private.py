@@ -19,3 +19,19 @@ def test_the_head_is_named_to_its_owner_and_admins_only(world):  # noqa: F811
     assert eng.status(0.0, BOB)["head"] == {"id": head, "user": None, "name": None, "why": None}
     eng.cfg.list_is_public = True                          # everyone may list every job anyway
     assert eng.status(0.0, BOB)["head"] == full
+
+
+def test_the_map_names_a_running_job_to_its_owner_and_admins_only(world):  # noqa: F811
+    eng, _, _, _ = world
+    job = submit(eng, cpus=2)["id"]
+    start_pending(eng)
+    eng.jobs[job].uid = ALICE.uid                          # alice's, running
+    user = eng.jobs[job].user
+    cpus = eng.table.running[job].alloc.cpus
+    seen = eng.status(0.0, ALICE)["map"]["jobs"]
+    assert seen == eng.status(0.0, ROOT)["map"]["jobs"]
+    assert [(j["id"], j["user"], j["cpus"]) for j in seen] == [(job, user, list(cpus))]
+    hidden = eng.status(0.0, BOB)["map"]["jobs"]
+    assert [(j["id"], j["user"], j["cpus"]) for j in hidden] == [(None, None, list(cpus))]
+    eng.cfg.list_is_public = True
+    assert eng.status(0.0, BOB)["map"]["jobs"] == seen

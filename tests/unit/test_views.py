@@ -31,6 +31,7 @@ PASSAGES = {
     "end": ("the `end` event that closes an `attach` stream has", "- `status`:"),
     "history": ("A history row has", "Rows migrated from"),
     "info": ("`info.json` (metadata, as in `list --json`:", ") and `output` (combined"),
+    "array": ("a whole array, e.g. `show 6_*`):", "- `wait`:"),
 }
 _TOKEN = re.compile(r"`[^`]*`|[()]")
 _NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -174,3 +175,18 @@ def test_a_dev_entry_info_has_the_documented_fields_with_the_summary_values(stat
     assert set(info) == documented("info")
     summary = views.summary(job, MACHINE)
     assert info == {k: summary[k] for k in info}
+
+
+def test_a_whole_arrays_document_has_the_documented_fields():
+    jobs = []
+    for k, state in enumerate(("running", "queued", "queued")):
+        job = _job(job_id=7 + k)
+        job.array = {"first": 7, "index": k + 1, "limit": 1, "count": 4}
+        job.state = state
+        jobs.append(job)
+    doc = views.array_doc(7, jobs, 4)
+    assert set(doc) == documented("array")
+    assert (doc["last"], doc["limit"], doc["states"], doc["ids"]) == (10, 1, {"running": 1, "queued": 2}, [7, 8, 9])
+    # An element's fields in the job documents are the same four, named once.
+    assert set(views.summary(jobs[0], MACHINE)["array"]) == set(views.ARRAY_FIELDS) == \
+        set(views.history_row(jobs[0])["array"])

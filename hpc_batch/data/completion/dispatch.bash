@@ -29,11 +29,15 @@ _dispatch_verb_options() {
         new)
             opts="--cpu --gpu-cores --gpu-link --max-mem --max-time --exclusive --numa-local"
             opts+=" --numa-local-mem --numa-local-gpu --benchmark --whole-l3 --aslr --thp --record --record-env"
-            opts+=" --env --output --no-output --name --after --after-ok --array --commands --wait --json -h --help"
+            opts+=" --notify --notify-command"
+            opts+=" --env --output --no-output --name --after --after-ok --array --commands --wait --parsable --json -h --help"
             valued=" --cpu --gpu-cores --gpu-link --max-mem --max-time --output --name --after --after-ok"
-            valued+=" --array --commands --benchmark --aslr --thp --record "
+            valued+=" --array --commands --benchmark --aslr --thp --record --notify --notify-command "
             ;;
-        list) opts="--all --finished --json -h --help" ;;
+        list)
+            opts="--all --finished --json -o --format --no-header -h --help"
+            valued=" -o --format "
+            ;;
         history)
             opts="--name --array --state --verdict --since --until --setup --limit --user --all --json -h --help"
             valued=" --name --array --state --verdict --since --until --setup --limit --user "
@@ -43,7 +47,12 @@ _dispatch_verb_options() {
             valued=" --name --array --setup --since --until --metric --plot --limit --user "
             ;;
         show) opts="--json --record -h --help" ;;
-        wait | status | record) opts="--json -h --help" ;;
+        wait | record) opts="--json -h --help" ;;
+        status)
+            opts="--json --map --watch --interval -h --help"
+            valued=" --interval "
+            ;;
+        log) opts="-f --follow -h --help" ;;
         attach | kill | job) opts="-h --help" ;;
         *) opts="" ;;
     esac
@@ -168,6 +177,7 @@ _dispatch_new() {
         case $prev in
             --gpu-link) _dispatch_add NV NV2 NV4 NV6 NV8 NV12 NV18 PIX PXB PHB NODE SYS ;;
             --after | --after-ok) _dispatch_add_jobs list ;;
+            --notify) _dispatch_add tty cmd tty,cmd ;;
             --output | --commands)
                 compopt -o filenames 2>/dev/null
                 while IFS= read -r word; do
@@ -230,7 +240,7 @@ _dispatch() {
         if [[ $cur == -* ]]; then
             _dispatch_add -h --help --version
         else
-            _dispatch_add new list attach kill wait show record status history report job
+            _dispatch_add new list attach log kill wait show record status history report job
         fi
         return 0
     fi
@@ -254,8 +264,24 @@ _dispatch() {
         fi
     done
     case $verb in
-        list | status) _dispatch_add_options ;;
-        attach | kill)
+        list | status)
+            # Nothing to offer for a value (status --interval SECONDS).
+            local opts valued
+            _dispatch_verb_options "$verb"
+            if [[ $prev == -o || $prev == --format ]]; then
+                # list's column names, each after the commas already typed.
+                local head=${cur%"${cur##*,}"}
+                for word in user id array name command start uptime max-time mem exclusive cpus gpus cpu peak \
+                    verdict state exit note; do
+                    if [[ $head$word == "$cur"* ]]; then
+                        COMPREPLY+=("$pre$head$word")
+                    fi
+                done
+            elif [[ $valued != *" $prev "* ]]; then
+                _dispatch_add_options
+            fi
+            ;;
+        attach | kill | log)
             if ((n == 0)); then
                 _dispatch_add_jobs
             fi
