@@ -20,6 +20,13 @@ import time
 
 import pytest
 
+# A runner started as a background job of a non-interactive shell (`bash .ci/run &`) ignores SIGINT,
+# and an ignored signal stays ignored across exec: every `dispatch` and `scripts/try` a test starts
+# would then shrug off the Ctrl-C the test sends. A handler here is reset to the default at each
+# exec, so the tests' children see Ctrl-C as they would from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 BIN = os.path.dirname(sys.executable)
 DISPATCH = os.path.join(BIN, "dispatch")
 DAEMON = os.path.join(BIN, "hpc-batchd")

@@ -118,8 +118,8 @@ def test_gpu_link_met_at_once_or_refused(gpu_daemon, scratch):
     assert exit_of(d.wait_finished(nv)) == "0" and _gpus_of(scratch, nv) == "2,3 PCI_BUS_ID"
     r = d.dispatch("new", "--gpu-cores", "2", "--gpu-link", "NV4", "--", "true")
     assert r.returncode == 6 and "can never be met" in r.stderr and "NV2" in r.stderr
-    r = d.dispatch("new", "--gpu-cores", "2", "--gpu-link", "QPI", "--", "true")
-    assert r.returncode == 6 and "--gpu-link" in r.stderr
+    r = d.dispatch("new", "--gpu-cores", "2", "--gpu-link", "QPI", "--", "true")   # no class: dispatch refuses it
+    assert r.returncode == 2 and "unknown GPU link class 'QPI'" in r.stderr
     open(flag, "w").close()
     d.wait_finished(held)
 

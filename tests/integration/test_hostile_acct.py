@@ -31,10 +31,14 @@ def test_a_history_flood_pushes_out_only_the_flooders_own_records(daemon_factory
     b = d.submit("true", flags=("--no-output",), user=bob)
     r = d.submit("true", flags=("--no-output",))
     wait_for(lambda: history_ids(d, bob) == [b] and history_ids(d, "root") == [r], what="bob's and root's rows")
-    fail = d.submit("false", flags=("--no-output",), user=alice)
+    # It fails once the array is queued: --after-ok on a job that has already failed is refused.
+    gate = os.path.join(scratch, "go")
+    fail = d.submit("sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; false", flags=("--no-output",),
+                    user=alice)
     word = "x" * 100_000
     out = json.loads(d.ok("new", "--json", "--array", "1-40", "--no-output", "--after-ok", str(fail), "--",
                           "true", word, user=alice))
+    open(gate, "w").close()
     last = out["last"]
     wait_for(lambda: last in history_ids(d, alice), timeout=120, what="alice's 41 jobs in her history")
     assert history_ids(d, bob) == [b] and history_ids(d, "root") == [r]

@@ -196,6 +196,7 @@ class Alice:
 
     def __init__(self, run, rng, marks):
         self.run, self.rng, self.marks = run, rng, marks
+        self.gates = 0
         self.expected = {}
         self.counts = {"array": 0, "chain": 0, "killed": 0, "benchmark": 0, "rounds": 0}
 
@@ -223,12 +224,18 @@ class Alice:
         ids += arr
         self.counts["array"] += n
         # A chain: a link that may fail, then --after (runs however it ended) and --after-ok links.
+        # The head waits for a gate opened once the chain is queued: --after-ok naming a job that
+        # has already failed is refused at submit, and a loaded host can be slower than any sleep.
         code = rng.choice([0, 1])
-        (head,) = self.new("--", "sh", "-c", f"sleep {rng.choice(['0.2', '0.5', '1'])}; exit {code}")
+        self.gates += 1
+        gate = os.path.join(self.marks, f"gate.{self.gates}")
+        (head,) = self.new("--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; "
+                           f"sleep {rng.choice(['0.2', '0.5', '1'])}; exit {code}")
         (ok1,) = self.new("--after-ok", str(head), "--", "true")
         (any1,) = self.new("--after", str(ok1), "--", "sh", "-c", "exit 3")
         (ok2,) = self.new("--after-ok", str(any1), "--", "true")
         (ok3,) = self.new("--after-ok", str(ok2), "--", "true")
+        open(gate, "w").close()
         self.expect([head], ("exited", code))
         self.expect([ok1], ("exited", 0) if code == 0 else ("dependency-failed", None))
         self.expect([any1], ("exited", 3))
