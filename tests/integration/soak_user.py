@@ -20,27 +20,9 @@ import os
 import select
 import socket
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from wire import frame, read_reply
-
-WAIT = 600.0   # seconds an answer may take before it counts as none: a stall is measured, not cut short
-
-
-def ask(path, op, **args):
-    """One request on a connection of its own: (wall time it began, seconds it took, reply or None)."""
-    at, t0 = time.time(), time.perf_counter()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(path)
-        sock.sendall(frame({"v": 1, "op": op, "args": args}))
-        reply = read_reply(sock, WAIT)
-    except OSError:
-        reply = None
-    finally:
-        sock.close()
-    return at, time.perf_counter() - t0, reply
+from answer_probe import ask  # one request on a connection of its own, timed
 
 
 def stdin_closed(pause):

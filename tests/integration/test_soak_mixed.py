@@ -387,7 +387,7 @@ def test_soak_mixed_load(daemon_factory, users, scratch):
     rng = random.Random(SEED)
     started, load_at_start = time.time(), os.getloadavg()[0]
     seconds = MINUTES * 60
-    for name in ("wire.py", "soak_user.py"):
+    for name in ("wire.py", "answer_probe.py", "soak_user.py"):
         shutil.copy(os.path.join(HERE, name), scratch)
         os.chmod(os.path.join(scratch, name), 0o644)
     # --history-per-user: the archive must keep every job of the run, for the accounting at the end (the

@@ -22,7 +22,6 @@ The guest is offline: wheels (the project's, a version-bumped build, and
 the dependencies for a venv created from scratch) go through the 9p share.
 """
 
-import functools
 import glob
 import json
 import os
@@ -30,9 +29,9 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
+from boxuser import BoxUser, held, report, scenario_steps
 from harness import Guest
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600, func_only=True)]
@@ -51,21 +50,7 @@ USER = "carol"
 DEPENDENCIES = ("docopt-ng",)
 JOB_DEADLINE = 240
 
-_done = set()
-
-
-def step(name, needs=()):
-    """Mark a test as a scenario step that fails at once unless ``needs`` passed."""
-    def wrap(fn):
-        @functools.wraps(fn)
-        def run_step(*args, **kwargs):
-            missing = [n for n in needs if n not in _done]
-            if missing:
-                pytest.fail("cannot run: the earlier step(s) %s did not pass" % ", ".join(missing))
-            fn(*args, **kwargs)
-            _done.add(name)
-        return run_step
-    return wrap
+step = scenario_steps()
 
 
 # --- fixtures -------------------------------------------------------------------
@@ -158,80 +143,13 @@ def box(guest_image, project_wheel, next_wheel, tmp_path_factory):
 # --- helpers ----------------------------------------------------------------------
 
 
-def report(box, *results):
-    return "\n".join([r.describe() for r in results] + [box.unit_report("hpc-batch")])
-
-
 def as_root(box, cmd, timeout=120, env=None):
     return box.run(cmd, timeout=timeout, env=env)
 
 
-def login(box, cmd, timeout=120):
-    """``cmd`` in a new login shell of the test user: PATH as users get it."""
-    return box.run(["runuser", "-l", USER, "-c", cmd], timeout=timeout)
-
-
-def wait_for(check, seconds, interval=1.0):
-    deadline = time.monotonic() + seconds
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
-
-
-def held(flag, code=0):
-    """A job command that runs until the test creates ``flag``, then exits ``code``."""
-    return "sh -c 'while [ ! -e %s ]; do sleep 1; done; exit %d'" % (flag, code)
-
-
-def submit(box, command, flags=""):
-    """Submit ``command`` as the test user from a login shell; (id, state)."""
-    r = login(box, "cd ~ && dispatch new %s -- %s" % (flags, command))
-    m = re.search(r"\bjob (\d+) (\w+)", r.out)
-    assert r.ok and m, report(box, r)
-    return m.group(1), m.group(2)
-
-
-def listing(box, finished=True):
-    """{id: words} of the test user's jobs."""
-    r = box.run("%s/dispatch list%s" % (BIN, " --finished" if finished else ""),
-                user=USER, timeout=120)
-    rows = {}
-    for line in r.out.splitlines():
-        words = re.sub(r" \(.*\)$", "", line).split()  # drop a trailing (note)
-        if len(words) > 2 and words[0] == USER and words[1].isdigit():
-            rows[words[1]] = words
-    return rows
-
-
-def wait_running(box, job_id):
-    def running():
-        row = listing(box, finished=False).get(job_id)
-        return row is not None and "queued" not in row
-    assert wait_for(running, JOB_DEADLINE), (
-        "job %s never started\n%s" % (job_id, box.unit_report("hpc-batch")))
-
-
-def wait_exit(box, job_id, seconds=JOB_DEADLINE):
-    """The exit column of a finished job (waits for it)."""
-    def done():
-        # One listing: with --finished, unfinished jobs read "running -"/"queued -".
-        row = listing(box).get(job_id)
-        return row if row and row[-2] not in ("running", "queued") else None
-    row = wait_for(done, seconds, interval=2)
-    assert row, "job %s never finished:\n%s\n%s" % (
-        job_id, box.run("%s/dispatch list --finished" % BIN, user=USER).describe(),
-        box.unit_report("hpc-batch"))
-    return row[-1]
-
-
-def wait_ready(box):
-    """The daemon is active and answers."""
-    def ready():
-        return (box.run("systemctl is-active hpc-batch", timeout=60).out.strip() == "active"
-                and box.run("%s/dispatch list" % BIN, user=USER, timeout=120).ok)
-    assert wait_for(ready, 120, interval=2), box.unit_report("hpc-batch")
+_user = BoxUser(USER, BIN, JOB_DEADLINE)
+login, submit, listing = _user.login, _user.submit, _user.listing
+wait_running, wait_exit, wait_ready = _user.wait_running, _user.wait_exit, _user.wait_ready
 
 
 def read_record(box):

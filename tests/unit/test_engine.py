@@ -512,15 +512,20 @@ def test_a_job_is_remembered_until_its_dependents_have_seen_how_it_ended(world):
     assert not eng.table.waiting and not eng.table.followers and len(eng.table.queued) + len(eng.table.running) > 1000
 
 
+def _ended_ok_and_failed(eng, store):
+    """Two jobs run and end, the first with exit 0, the second with exit 2: their ids."""
+    ids = []
+    for code in (0, 2):
+        ids.append(submit(eng, cpus=2)["id"])
+        start_pending(eng)
+        end(eng, store, ids[-1], code=code)
+    return tuple(ids)
+
+
 def test_a_submit_after_jobs_that_already_ended_is_settled_at_once(world):
     eng, store, fake, _ = world
     eng.cfg.max_queued_per_user = 100
-    good = submit(eng, cpus=2)["id"]
-    start_pending(eng)
-    end(eng, store, good, code=0)
-    bad = submit(eng, cpus=2)["id"]
-    start_pending(eng)
-    end(eng, store, bad, code=2)
+    good, bad = _ended_ok_and_failed(eng, store)
     ok = submit(eng, after=(good,), after_ok=True, cpus=2)
     anyhow = submit(eng, after=(good, bad), array=(1, 2))
     settle(eng)
@@ -532,12 +537,7 @@ def test_a_submit_after_jobs_that_already_ended_is_settled_at_once(world):
 def test_after_ok_a_job_that_already_failed_is_refused_at_submit(world):
     """It could only wait, then end dependency-failed: said at once, naming the job and how it ended."""
     eng, store, fake, _ = world
-    good = submit(eng, cpus=2)["id"]
-    start_pending(eng)
-    end(eng, store, good, code=0)
-    bad = submit(eng, cpus=2)["id"]
-    start_pending(eng)
-    end(eng, store, bad, code=2)
+    good, bad = _ended_ok_and_failed(eng, store)
     known = set(eng.jobs)
     with pytest.raises(Refused) as info:
         submit(eng, after=(good, bad), after_ok=True, array=(1, 2))
