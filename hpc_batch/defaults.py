@@ -25,7 +25,7 @@ CPU_UNITS = ("core", "thread")
 # it, "enforce" also sets governor performance and minimum = maximum frequency (undone at its end).
 CPUFREQ = "record"
 CPUFREQ_POLICIES = ("record", "enforce")
-# --records: which jobs get a reproducibility record (shepherd/record.py).
+# --records: which jobs get a reproducibility record (shepherd/record/__init__.py).
 RECORDS = "all"
 RECORDS_MODES = ("all", "none")
 # CPUs for the daemon, its shepherds and steered interrupts, never given to benchmark jobs:
@@ -56,7 +56,7 @@ BENCH_PROBE_INTERVAL = 1.0
 
 # The shepherd's own limits (the grace between SIGTERM and SIGKILL, the time a delivery may
 # take, how long a fork that fails for want of pids is retried) are the launch spec's
-# defaults: shepherd/records.py's LaunchSpec, since the shepherd cannot import this package.
+# defaults: shepherd/base/records.py's LaunchSpec, since the shepherd cannot import this package.
 # A job its shepherd could not fork goes back to the queue, retried every START_RETRY seconds.
 START_RETRY = 2.0
 
@@ -72,7 +72,7 @@ SHEPHERD_START_GRACE = 2.0
 # exists, and the daemon suggests those that do when --admin-group names none.
 ADMIN_GROUP_CANDIDATES = ("wheel", "sudo", "adm")
 
-# The PATH of the clean environment a job gets without --env (the rest: Engine._job_env).
+# The PATH of the clean environment a job gets without --env (the rest: launchspec.environment).
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # sysexits.h EX_CONFIG: refusal to start half-configured.

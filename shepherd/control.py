@@ -25,9 +25,9 @@ import os
 import stat
 
 try:
-    from shepherd import records
+    from shepherd.base import records
 except ImportError:  # run as a file: siblings are on sys.path
-    import records  # type: ignore[no-redef]  # the same module, found as a top-level one
+    from base import records  # type: ignore[no-redef]  # the same module, found as a top-level one
 
 STOP = "stop"
 DEADLINE = "deadline"

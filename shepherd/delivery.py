@@ -18,11 +18,12 @@ import signal
 import time
 
 try:
-    from shepherd import output, records
+    from shepherd import output
+    from shepherd.base import records
 except ImportError:  # run as a file: siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
     import output  # type: ignore[no-redef]
-    import records  # type: ignore[no-redef]
+    from base import records  # type: ignore[no-redef]
 
 # Not typing.TYPE_CHECKING: importing typing would load it (and re) into the fork server, about
 # 0.9 MB that every shepherd maps; mypy honours a plain constant of that name alike.

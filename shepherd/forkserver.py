@@ -38,10 +38,10 @@ import sys
 # loaded here once, before gc.freeze(), so each forked shepherd shares them and loads nothing.
 try:
     from shepherd import main as shepherd_main
-    from shepherd import records
+    from shepherd.base import proc
 except ImportError:  # run as a file: siblings are top-level modules
     import main as shepherd_main  # type: ignore[no-redef]
-    import records  # type: ignore[no-redef]
+    from base import proc  # type: ignore[no-redef]
 
 PADDING = 320     # bytes of argv kept free for a shepherd's own command line
 ERROR = "error"   # the first word of an answer that carries no shepherd
@@ -151,14 +151,14 @@ def _fork_one(line: bytes, sock_fd: int) -> str:
                 _become_shepherd(job_id, user, job_dir)
             finally:
                 os._exit(1)
-        return encode_answer(pid, records.proc_starttime(pid))
+        return encode_answer(pid, proc.proc_starttime(pid))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _reap(signum=None, frame=None) -> None:
     """SIGCHLD's handler: collect every shepherd that has exited."""
-    records.reap_children()
+    proc.reap_children()
 
 
 def _become_shepherd(job_id: int, user: str, job_dir: str) -> None:

@@ -51,19 +51,17 @@ import sys
 import time
 
 try:
-    from shepherd import acl, cgroup, control, delivery, identity, notify, output, process, record, records
+    from shepherd import control, delivery, notify, output, process, record
+    from shepherd.base import acl, cgroup, identity, proc, records
 except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py): siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
-    import acl  # type: ignore[no-redef]
-    import cgroup  # type: ignore[no-redef]
     import control  # type: ignore[no-redef]
     import delivery  # type: ignore[no-redef]
-    import identity  # type: ignore[no-redef]
     import notify  # type: ignore[no-redef]
     import output  # type: ignore[no-redef]
     import process  # type: ignore[no-redef]
     import record  # type: ignore[no-redef]
-    import records  # type: ignore[no-redef]
+    from base import acl, cgroup, identity, proc, records  # type: ignore[no-redef]
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _ALL_CPUS = 8192         # CPU ids a mask may name (the kernel keeps those of the cpuset)
@@ -127,7 +125,7 @@ def _take_lock(job_dir: str) -> tuple[int, bool] | None:
         return None
     os.fchmod(fd, 0o600)
     pid = os.getpid()
-    line = f"{pid} {records.proc_starttime(pid)}\n".encode()
+    line = f"{pid} {proc.proc_starttime(pid)}\n".encode()
 
     def write_pidfile() -> None:
         os.ftruncate(fd, 0)
@@ -172,7 +170,7 @@ class Supervisor:
         self.exec_out = b""                  # what the child wrote before its exec: the file, a failure
         self.launched: dict | None = None   # the file the child exec'd (parse_exe_report), once it said
         self.exec_fd: int | None = None       # the child's report pipe until its EOF (its number is then reused)
-        # The reproducibility record (shepherd/record.py), unless the daemon runs with --records none.
+        # The reproducibility record (shepherd/record/__init__.py), unless the daemon runs with --records none.
         self.groups = identity.groups_of(spec.user, spec.gid)   # for the job and the record's side task
         self.recorder = record.Recorder(job_dir, spec, fork=_fork, groups=self.groups) if spec.record else None
         self.record_fds: list[int] = []
@@ -246,7 +244,7 @@ class Supervisor:
         self.pid = pid
         records.unlink(os.path.join(self.job_dir, records.LAUNCH))   # the environment is in no file while the job runs
         pidfd = os.pidfd_open(pid)
-        status = records.StatusRecord(pid, records.proc_starttime(pid), time.time())
+        status = records.StatusRecord(pid, proc.proc_starttime(pid), time.time())
         self.started = status.started
         _persist(lambda: status.write(os.path.join(self.job_dir, records.STATUS), durable=False),
                  "the status record")
@@ -479,7 +477,7 @@ def warm_up() -> None:
         spec = records.LaunchSpec.from_dict(records.loads(records.dumps(sample.to_dict())))
         exit_rec = records.ExitRecord(status=0, ended=time.time(), code=0)
         records.ExitRecord.from_dict(records.loads(records.dumps(exit_rec.to_dict())))
-        records.dumps(records.StatusRecord(os.getpid(), records.proc_starttime(os.getpid()), time.time()).to_dict())
+        records.dumps(records.StatusRecord(os.getpid(), proc.proc_starttime(os.getpid()), time.time()).to_dict())
         control.parse("stop killed")
         control.parse("deadline 1.0")
     identity.groups_of("root", 0)   # the NSS set-up (nsswitch.conf read), inherited by every shepherd

@@ -28,12 +28,12 @@ import stat
 import time
 
 try:
-    from shepherd import identity, notifytext, process
+    from shepherd import process
+    from shepherd.base import identity, notifytext
 except ImportError:  # run as a file: siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
-    import identity  # type: ignore[no-redef]
-    import notifytext  # type: ignore[no-redef]
     import process  # type: ignore[no-redef]
+    from base import identity, notifytext  # type: ignore[no-redef]
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 

@@ -38,13 +38,12 @@ import sys
 import time
 
 try:
-    from shepherd import identity, process, records, sizes
+    from shepherd import process
+    from shepherd.base import identity, records, sizes
 except ImportError:  # run as a file: siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
-    import identity  # type: ignore[no-redef]
     import process  # type: ignore[no-redef]
-    import records  # type: ignore[no-redef]
-    import sizes  # type: ignore[no-redef]
+    from base import identity, records, sizes  # type: ignore[no-redef]
 
 CHUNK = 1 << 20          # bytes moved per splice, and the pipe's size
 HOLD_OFF = 0.02          # a trickle of output is batched: at most this often a wake-up

@@ -47,7 +47,7 @@ def _what_the_start_did(shown: dict[str, Any]) -> str:
 
 def _quiet_cost(ctx: Context, shown: dict[str, Any], housekeeping: list[int], runs: int) -> str:
     """One line: the daemon's extra work for a benchmark job, timed here alone: its start
-    (the counters read, then ``quiet.begin``, as ``engine._bench_start`` and ``_quiet`` do) and
+    (the counters read, then ``quiet.begin``, as ``BenchCores.start_counters`` and ``quiet_cores`` do) and
     its end (``quiet.end``), with the CPUs and housekeeping CPUs the daemon gave the job."""
     cpus = tuple(shown.get("cpus") or ())
     held = tuple(shown.get("held_cpus") or cpus)

@@ -6,7 +6,7 @@ import os
 import re
 import signal
 
-from shepherd import records
+from shepherd.base import proc, records
 
 
 def read_proc(pid: int, name: str) -> str | None:
@@ -97,7 +97,7 @@ def shepherd_of(job_dir: str) -> int | None:
     if found is None:
         return None
     pid, start = found
-    return pid if records.proc_starttime(pid) == start else None
+    return pid if proc.proc_starttime(pid) == start else None
 
 
 def _kill(pid: int, group: bool = False) -> None:

@@ -2,7 +2,7 @@
 
 The record adds one thing before the job's first instruction: the start
 snapshot of its sentinels, taken by the shepherd just before it forks the
-job (``shepherd/record.py``). Everything else (static sections, the
+job (``shepherd/record/__init__.py``). Everything else (static sections, the
 executable's hash, the GPU query) runs after the start, on the housekeeping
 CPUs. Two daemons on the same CPUs, one with ``--records none``, take the
 probe in turn.
@@ -14,7 +14,8 @@ import os
 import statistics
 import time
 
-from shepherd import sentinels, sysread
+from shepherd.base import sysread
+from shepherd.record import sentinels
 
 from . import probe
 from .client import submit_to_stamp

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from typing import Any
 
-from shepherd import verdict
+from shepherd.record import verdict
 
 from . import calibration, machine, verdictrun
 from .scratchd import DAEMON, DISPATCH, DaemonError, ScratchDaemon
@@ -122,7 +122,7 @@ def _from_json(args: argparse.Namespace, command: str) -> int:
         runs = verdictrun.rejudge(runs, overrides)
         report["setup"] = report.get("setup", []) + [
             f"verdicts judged again from each run's recorded delta (`{command}`), not as the daemon judged "
-            "them: the thresholds given, the rest as `shepherd/verdict.py` here has them"]
+            "them: the thresholds given, the rest as `shepherd/record/verdict.py` here has them"]
     report.update(runs=runs, words=verdict.CAUSE_WORDS, notes=report.get("notes", []) + args.note)
     if args.verdicts_only:
         report["verdicts_only"] = True
@@ -250,7 +250,7 @@ def main(argv: list[str]) -> int:
            f"{', '.join(f'IRQ {n}: {a}' for n, a in irq.get('effective_affinity', {}).items())})" if irq else ""),
         verdictrun.summary_line(runs) + f"; load average at the start {load_start[0]:.2f} {load_start[1]:.2f} "
         f"{load_start[2]:.2f}, at the end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}",
-        "thresholds in force (the daemon's defaults, `shepherd/verdict.py`): " + ", ".join(
+        "thresholds in force (the daemon's defaults, `shepherd/record/verdict.py`): " + ", ".join(
             f"{k}={'none' if v is None else v}" for k, v in sorted(verdict.THRESHOLDS.items())),
     ]
     notes = [NO_CGROUPS] + [f"the verdict's notes in these records: {n}" for n in verdictrun.notes_seen(runs)[:6]]

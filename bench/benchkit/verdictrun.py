@@ -666,8 +666,8 @@ def calibrate(runner: Runner, workloads: list[str], kinds: list[str], rounds: in
 
 def rejudge(runs: list[dict[str, Any]], thresholds: dict[str, Any]) -> list[dict[str, Any]]:
     """The runs with their verdict, causes and reasons judged again from their deltas with *thresholds*
-    (``shepherd.verdict`` as this python finds it: the checkout's or the venv's)."""
-    from shepherd import verdict
+    (``shepherd.record.verdict`` as this python finds it: the checkout's or the venv's)."""
+    from shepherd.record import verdict
     out = []
     for r in runs:
         v = verdict.judge(r["delta"], thresholds)
@@ -678,7 +678,7 @@ def rejudge(runs: list[dict[str, Any]], thresholds: dict[str, Any]) -> list[dict
 
 def parse_thresholds(text: str) -> dict[str, float | None]:
     """``NAME=VALUE,...`` (``none``: reported, not judged), checked by the verdict's own check."""
-    from shepherd import verdict
+    from shepherd.record import verdict
     out: dict[str, float | None] = {}
     for word in (w.strip() for w in text.split(",") if w.strip()):
         name, eq, value = word.partition("=")

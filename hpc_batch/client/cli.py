@@ -262,8 +262,8 @@ def bare_benchmark(argv: list) -> list:
 
 
 def _notify_args(forms: str | None, command: str | None) -> dict:
-    """The request fields of --notify and --notify-command (shepherd/notifytext.py checks them)."""
-    from shepherd.notifytext import check_command, parse_forms
+    """The request fields of --notify and --notify-command (shepherd/base/notifytext.py checks them)."""
+    from shepherd.base.notifytext import check_command, parse_forms
     try:
         if command is not None:
             check_command(command)

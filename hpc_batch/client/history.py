@@ -209,7 +209,7 @@ def cmd_report(conn, a: dict[str, Any], out) -> int:
         limit = limit_of({"--limit": "1000" if a.get("--limit") is None else a["--limit"]})
         fmt = report.plot_format(a["--plot"]) if a.get("--plot") is not None else None
         if a.get("--metric") is not None:
-            from shepherd.figures import name_problem
+            from shepherd.record.figures import name_problem
             if name_problem(a["--metric"]):
                 raise BadValue(f"--metric {shown(a['--metric'])}: {name_problem(a['--metric'])}, as the job "
                                f"wrote it to $HPC_BATCH_METRICS_FILE")

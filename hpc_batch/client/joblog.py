@@ -41,7 +41,7 @@ def page_note(page: dict) -> str | None:
     where the rest goes; a job that has not started says so; a finished one says how it ended
     and where its output is.
     """
-    from shepherd.sizes import format_size
+    from shepherd.base.sizes import format_size
     job = page.get("id")
     state = page.get("state")
     end = page.get("end")

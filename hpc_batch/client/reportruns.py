@@ -18,12 +18,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from shepherd import verdict
+from shepherd.record import verdict
 
 from ..core import series
 from ..core.cut import one_line
 
-# A cause in a few words: the verdict's own words (shepherd/verdict.py, the one definition), and
+# A cause in a few words: the verdict's own words (shepherd/record/verdict.py, the one definition), and
 # what a row from before causes were recorded says.
 CAUSE_WORDS = {**verdict.CAUSE_WORDS, "unstated": "cause not given"}
 CAUSE_CUT = 40      # characters of a cause's words (a name the daemon did not check)

@@ -76,5 +76,5 @@ def read_user_json(path: str, limit: int):
         os.close(fd)
     if len(data) > limit:
         raise ValueError(f"larger than {limit >> 10} KiB, more than any record")
-    from shepherd.jsoncodec import loads
+    from shepherd.base.jsoncodec import loads
     return loads(data.decode("utf-8", "replace"))

@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from shepherd import sysread
+from shepherd.base import sysread
 
 SIBLINGS = "topology/thread_siblings_list"
 CORE_ID = "topology/core_id"

@@ -24,9 +24,9 @@ older and newer state files keep loading.
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from shepherd.notifytext import check_request as check_notify
-from shepherd.records import KILLED as KILLED  # the shepherd's stop reasons are these two results
-from shepherd.records import TIMEOUT as TIMEOUT
+from shepherd.base.notifytext import check_request as check_notify
+from shepherd.base.records import KILLED as KILLED  # the shepherd's stop reasons are these two results
+from shepherd.base.records import TIMEOUT as TIMEOUT
 
 from .. import bounds
 from .cut import cut_command, join
@@ -42,7 +42,7 @@ STATES = (WAITING, QUEUED, RUNNING, FINISHED)
 EXITED = "exited"
 SIGNALLED = "signalled"
 # TIMEOUT: --max-time ran out and the shepherd stopped it; KILLED: dispatch kill, or its
-# shepherd was killed. Both are the shepherd's stop reasons, defined in shepherd/records.py.
+# shepherd was killed. Both are the shepherd's stop reasons, defined in shepherd/base/records.py.
 ERROR = "error"         # it never ran: exec failed, privileges, confinement, can never fit
 OOM = "oom"             # exceeded its memory budget
 CANCELLED = "cancelled"                 # dispatch kill before it started

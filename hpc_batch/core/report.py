@@ -96,10 +96,6 @@ def bench_fields(request: dict[str, Any], alloc: dict[str, Any] | None, shortfal
     }
 
 
-def _node_of(free: Free) -> dict[int, int]:
-    return {c: n.id for n in free.cap.nodes for c in n.cpus}
-
-
 def status(machine: Machine, limits: Limits, running: Sequence[Allocation], policy: str, queued: int,
            waiting: int, head: dict[str, Any] | None) -> dict[str, Any]:
     """The machine at a glance, as a JSON-safe dict (``dispatch status --json``)."""

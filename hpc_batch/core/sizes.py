@@ -3,13 +3,13 @@
 One parser for every size the client and the daemon accept (``--max-mem``,
 ``--reserve-mem``, ``--min-job-mem``, ``--max-job-size``,
 ``--max-output-buffer``), so they all take the same forms; and one formatter,
-shepherd/sizes.py's, which writes them back in the same form.
+shepherd/base/sizes.py's, which writes them back in the same form.
 """
 
-from shepherd.sizes import GiB as GiB
-from shepherd.sizes import KiB, TiB
-from shepherd.sizes import MiB as MiB
-from shepherd.sizes import format_size as format_size  # the one formatter (the shepherd's too: see there)
+from shepherd.base.sizes import GiB as GiB
+from shepherd.base.sizes import KiB, TiB
+from shepherd.base.sizes import MiB as MiB
+from shepherd.base.sizes import format_size as format_size  # the one formatter (the shepherd's too: see there)
 
 from ..bounds import MAX_MEM, shown
 

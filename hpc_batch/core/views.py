@@ -12,7 +12,9 @@ docs give:
   less the command, which can be large); ``end_fields`` and ``forgotten_end``:
   the ``end`` event that closes an ``attach`` stream;
 - ``history_row``: a finished job's row in the history archive;
-- ``dev_info``: ``info.json`` of the job's ``/dev/hpc-batch/jobs/<id>`` entry.
+- ``dev_info``: ``info.json`` of the job's ``/dev/hpc-batch/jobs/<id>`` entry;
+- ``new_reply`` (with ``bulk_fields``, or ``stored_bulk_reply``), ``kill_reply``
+  and ``setting_reply``: the replies of ``new``, ``kill`` and ``job``.
 
 Inputs are plain: the job record (its allocation is ``job.alloc``), the
 machine, and what only the daemon knows (a queued job's place, a running
@@ -25,7 +27,7 @@ from typing import Any
 
 from . import gputopo, report
 from .jobs import FINISHED, RUNNING, Job, Result, exit_column, wait_status
-from .resources import Machine
+from .resources import Budget, Machine
 
 # The summary's fields a watch event carries: all but the command (it can be large) and what a
 # follower has no use for.
@@ -183,6 +185,42 @@ def dev_info(job: Job, machine: Machine) -> dict[str, Any]:
     """``info.json`` of the job's ``/dev/hpc-batch/jobs/<id>`` entry: its summary's ``INFO_FIELDS``."""
     s = summary(job, machine)
     return {k: s[k] for k in INFO_FIELDS}
+
+
+def new_reply(job: Job, budget: Budget, *, starts: bool, mem_enforced: bool) -> dict[str, Any]:
+    """``dispatch new``'s reply for a submit stored at once: its (first) *job*, *budget* its memory,
+    *starts* whether it starts now (the decision made while answering), *mem_enforced* whether
+    the budget is a cgroup limit. A bulk submit's reply adds :func:`bulk_fields`."""
+    return {"id": job.id, "state": RUNNING if starts else job.state, "mem": budget.mem,
+            "mem_assigned": budget.assigned, "mem_enforced": mem_enforced,
+            "output": job.output, "name": job.name,
+            "after": job.after, "after_ok": job.after_ok,
+            "note": result.note if job.state == FINISHED and (result := job.get_result()) else None}
+
+
+def bulk_fields(first: int, count: int, starting: int, limit: int | None) -> dict[str, Any]:
+    """What a bulk submit's ``new`` reply adds: its ids run from *first* for *count* jobs, of which
+    *starting* start now; *limit* is its ``%N`` cap (None: none)."""
+    return {"last": first + count - 1, "count": count, "starting": starting, "limit": limit}
+
+
+def stored_bulk_reply(first: int, budget: Budget, *, mem_enforced: bool, name: str | None, after: list[int],
+                      after_ok: bool, count: int, limit: int | None) -> dict[str, Any]:
+    """``dispatch new``'s reply for a bulk stored a slice per turn, less ``state`` and ``output``,
+    which are known once its jobs are in the table (the engine puts them first)."""
+    return {"id": first, "mem": budget.mem, "mem_assigned": budget.assigned, "mem_enforced": mem_enforced,
+            "name": name, "after": after, "after_ok": after_ok, "note": None,
+            **bulk_fields(first, count, 0, limit)}
+
+
+def kill_reply(job_id: int, was: str) -> dict[str, Any]:
+    """``dispatch kill``'s reply: the job, and the state it *was* in (queued, waiting or running)."""
+    return {"id": job_id, "was": was}
+
+
+def setting_reply(job: Job) -> dict[str, Any]:
+    """``dispatch job ID max-time``'s reply: the job's max time and deadline as they stand."""
+    return {"id": job.id, "max_time": job.max_time, "deadline": job.deadline, "state": job.state}
 
 
 def _how_it_ended(res: Result | None) -> dict[str, Any]:

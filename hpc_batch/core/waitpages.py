@@ -11,7 +11,7 @@ job, so the client always gets to the end.
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shepherd.jsoncodec import dumps_wire
+from shepherd.base.jsoncodec import dumps_wire
 
 
 def cut(items: Sequence[Any], entry_of: Callable[[Any], dict[str, Any]], jobs: int, size: int

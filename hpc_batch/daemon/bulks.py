@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.jobs import Job
-from .store import Shared
+from .envfiles import Shared
 
 SLICE = 256              # a submit of more jobs than this is stored a slice per turn
 SLICE_SECONDS = 0.02     # the time a turn gives the slice it stores, or puts in the table

@@ -15,7 +15,7 @@ does not start.
 
 import os
 
-from shepherd import cgroup
+from shepherd.base import cgroup
 
 from .. import defaults
 from . import devmask

@@ -17,7 +17,7 @@ while a job is queued or running.
 import json
 import os
 
-from shepherd import acl, records
+from shepherd.base import acl, records
 
 
 class DevDirError(OSError):

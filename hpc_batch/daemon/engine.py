@@ -8,7 +8,11 @@ timer fired) and the engine persists every change before it is
 acknowledged: a submit that cannot be written is refused, never accepted and
 then forgotten. Scheduling itself is the pure ``scheduler`` module; starting
 shepherds and asking them to stop jobs is ``launcher``; cgroups are
-``cgroups``.
+``cgroups``. What the engine composes, each room holding no reference to
+it: ``admission`` (a submit's checks and jobs), ``queries`` (the read
+models), ``launchspec`` (a job's environment and launch spec), ``outcome``
+(how a job ended, from its shepherd's records) and ``benchcores`` (benchmark
+mode's watch and quiet cores); every verb refuses with ``refusal.Refused``.
 
 Nothing a user sends can make the engine act on a path they control, wait
 on a process they can stop, or signal a process by number: output paths are
@@ -24,51 +28,52 @@ import pwd
 import shutil
 import time
 from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
-from shepherd import notifytext, records
+from shepherd.base import records
 
 from .. import bounds, defaults
-from ..core import arrayref, benchmark, dependencies, machinemap, report, resources, scheduler, views
+from ..core import dependencies, resources, scheduler, views
 from ..core.durations import format_duration
-from ..core.jobnames import log_name, split_ref
 from ..core.jobs import (
     CANCELLED,
     DEPENDENCY_FAILED,
     ERROR,
-    EXITED,
     FINISHED,
     KILLED,
     LOST,
     OOM,
     QUEUED,
     RUNNING,
-    SIGNALLED,
     TIMEOUT,
     WAITING,
     Job,
     Result,
     exit_column,
 )
-from ..core.jobtable import JobTable, Running, request_of
-from ..core.sizes import format_mem
+from ..core.jobtable import JobTable, Running
 from ..wire.protocol import JobSetting, NewJob
-from . import archive, bulks, cgroups, devdir, jobrecord, launcher, probe, quiet
+from . import (
+    admission,
+    archive,
+    bulks,
+    cgroups,
+    devdir,
+    jobrecord,
+    launcher,
+    launchspec,
+    outcome,
+    probe,
+    queries,
+)
 from .access import Caller
+from .benchcores import BenchCores
+from .refusal import Refused
 from .store import is_disk_full
 from .undelivered import Bounds as UndeliveredBounds
 from .undelivered import Undelivered
 
 log = logging.getLogger("hpc-batchd")
-
-
-class Refused(Exception):
-    """A request the daemon will not carry out; the message goes to the user."""
-
-    def __init__(self, message: str, code: str = "refused"):
-        super().__init__(message)
-        self.code = code
 
 
 class Engine:
@@ -101,8 +106,8 @@ class Engine:
         self.storing: deque[bulks.Bulk] = deque()
         self.storing_by_uid: dict[int, int] = {}
         self.bulk_replies: list[tuple[Any, dict[str, Any] | Refused]] = []   # (token, reply fields)
-        # While any --benchmark=strict job is queued, the machine is watched (swap, throttling).
-        self.bench_watch = benchmark.Watch(defaults.BENCH_PROBE_INTERVAL)
+        # Benchmark mode: the watch over the machine while strict jobs wait, and the quiet cores.
+        self.bench = BenchCores(cfg, machine, limits, store.root)
         # Every finished job goes on to the history archive; its directory is evicted only once
         # its row is durable there (unarchived: finished, not yet; evict_archived: evicted, waiting).
         self.archive = history if history is not None else archive.Archive(
@@ -120,18 +125,8 @@ class Engine:
         self.resched = False                # something freed resources: schedule on the next tick
         self.retry_at: float | None = None  # when to retry starts that failed to write
         self.root_mode = os.geteuid() == 0
-        # Benchmark jobs' quiet cores (IRQs, frequency, partition): the admin's flags, and where
-        # interrupts go when no housekeeping CPUs are named: the CPUs reserved for the OS.
-        self.quiet = quiet.Settings(cpufreq=cfg.cpufreq, allow_turbo_off=cfg.allow_turbo_off,
-                                    irqbalance_ban=cfg.irqbalance_ban,
-                                    ledger=os.path.join(store.root, quiet.LEDGER))
-        self.irq_banned: dict[int, set[int]] = {}   # job -> CPUs irqbalance was told to keep IRQs off
-        self.benchmarks: dict[int, tuple[int, ...]] = {}   # running job with changes to undo -> CPUs it holds
         # The GPU query of a job's record runs the nvidia-smi the daemon found (its PATH, not a user's).
         self.nvidia_smi = shutil.which("nvidia-smi") if machine.gpus else None
-        reserved = resources.capacity(machine, limits).reserved_cpus
-        self.housekeeping_default = tuple(reserved) or tuple(
-            sorted({c for n in machine.nodes for c in n.cpus}))
 
     # -- start-up -------------------------------------------------------------
     def recover(self) -> list:
@@ -148,11 +143,8 @@ class Engine:
             if job.state in (QUEUED, WAITING):
                 self.dev.add(job.id, job.uid, self.store.job_dir(job.id))
         for job in jobs:   # first every benchmark job with changes to undo, so an end hands them over
-            if job.state == RUNNING and job.alloc is not None and quiet.pending(self.store.job_dir(job.id)):
-                try:
-                    self.benchmarks[job.id] = resources.Allocation.from_dict(job.alloc).held
-                except (KeyError, TypeError, ValueError):
-                    pass   # a record the daemon cannot re-adopt fails below, and its end undoes its changes
+            if job.state == RUNNING:
+                self.bench.readopt_held(job, self.store.job_dir(job.id))
         for job in jobs:
             if job.state == RUNNING:
                 try:
@@ -188,8 +180,7 @@ class Engine:
             pid, fd = found
             self.table.attach(job, Running(alloc, cgroup=cg, pid=pid, pidfd=fd))
             self.hooks.watch_pidfd(fd, job.id)
-            if job.quiet and job.quiet.get("irqbalance_banned"):
-                self.irq_banned[job.id] = set(job.quiet["irqbalance_banned"])
+            self.bench.readopt(job)
             # A change of max time the last daemon could not pass on before it died.
             self._send_deadline(job, time.time())
             return f"job {job.id}: re-adopted shepherd pid {pid}"
@@ -240,255 +231,60 @@ class Engine:
         self._collect(job.id, shepherd_gone=why, kind=LOST)
         return f"job {job.id}: {why}"
 
-    # -- queries --------------------------------------------------------------
-    def visible(self, caller, all_users: bool, finished: bool, after: int = 0) -> Iterator[tuple[int, Job | None]]:
-        """The jobs *caller* may list with ids above *after*, in id order, as ``(id, job)``; job is
-        None for an id looked at and passed over (gone, or finished without *finished*), so a
-        caller can bound what one page looks at. Costs what it yields, not a scan of all jobs."""
-        uid = None if all_users else caller.uid
-        for job_id in self.table.ids_after(after, uid):
-            job = self.jobs.get(job_id)
-            if job is None or (job.state == FINISHED and not finished) or (uid is not None and job.uid != uid):
-                yield job_id, None
-            else:
-                yield job_id, job
+    # -- queries (queries.py) ---------------------------------------------------
+    def reads(self) -> queries.Reads:
+        """What the read models (queries.py) read, as it stands now."""
+        return queries.Reads(self.table, self.machine, self.limits, self.cfg, self.store.job_dir, self.next_id,
+                             self.policy_state, self.bench.watch.hold)
 
     def summary(self, job: Job) -> dict:
         """What ``dispatch list`` shows of a job (views.summary)."""
         return views.summary(job, self.machine)
 
     def why(self, job: Job) -> tuple[int | None, str | None]:
-        """A job's place in the queue (1 = the head) and why it is not running, for show and status."""
-        if job.state == WAITING:
-            return None, dependencies.evaluate(job, self.jobs.get)[1]
-        if job.state != QUEUED:
-            return None, None
-        order = list(self.table.in_order())
-        position = order.index(job.id) + 1
-        if job.request.get("benchmark") == "strict" and self.bench_watch.hold is not None:
-            return position, self.bench_watch.hold
-        if job.array is not None and job.array.get("limit") and \
-                self._array_room().get(job.array["first"], 1) <= 0:
-            return position, (f"{job.array['limit']} of its array (jobs from {job.array['first']}) "
-                              f"already run, the most it may run at once (--array ...%{job.array['limit']})")
-        free = resources.Free.of(resources.capacity(self.machine, self.limits), self.table.allocs())
-        q = self.table.queued[job.id]
-        return position, report.why_waiting(q.request, q.budget, position, order[0], free, self.cfg.schedule,
-                                            self.policy_state)
+        """A job's place in the queue and why it is not running (queries.why)."""
+        return queries.why(self.reads(), job)
 
     def show(self, caller: Caller, ref: int | str, now: float) -> dict[str, Any]:
-        """``dispatch show``: everything about one job (never its environment; views.show)."""
-        job = self.lookup(caller, ref)
-        position, why = self.why(job)
-        running = self.table.running.get(job.id)
-        return views.show(job, self.machine, position=position, why=why,
-                          cgroup=running.cgroup if running is not None else None, now=now)
-
-    def record(self, caller: Caller, ref: int | str) -> dict[str, Any]:
-        """``dispatch show --record``: the job's reproducibility record (partial while it runs)."""
-        job = self.lookup(caller, ref)
-        if job.state in (QUEUED, WAITING):
-            raise Refused(f"job {job.id} has not started: its record is made when it starts")
-        data = records.read_json(os.path.join(self.store.job_dir(job.id), records.RECORD))
-        if not isinstance(data, dict):
-            why = ("it ended before it started" if job.started is None else
-                   "none was written (the daemon runs with --records none, or an older one started it)")
-            raise Refused(f"job {job.id} has no record: {why}")
-        return data
+        """``dispatch show`` (queries.show)."""
+        return queries.show(self.reads(), caller, ref, now)
 
     def status(self, now: float, caller: Caller | None = None) -> dict[str, Any]:
-        """``dispatch status``: the machine at a glance (another's head job by id only, unless the list is public)."""
-        head = None
-        if self.table.queued:
-            job = self.jobs[next(iter(self.table.in_order()))]
-            head = {"id": job.id, "user": job.user, "name": job.name, "why": self.why(job)[1]}
-            if not self._shows_whose(caller, job):
-                head.update(user=None, name=None, why=None)   # its request would say whose it may be
-        st = report.status(self.machine, self.limits, self.table.allocs(),
-                           self.cfg.schedule, len(self.table.queued), len(self.table.waiting), head)
-        holders = []
-        for job_id, run in self.table.running.items():
-            job = self.jobs[job_id]
-            seen = self._shows_whose(caller, job)
-            holders.append(machinemap.Holder(job_id if seen else None, job.user if seen else None, run.alloc))
-        st["map"] = machinemap.build(self.machine, resources.capacity(self.machine, self.limits).reserved_cpus,
-                                     holders)
-        return st
-
-    def _shows_whose(self, caller: Caller | None, job: Job) -> bool:
-        """Whether status names *job* and its user to *caller*: an admin's, the owner's, or a public list."""
-        return caller is None or caller.is_admin or caller.uid == job.uid or self.cfg.list_is_public
+        """``dispatch status`` (queries.status)."""
+        return queries.status(self.reads(), now, caller)
 
     def lookup(self, caller: Caller, ref: int | str) -> Job:
-        """The job *caller* names by id, NAME or USER:NAME, or Refused.
-
-        A NAME means the caller's own newest job of that name, for admins too;
-        an admin names another user's job by id or as USER:NAME. A job the
-        caller may not see is refused as not found, exactly like a job that
-        does not exist, unless --list-is-public lets everyone see it anyway.
-        """
-        if isinstance(ref, str) and (aref := arrayref.parse(ref)) is not None:
-            if aref.index is None:
-                raise Refused(f"{ref} names a whole array; name one job here, e.g. {aref.first}_1 "
-                              f"(dispatch list {ref} lists them)")
-            job = self._element(caller, aref.first, aref.index)
-        elif isinstance(ref, str):
-            split = split_ref(ref)
-            if split is None:
-                raise Refused(f"no job named {ref!r}", "not_found")
-            user, name = split
-            uid = caller.uid if user is None else self.table.user_ids.get(user)
-            ids = self.table.names.get((uid, name)) if uid is not None else None
-            if not ids:
-                raise Refused(f"no job named {ref!r}", "not_found")
-            job = self.jobs[ids[-1]]
-        else:
-            found = self.jobs.get(ref)
-            if found is None:
-                raise Refused(f"no such job: {ref}", "not_found")
-            job = found
-        if job.uid != caller.uid and not caller.is_admin:
-            if not self.cfg.list_is_public:
-                raise Refused(f"no such job: {ref}" if isinstance(ref, int) else f"no job named {ref!r}",
-                              "not_found")
-            raise Refused(f"job {ref} belongs to another user", "forbidden")
-        return job
+        """The job *caller* names by id, NAME or USER:NAME, or Refused (queries.lookup)."""
+        return queries.lookup(self.reads(), caller, ref)
 
     def array_of(self, caller: Caller, first: int) -> tuple[list[Job], int]:
-        """The elements of array *first* that the daemon holds, in id order, and the array's size;
-        Refused (as ``lookup`` refuses) when there is none or the caller may not see it.
-
-        O(array size), never O(jobs): its ids are consecutive from *first*. An element forgotten
-        (``--keep-finished``) is a gap; an array stored before arrays had a ``count`` is measured
-        to the last id it holds.
-        """
-        if first >= self.next_id:
-            raise Refused(f"no such job: {first}", "not_found")
-        head = self.jobs.get(first)
-        if head is not None:
-            self.lookup(caller, first)   # (another user's is refused before anything is said of it)
-        if head is not None and (head.array is None or head.array["first"] != first):
-            where = f"; it is element {arrayref.element_name(head.array['first'], head.array['index'])}" \
-                if head.array is not None else ""
-            raise Refused(f"job {first} is not an array's first job{where}", "not_found")
-        count = head.array.get("count") if head is not None and head.array is not None else None
-        elements = [] if head is None else [head]
-        last = first + (count or bounds.MAX_ARRAY) - 1
-        for job_id in range(first + 1, min(last, self.next_id - 1) + 1):
-            job = self.jobs.get(job_id)
-            if job is None:
-                continue
-            if job.array is None or job.array["first"] != first:
-                break   # past its end
-            elements.append(job)
-            count = count or job.array.get("count")
-            if count is not None:
-                last = first + count - 1
-        if not elements:
-            raise Refused(f"no array {first}: the daemon holds none of its jobs (dispatch history "
-                          f"--array {first} lists those that ended)", "not_found")
-        self.lookup(caller, elements[0].id)   # its user's, or refused as lookup refuses
-        return elements, count or elements[-1].id - first + 1
-
-    def _element(self, caller: Caller, first: int, index: int) -> Job:
-        """The element of array *first* submitted with *index*: O(1) when its indices run on
-        without gaps (each id one more than the last), else O(array size)."""
-        head = self.jobs.get(first)
-        if head is not None:
-            self.lookup(caller, first)   # (another user's is refused before anything is said of it)
-        if head is not None and head.array is not None and head.array["first"] == first:
-            guess = self.jobs.get(first + index - head.array["index"])
-            if guess is not None and guess.array is not None and guess.array["first"] == first \
-                    and guess.array["index"] == index:
-                return guess   # (one submit's: the same user's as its first)
-        elements, count = self.array_of(caller, first)
-        for job in elements:
-            if job.array is not None and job.array["index"] == index:
-                return job
-        indices = [j.array["index"] for j in elements if j.array is not None]
-        held = f"{count} jobs, indices {indices[0]} to {indices[-1]}" if len(elements) == count else \
-            f"{count} jobs, of which it still holds {len(elements)} (dispatch history --array {first} lists " \
-            f"those that ended)"
-        raise Refused(f"array {first} has no element with index {index} ({held})", "not_found")
+        """The elements of array *first* the daemon holds and the array's size (queries.array_of)."""
+        return queries.array_of(self.reads(), caller, first)
 
     # -- submit ---------------------------------------------------------------
     def submit(self, caller, req: NewJob, now: float) -> dict | bulks.Storing:
         """Queue a job (and start it if it fits); returns the reply fields, or for a bulk of more
         than bulks.SLICE jobs what the server holds the connection on while it is stored."""
-        if not self.root_mode and caller.uid != os.geteuid():
-            raise Refused(f"this hpc-batchd runs as {self.cfg.user_name} in user mode and only accepts "
-                          f"jobs from that user", "forbidden")
-        max_time = req.max_time if req.max_time is not None else self.cfg.max_lifetime
-        if max_time > self.cfg.max_lifetime:
-            raise Refused(f"--max-time {format_duration(max_time)} exceeds the limit of "
-                          f"{format_duration(self.cfg.max_lifetime)} set by the admin (--max-lifetime)")
-        size = req.size()
-        if size > self.cfg.max_job_size:
-            raise Refused(f"the command and its environment take {format_mem(size)}, more than the "
-                          f"{format_mem(self.cfg.max_job_size)} a job may carry (the admin's --max-job-size); "
-                          f"submit a script instead, or drop --env", "too_large")
-        short = self.store.short_of_room(self.cfg.state_reserve)
-        if short is not None:   # compaction, and the jobs already taken, keep room to finish
-            raise Refused(short, "busy")
-        elements = req.elements()
         held = self.table.held_by_uid.get(caller.uid, 0) + self.storing_by_uid.get(caller.uid, 0)
-        if held + len(elements) > self.cfg.max_queued_per_user:
-            many = f"these {len(elements)} jobs would make {held + len(elements)}" if len(elements) > 1 else \
-                f"you already have {held}"
-            raise Refused(f"{many} queued or waiting, more than the {self.cfg.max_queued_per_user} one user may "
-                          f"have (the admin's --max-queued-per-user); wait for some to start", "queue_full")
-        wanted: dict[str, Any]   # (its values are of many types: --notify's is an object)
-        wanted = {"cpus": req.cpus, "mem": req.mem, "gpus": req.gpus, "exclusive": req.exclusive,
-                  "numa_local": req.numa_local or req.benchmark is not None,   # --benchmark keeps memory local
-                  "numa_local_gpu": req.numa_local_gpu, "gpu_link": req.gpu_link,
-                  "benchmark": req.benchmark, "whole_l3": req.whole_l3, "aslr": req.aslr, "thp": req.thp}
-        if req.record_to is not None or req.record_env:   # (kept out of the usual job's record)
-            wanted.update(record_to=req.record_to, record_is_dir=req.record_is_dir, record_env=req.record_env)
-        if req.notify is not None:
-            wanted.update(notify=req.notify)
-        request = request_of(wanted)
-        try:
-            budget = resources.check_request(request, self.machine, self.limits)
-        except resources.RequestError as exc:
-            raise Refused(str(exc), "never_fits") from None
+        adm = admission.admit(self.cfg, self.machine, self.limits, uid=caller.uid, daemon_uid=os.geteuid(),
+                              root_mode=self.root_mode, held=held,
+                              short_of_room=self.store.short_of_room(self.cfg.state_reserve), req=req)
+        elements, budget, bulk, shared_argv = adm.elements, adm.budget, adm.bulk, adm.shared_argv
         try:
             pw = pwd.getpwuid(caller.uid)
         except KeyError:
             raise Refused(f"uid {caller.uid} has no passwd entry; jobs run as a named user") from None
-        after = self._dependencies(caller, req)
+        after = admission.dependencies(req, lambda ref: self.lookup(caller, ref))
         first = self.next_id
-        bulk = len(elements) > 1 or bool(req.array or req.commands)
-        # An --array's elements share one argv list, stored once (Store.add_jobs); --commands' differ.
-        shared_argv = list(req.argv) if req.array and not req.commands else None
-
-        def make(k: int) -> Job:
-            argv, index = elements[k]
-            job_id = first + k
-            output = None
-            if not req.no_output:
-                # Checked by dispatch, as the user; the shepherd writes it as the user, never following links.
-                target = req.output or req.cwd
-                output = os.path.join(target, log_name(job_id)) if req.output is None or req.output_is_dir \
-                    else target
-            return Job(id=job_id, uid=caller.uid, gid=pw.pw_gid, user=pw.pw_name,
-                       argv=shared_argv if shared_argv is not None else list(argv),
-                       cwd=req.cwd, submitted=now, max_time=max_time,
-                       request=wanted,
-                       budget={"mem": budget.mem, "assigned": budget.assigned},
-                       output=output, umask=req.umask, name=req.name, after=sorted(set(after)),
-                       after_ok=req.after_ok, state=WAITING if after else QUEUED,
-                       array=None if not bulk else {"first": first, "index": index, "limit": req.array_limit,
-                                                     "count": len(elements)})
+        make = admission.Maker(req, adm, caller.uid, pw.pw_gid, pw.pw_name, first, after, now)
 
         env = {"forward": req.env, "job_env": req.job_env, "base": req.base_env}
         if len(elements) > bulks.SLICE:   # stored a slice per turn, answered once all of it is durable
             b = bulks.Bulk(uid=caller.uid, first=first, count=len(elements), make=make, env=env,
                            shared_argv=shared_argv,
-                           reply={"id": first, "mem": budget.mem, "mem_assigned": budget.assigned,
-                                  "mem_enforced": self.cfg.cgroups,
-                                  "name": req.name, "after": sorted(set(after)), "after_ok": req.after_ok,
-                                  "note": None, "last": first + len(elements) - 1, "count": len(elements),
-                                  "starting": 0, "limit": req.array_limit})
+                           reply=views.stored_bulk_reply(first, budget, mem_enforced=self.cfg.cgroups, name=req.name,
+                                                         after=sorted(set(after)), after_ok=req.after_ok,
+                                                         count=len(elements), limit=req.array_limit))
             self.next_id = first + len(elements)
             self.storing.append(b)
             self.storing_by_uid[caller.uid] = self.storing_by_uid.get(caller.uid, 0) + b.count
@@ -514,34 +310,10 @@ class Engine:
         # Decide now, act after the reply is sent: the client does not wait for the spawn.
         self.pending = self.plan(now)
         starting = {j for j, _ in self.pending.starts} if self.pending is not None else set()
-        job = made[0]
-        reply = {"id": first, "state": RUNNING if first in starting else job.state, "mem": budget.mem,
-                 "mem_assigned": budget.assigned, "mem_enforced": self.cfg.cgroups,
-                 "output": job.output, "name": job.name,
-                 "after": job.after, "after_ok": job.after_ok,
-                 "note": result.note if job.state == FINISHED and (result := job.get_result()) else None}
+        reply = views.new_reply(made[0], budget, starts=first in starting, mem_enforced=self.cfg.cgroups)
         if bulk:
-            reply.update(last=first + len(made) - 1, count=len(made), starting=len(starting),
-                         limit=req.array_limit)
+            reply.update(views.bulk_fields(first, len(made), len(starting), req.array_limit))
         return reply
-
-    def _dependencies(self, caller: Caller, req: NewJob) -> list[int]:
-        """The ids of the jobs *req* follows (--after / --after-ok), or Refused naming the flag: one
-        unknown or another user's, or for --after-ok one that has already ended other than exit 0
-        (it could only wait, then fail as dependency-failed). One lookup a job named."""
-        flag = "--after-ok" if req.after_ok else "--after"
-        ids = []
-        for ref in req.after:
-            try:
-                dep = self.lookup(caller, ref)
-            except Refused as exc:
-                raise Refused(f"{flag} {ref}: {exc}", exc.code) from None
-            if req.after_ok and dep.state == FINISHED and not dependencies.ok(result := dep.get_result()):
-                raise Refused(f"{flag} {ref}: job {dep.id} has already ended with exit {exit_column(result)}, not 0, "
-                              f"so this job could never start (--after starts it however that one ended)",
-                              "finished")
-            ids.append(dep.id)
-        return ids
 
     def _enter(self, job: Job, look: bool) -> None:
         """A stored new job enters the table, with its output buffer and /dev entry; *look*: one
@@ -662,7 +434,7 @@ class Engine:
 
     def _left_queue(self) -> None:
         if not self.table.strict_queued:
-            self.bench_watch.forget()   # no strict benchmark job waits: the next starts from fresh readings
+            self.bench.forget()   # no strict benchmark job waits: the next starts from fresh readings
 
     def _info(self, job: Job) -> dict:
         """The job's /dev entry's info.json (views.dev_info)."""
@@ -708,10 +480,10 @@ class Engine:
         """
         queue = self.table.in_order()
         # Strict benchmark jobs wait while the machine is not quiet, holding up nobody behind them.
-        hold = self._quiet_hold(now) if self.table.strict_queued else None
+        hold = self.bench.hold(now) if self.table.strict_queued else None
         if not self.table.capped_queued and hold is None:
             return list(queue.values())
-        room = self._array_room()
+        room = queries.array_room(self.table)
         eligible = []
         for q in queue.values():
             if hold is not None and q.request.benchmark == "strict":
@@ -724,21 +496,6 @@ class Engine:
                 room[a["first"]] = left - 1
             eligible.append(q)
         return eligible
-
-    def _quiet_hold(self, now: float) -> str | None:
-        """Why strict benchmark jobs wait now (None: the machine is quiet), reading it when due."""
-        if now >= self.bench_watch.due(now):
-            self.bench_watch.feed(probe.read(now, probe.root()))
-        return self.bench_watch.hold
-
-    def _array_room(self) -> dict[int, int]:
-        """How many more of each capped array may start now (arrays not named: their whole cap)."""
-        room: dict[int, int] = {}
-        for jid in self.table.running:
-            a = self.jobs[jid].array
-            if a is not None and a.get("limit"):
-                room[a["first"]] = room.get(a["first"], a["limit"]) - 1
-        return room
 
     def save_meta(self) -> bool:
         """Persist the id floor and policy state; on failure retry from the tick."""
@@ -754,42 +511,14 @@ class Engine:
             return False
 
     def _job_env(self, job: Job) -> dict:
+        """The job's environment (launchspec.environment), from its stored one and its user's passwd entry."""
         stored = self.store.load_env(job)   # {} (a clean environment) when it cannot be read
         try:
             pw = pwd.getpwuid(job.uid)
             home, shell = pw.pw_dir, pw.pw_shell or "/bin/sh"
         except KeyError:
             home, shell = "/", "/bin/sh"
-        if stored.get("forward") is not None:
-            env = dict(stored["forward"])
-        else:
-            base = stored.get("base") or {}
-            env = {"PATH": base.get("PATH") or defaults.DEFAULT_PATH, "HOME": home, "USER": job.user,
-                   "SHELL": shell, "LANG": base.get("LANG") or "C.UTF-8"}
-        env.update(stored.get("job_env") or {})
-        # Set by the daemon and never overridden: without masking the GPU list is how a job is held to its GPUs.
-        env["HPC_BATCH_JOB_ID"] = str(job.id)
-        if job.array is not None:   # from the record, not stored per job: a bulk submit's jobs share one environment
-            env["HPC_BATCH_ARRAY_INDEX"] = str(job.array["index"])
-            env["HPC_BATCH_ARRAY_JOB_ID"] = str(job.array["first"])
-        env["CUDA_VISIBLE_DEVICES"] = self._visible_devices((job.alloc or {}).get("gpus", []))
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"   # CUDA numbers GPUs as nvidia-smi does
-        return env
-
-    def _visible_devices(self, gpus: list[int]) -> str:
-        """CUDA_VISIBLE_DEVICES for a job given *gpus* (nvidia-smi indices).
-
-        Masked, CUDA enumerates only the devices the job can open, so plain
-        indices would point at the wrong (or no) GPU: name them by UUID, or
-        failing that renumber them 0..n-1 in index order. Unmasked, the
-        indices as nvidia-smi gives them (with CUDA_DEVICE_ORDER=PCI_BUS_ID).
-        """
-        if not self.cfg.mask_gpus:
-            return ",".join(str(g) for g in gpus)
-        uuids = [self.machine.gpu_uuids.get(g) for g in gpus]
-        if all(uuids):
-            return ",".join(u for u in uuids if u)
-        return ",".join(str(i) for i in range(len(gpus)))
+        return launchspec.environment(job, stored, home, shell, self.cfg.mask_gpus, self.machine.gpu_uuids)
 
     def _start(self, job: Job, alloc, now: float) -> None:
         # Order matters for crash safety: the launch spec (with the environment,
@@ -801,7 +530,9 @@ class Engine:
         running = Running(alloc)
         self._move(job, RUNNING, now, running=running)
         if job.request.get("benchmark"):
-            self._bench_start(job, alloc, now)
+            # How the machine fell short of it, and its counters to compare at the end.
+            job.shortfalls = self.bench.start_shortfalls(job, alloc)
+            job.bench_start = self.bench.start_counters(alloc, now)
         cg = None
         try:
             if self.cfg.cgroups:
@@ -824,24 +555,6 @@ class Engine:
             self._requeue(job, cg, exc, now)
             return
         self.to_spawn.append((job, cg))
-
-    def _bench_start(self, job: Job, alloc, now: float) -> None:
-        """Record how the machine fell short of a benchmark job, and its counters to compare at the end."""
-        cap = resources.capacity(self.machine, self.limits)
-        job.shortfalls = benchmark.shortfalls(job.request, alloc, cap, self.cfg.cgroups)
-        if self.bench_watch.reasons:
-            job.shortfalls += self.bench_watch.reasons
-        job.bench_start = probe.read(now, probe.root(), alloc.held).to_dict()
-
-    def _bench_end(self, job: Job, now: float) -> None:
-        """Add to a benchmark job's shortfalls what its counters say happened while it ran."""
-        before = benchmark.Sample.from_dict(job.bench_start)
-        job.bench_start = None
-        if before is None or job.alloc is None:
-            return
-        held = resources.Allocation.from_dict(job.alloc).held
-        job.shortfalls = job.shortfalls + [f"while it ran, {why}" for why in
-                                           benchmark.unquiet(before, probe.read(now, probe.root(), held), held)]
 
     def flush(self, now: float) -> set[int]:
         """End a turn of the loop: :meth:`commit_turn`, then :meth:`spawn_turn`."""
@@ -974,25 +687,8 @@ class Engine:
     def _quiet(self, job: Job, jdir: str, cg) -> None:
         """Quiet a benchmark job's CPUs (its record is durable as running, so any later daemon
         undoes this when the job ends). A shortfall is recorded, never a reason not to run."""
-        alloc = self.table.running[job.id].alloc
-        hk = self.cfg.housekeeping or self.housekeeping_default   # --housekeeping-cpus none: the reserve
-        self.benchmarks[job.id] = alloc.held
-        try:
-            # Machine-wide turbo only for a job alone on the machine: nothing else starts beside it.
-            alone = alloc.exclusive and len(self.table.running) == 1
-            busy = set().union(*(h for i, h in self.benchmarks.items() if i != job.id))
-            job.quiet = quiet.begin(jdir, alloc.cpus, alloc.held, hk, self.quiet, alone,
-                                    cg if self.cfg.cgroups else None, busy)
-            if self.quiet.irqbalance_ban:
-                self.irq_banned[job.id] = set(alloc.held)
-                job.quiet["irqbalance_ban"] = quiet.ban(self.quiet, set().union(*self.irq_banned.values()))
-                job.quiet["irqbalance_banned"] = list(alloc.held)
-        except Exception as exc:  # the machine's settings must never stop the daemon
-            log.exception("job %d: cannot quiet its CPUs", job.id)
-            job.quiet = {"error": str(exc)}
-        moved = (job.quiet.get("irqs") or {}).get("moved") or []
-        log.info("job %d: benchmark: %d IRQs moved to CPUs %s, %s", job.id, len(moved),
-                 (job.quiet.get("irqs") or {}).get("to"), (job.quiet.get("cpufreq") or {}).get("turbo"))
+        job.quiet = self.bench.quiet_cores(job.id, jdir, self.table.running[job.id].alloc, cg,
+                                           len(self.table.running))
         try:
             # The cache only: no journal commit (an fdatasync) more per start. What must be undone
             # is in quiet.json; this is what `show` reports, and the job's next durable save keeps it.
@@ -1001,58 +697,24 @@ class Engine:
             self.unsaved.add(job.id)
 
     def _unquiet(self, job: Job) -> None:
-        """Undo what :meth:`_quiet` changed (where still ours), whichever daemon started the job."""
-        self.benchmarks.pop(job.id, None)
-        others = [(self.store.job_dir(i), held) for i, held in self.benchmarks.items()]
-        try:
-            undone = quiet.end(self.store.job_dir(job.id), self.quiet, others)
-            if self.irq_banned.pop(job.id, None) is not None:
-                quiet.ban(self.quiet, set().union(*self.irq_banned.values()))
-        except Exception as exc:
-            log.exception("job %d: cannot undo its quiet cores", job.id)
-            undone = {"restored": 0, "left": [str(exc)]}
-        if undone is None:
-            return
-        if job.quiet is not None:
+        """Undo what :meth:`_quiet` changed (BenchCores.unquiet); the record keeps what was undone."""
+        undone = self.bench.unquiet(job.id, self.store.job_dir)
+        if undone is not None and job.quiet is not None:
             job.quiet["undone"] = undone
-        log.info("job %d: quiet cores undone: %d settings restored, %d handed to running benchmark jobs%s",
-                 job.id, undone["restored"], undone.get("handed", 0),
-                 f"; left alone: {'; '.join(undone['left'])}" if undone["left"] else "")
 
     def _launch_spec(self, job: Job, alloc, cg) -> records.LaunchSpec:
-        """What the shepherd needs, all of it: it cannot ask the daemon anything later.
-
-        The grace, delivery limit and fork retry are the spec's own defaults
-        (one definition, in shepherd/records.py, which the shepherd can read).
-        """
-        return records.LaunchSpec(
-            id=job.id, user=job.user, uid=job.uid, gid=job.gid, cwd=job.cwd,
-            argv=job.argv, env=self._job_env(job), output=job.output, umask=job.umask,
-            admin_gid=self.cfg.admin_gid,
-            cpus=None if self.cfg.cgroups else list(alloc.cpus),
-            cgroup=cg,
+        """What the shepherd needs (launchspec.build), with what only the daemon can read."""
+        return launchspec.build(
+            job, alloc, self._job_env(job), cgroup=cg,
             shepherd_cgroup=cgroups.shepherds_path(self.cfg.cgroup_root) if self.cfg.cgroups else None,
-            # The shepherd keeps the deadline itself, so it holds while the daemon is down.
-            deadline=job.deadline, max_output_buffer=self.cfg.max_output_buffer,
-            aslr=job.request.get("aslr", "on"), thp=job.request.get("thp", "on"),
-            record=self._record_spec(job, alloc) if self.cfg.records == "all" else None,
-            notify=self._notify_spec(job),
-        )
-
-    @staticmethod
-    def _notify_spec(job: Job) -> dict | None:
-        """The shepherd's part of --notify (shepherd/notify.py), or None."""
-        want = job.request.get("notify")
-        if not want:
-            return None
-        return {"tty": notifytext.TTY in want["forms"], "command": want.get("command"),
-                "limit": notifytext.LIMIT, "name": job.name}
+            use_cgroups=self.cfg.cgroups, admin_gid=self.cfg.admin_gid, max_output_buffer=self.cfg.max_output_buffer,
+            record=self._record_spec(job, alloc) if self.cfg.records == "all" else None)
 
     def _record_spec(self, job: Job, alloc) -> dict:
         """What the shepherd needs from the daemon for the job's reproducibility record."""
         return jobrecord.spec(
             job, alloc, self.machine, {i: r.alloc for i, r in self.table.running.items()},
-            housekeeping=self.cfg.housekeeping or self.housekeeping_default,
+            housekeeping=self.bench.housekeeping(),
             thresholds=self.cfg.record_thresholds, nvidia_smi=self.nvidia_smi, root=probe.root(),
             cgroups=self.cfg.cgroups, cpu_unit=self.cfg.cpu_unit)
 
@@ -1082,7 +744,7 @@ class Engine:
             self._finish(job, Result(ERROR, note=f"{why}, and its launch spec is gone"), now)
             return
         self._drop_cgroup(cg)
-        if job.id in self.benchmarks:
+        if job.id in self.bench.held:
             self._unquiet(job)     # its cores are quieted afresh at its next start
         log.warning("job %d: %s; it is queued again", job.id, why)
         self._move(job, QUEUED, now)
@@ -1169,41 +831,19 @@ class Engine:
             return
         if cg and os.path.isdir(cg):
             self._drop_cgroup(cg)
-        if rec.peak_mem is not None:
-            job.stats["peak_mem"] = rec.peak_mem
-        if rec.cpu_time is not None:
-            job.stats["cpu_time"] = rec.cpu_time
-        if rec.verdict is not None:
-            job.stats["verdict"], job.stats["record_digest"] = rec.verdict, rec.record_digest
-        self._finish(job, self._result(job, rec), rec.ended if rec.ended is not None else now)
-
-    def _result(self, job: Job, rec: records.ExitRecord) -> Result:
-        """How the job ended, from its exit record (written by the shepherd)."""
-        stopped = rec.stopped
-        if rec.old_format and job.stop_reason and job.stop_sent:
-            stopped = job.stop_reason   # a shepherd from before exit records said so themselves
-        if rec.error:
-            return Result(ERROR, code=rec.code, note=rec.error)
-        if rec.oom_kill:
-            return Result(OOM, signal=rec.signal, code=rec.code)
-        if stopped:
-            return Result(stopped, code=rec.code, signal=rec.signal, note=rec.stop_note)
-        if rec.signal:
-            return Result(SIGNALLED, signal=rec.signal)
-        return Result(EXITED, code=rec.code)
+        job.stats.update(outcome.stats_of(rec))
+        self._finish(job, outcome.result_of(job, rec), rec.ended if rec.ended is not None else now)
 
     def _delivery(self, job: Job) -> None:
         """What became of the output, from delivery.json (or its absence)."""
         jdir = self.store.job_dir(job.id)
         kept = os.path.join(jdir, records.OUTPUT)
         delivery = records.read_record(os.path.join(jdir, records.DELIVERY), records.DeliveryRecord)
-        if delivery is not None and delivery.note:
-            job.output_note = delivery.note
-        if delivery is None and not os.path.exists(kept):
-            return  # record lost in a crash; the buffer goes only after a full copy
-        if job.output is not None and not (delivery and delivery.ok):
-            why = (delivery.error if delivery else None) or "its delivery was interrupted"
-            job.output_error = f"{why}; the output is kept at {kept}"
+        note, error = outcome.delivery_of(job.output, delivery, kept, os.path.exists(kept))
+        if note is not None:
+            job.output_note = note
+        if error is not None:
+            job.output_error = error
 
     def _finish(self, job: Job, result: Result, now: float) -> None:
         """End *job* with *result*, then look at the jobs waiting on it (a bounded number now)."""
@@ -1216,7 +856,11 @@ class Engine:
         if job.state == RUNNING and os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT)):
             self._delivery(job)
         if job.bench_start is not None and job.state == RUNNING:
-            self._bench_end(job, now)
+            # What its counters say happened while it ran is added to its shortfalls.
+            before, job.bench_start = job.bench_start, None
+            shortfalls = self.bench.end_shortfalls(job, before, now)
+            if shortfalls is not None:
+                job.shortfalls = shortfalls
         handle = self._move(job, FINISHED, now, result)
         if handle is not None:
             self._unquiet(job)
@@ -1456,7 +1100,7 @@ class Engine:
             self.resched = True
             log.info("job %d: max time %s -> %s by %s", job.id, format_duration(old), format_duration(new),
                      caller.name)
-        return {"id": job.id, "max_time": job.max_time, "deadline": job.deadline, "state": job.state}
+        return views.setting_reply(job)
 
     def _send_deadline(self, job: Job, now: float) -> None:
         """Tell the job's shepherd its new deadline; retried from the tick until it is heard."""
@@ -1471,11 +1115,11 @@ class Engine:
             was = job.state
             self._finish(job, Result(CANCELLED, note=f"cancelled by {caller.name} before it started"), now)
             self.resched = True
-            return {"id": job.id, "was": was}
+            return views.kill_reply(job.id, was)
         if job.state == FINISHED:
             raise Refused(f"job {job.id} has already finished", "finished")
         self._stop(job, KILLED, now)
-        return {"id": job.id, "was": RUNNING}
+        return views.kill_reply(job.id, RUNNING)
 
     def _stop(self, job: Job, reason: str, now: float) -> None:
         """Ask the job's shepherd to stop it; the shepherd does the signalling and the grace."""
@@ -1498,15 +1142,14 @@ class Engine:
             self.retry_at, self.resched = None, True
         if self.unsettled:
             self._settle(now)
-        if self.table.strict_queued and now >= self.bench_watch.due(now) and \
-                self.bench_watch.feed(probe.read(now, probe.root())):
+        if self.table.strict_queued and self.bench.look(now):
             self.resched = True   # quiet now (or no longer): strict benchmark jobs are looked at again
         if self.resched:
             self.resched = False
             self.schedule(now)
         wake = self.retry_at
         if self.table.strict_queued:
-            wake = self.bench_watch.due(now) if wake is None else min(wake, self.bench_watch.due(now))
+            wake = self.bench.watch.due(now) if wake is None else min(wake, self.bench.watch.due(now))
         for job_id in list(self.table.running):
             try:
                 due = self._tick_job(job_id, now)

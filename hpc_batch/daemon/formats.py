@@ -11,7 +11,7 @@ knows says so in one line, naming the file and both versions:
   in the file. A newer journal stops the daemon from starting (exit 78):
   it is the truth about every job, and replacing it with what this daemon
   understands would lose the newer version's records.
-- ``job.json`` (``store.py``): a ``"format"`` key. A newer one is set aside
+- ``job.json`` (``jobcache.py``): a ``"format"`` key. A newer one is set aside
   in ``quarantine/`` with its job directory, as a damaged record is, and the
   daemon starts without that job.
 

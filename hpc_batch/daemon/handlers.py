@@ -11,7 +11,7 @@ until the daemon has something to say, so the server owns them.
 from collections.abc import Callable
 from typing import Any
 
-from shepherd.jsoncodec import dumps_wire
+from shepherd.base.jsoncodec import dumps_wire
 
 from .. import __version__
 from ..core import arrayref, views
@@ -19,11 +19,12 @@ from ..core.jobs import Job
 from ..core.listrows import format_row, table_row
 from ..wire import protocol
 from ..wire.protocol import History, JobRef, JobSetting, ListJobs, LogPage, NewJob, Ping, Status
-from . import joboutput
+from . import joboutput, queries
 from .access import Caller
 from .archive import Filters, Query
 from .bulks import Bulk, Storing
-from .engine import Engine, Refused
+from .engine import Engine
+from .refusal import Refused
 
 
 class Deferred:
@@ -65,7 +66,7 @@ def list_page(engine: Engine, caller: Caller, req: ListJobs) -> dict[str, Any]:
     jobs: list[Any] = []
     size = looked = last = 0
     more = None
-    for job_id, job in engine.visible(caller, req.all, req.finished, req.after or 0):
+    for job_id, job in queries.visible(engine.reads(), caller, req.all, req.finished, req.after or 0):
         if len(jobs) >= limit or size >= protocol.LIST_PAGE_BYTES or looked >= protocol.LIST_PAGE_SCAN:
             more = last
             break
@@ -138,7 +139,7 @@ def kill(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, A
 
 def log(engine: Engine, caller: Caller, req: LogPage, now: float) -> dict[str, Any]:
     """``dispatch log JOB``: one page of the job's output so far (the same access as attach)."""
-    job = engine.lookup(caller, req.id)
+    job = queries.lookup(engine.reads(), caller, req.id)
     return protocol.ok(**joboutput.log_page(job, engine.store.job_dir(job.id), req.offset, req.until,
                                             engine.cfg.max_output_buffer))
 
@@ -153,10 +154,10 @@ def show(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str, A
     array's document (``views.array_doc``)."""
     aref = arrayref.parse(req.id) if isinstance(req.id, str) else None
     if aref is not None and aref.index is None:
-        elements, count = engine.array_of(caller, aref.first)
+        elements, count = queries.array_of(engine.reads(), caller, aref.first)
         return protocol.ok(array=views.array_doc(aref.first, elements, count), now=now)
     try:
-        return protocol.ok(job=engine.show(caller, req.id, now), now=now)
+        return protocol.ok(job=queries.show(engine.reads(), caller, req.id, now), now=now)
     except Refused as exc:
         if exc.code != "not_found" or aref is not None:   # (the archive knows no 6_3)
             raise
@@ -167,7 +168,7 @@ def record(engine: Engine, caller: Caller, req: JobRef, now: float) -> dict[str,
     """``dispatch show --record JOB`` and ``dispatch record diff``: one job's record (from the
     history for a job the daemon no longer holds)."""
     try:
-        return protocol.ok(record=engine.record(caller, req.id))
+        return protocol.ok(record=queries.record(engine.reads(), caller, req.id))
     except Refused as exc:
         if exc.code != "not_found" or (isinstance(req.id, str) and arrayref.looks_like(req.id)):
             raise
@@ -186,7 +187,7 @@ def history(engine: Engine, caller: Caller, req: History, now: float) -> Deferre
 
 def status(engine: Engine, caller: Caller, req: Status, now: float) -> dict[str, Any]:
     """``dispatch status``."""
-    return protocol.ok(**engine.status(now, caller))
+    return protocol.ok(**queries.status(engine.reads(), now, caller))
 
 
 def ping(engine: Engine, caller: Caller, req: Ping, now: float) -> dict[str, Any]:

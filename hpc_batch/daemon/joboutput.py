@@ -15,7 +15,7 @@ import os
 import stat
 from typing import Any
 
-from shepherd import records
+from shepherd.base import records
 
 from ..core import views
 from ..core.jobs import FINISHED, Job

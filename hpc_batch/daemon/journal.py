@@ -15,7 +15,7 @@ Lines::
     {"seq": N, "job": {record}, "same": "argv"}
                                     a later change of a job: its argv is the one of its line
                                     before (format 2: a job's command is journalled once)
-    {"seq": N, "shared": {...}}     what the jobs of one submit share (store.py)
+    {"seq": N, "shared": {...}}     what the jobs of one submit share (envfiles.py)
     {"seq": N, "drop": ID}          the job was evicted: forget it
     {"seq": N, "meta": {...}}       the id floor and scheduler state
     {"seq": N, "commit": C, "lines": K}   the end of batch C, which holds the K lines before it
@@ -50,7 +50,7 @@ import errno
 import os
 from typing import NamedTuple
 
-from shepherd.records import dumps_wire, fsync_dir, loads
+from shepherd.base.records import dumps_wire, fsync_dir, loads
 
 from . import formats
 

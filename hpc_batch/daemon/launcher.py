@@ -27,7 +27,8 @@ import sys
 import time
 
 import shepherd
-from shepherd import control, forkserver, records
+from shepherd import control, forkserver
+from shepherd.base import proc, records
 
 log = logging.getLogger("hpc-batchd")
 
@@ -309,7 +310,7 @@ def open_pidfd(pid: int, starttime: int | None):
     except OSError:
         return None
     # Checked after opening: the pidfd pins this process, so it cannot change under us.
-    if starttime is not None and records.proc_starttime(pid) != starttime:
+    if starttime is not None and proc.proc_starttime(pid) != starttime:
         os.close(fd)
         return None
     return fd

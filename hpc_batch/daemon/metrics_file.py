@@ -38,7 +38,7 @@ import time
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from shepherd import acl, records
+from shepherd.base import acl, records
 
 from .. import __version__
 from .ratelog import RateLimited

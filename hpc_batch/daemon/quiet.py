@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from shepherd import records
+from shepherd.base import records
 
 from ..core.cputopo import format_cpulist, parse_cpulist
 from . import cpufreq, cpupartition, irqsteer, kfiles

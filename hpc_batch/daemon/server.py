@@ -33,13 +33,14 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from shepherd.records import reap_children
+from shepherd.base.proc import reap_children
 
 from ..wire import framing, protocol
 from . import access
-from .engine import Engine, Refused
+from .engine import Engine
 from .handlers import HANDLERS, Deferred
 from .ratelog import RateLimited
+from .refusal import Refused
 from .streams import CHUNK, FALLBACK_POLL, AttachState, Streams
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class Conn:
         self.wait_rest: list | None = None        # ... a paged wait's rest: the ids the archive answers for
         self.stalled = False                      # its user is over --max-reply-bytes-per-user: not read
         self.unsent = False                       # a reply held until this turn's commit
-        self.submitted: set[int] = set()          # jobs that held reply acknowledges
+        self.submitted: set[int] = set()          # the jobs its unsent replies acknowledge: void if refused
         self.watching = False                     # a watch: told of each of its user's job changes
         self.deferred = False                     # its reply comes from the history archive's reader
 

@@ -28,9 +28,9 @@ from ..core import arrayref, views, waitpages
 from ..core.jobs import FINISHED, QUEUED, WAITING, Job
 from ..wire import framing, protocol
 from . import joboutput
-from .engine import Refused
 from .inotify import Inotify
 from .ratelog import RateLimited
+from .refusal import Refused
 
 if TYPE_CHECKING:
     from .engine import Engine

@@ -37,7 +37,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from shepherd.records import fsync_dir
+from shepherd.base.records import fsync_dir
 
 from .. import defaults
 

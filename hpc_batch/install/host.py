@@ -78,7 +78,7 @@ class Host:
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     """Replace ``path`` with ``text`` so no reader sees half a file (the project's one atomic write)."""
-    from shepherd.records import write_atomic as replace
+    from shepherd.base.records import write_atomic as replace
     path.parent.mkdir(parents=True, exist_ok=True)
     replace(str(path), text.encode(), mode)
 

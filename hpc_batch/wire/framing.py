@@ -7,7 +7,7 @@ socket: callers feed bytes in and take frames out (the h11 way), which keeps
 the daemon's event loop and the client's blocking calls on one codec.
 """
 
-from shepherd.jsoncodec import dumps_wire, loads
+from shepherd.base.jsoncodec import dumps_wire, loads
 
 # Annotations are strings and typing is imported for the checker only: this is on the
 # path of every dispatch, where typing (and __future__, and struct) would cost start-up time.

@@ -14,7 +14,7 @@ is the *client's* fault with a message naming the field.
 from dataclasses import dataclass, field
 from typing import Any
 
-from shepherd import notifytext
+from shepherd.base import notifytext
 
 from .. import bounds
 from ..core import arrayref

@@ -23,7 +23,7 @@ from conftest import exit_of, wait_for
 from test_hostile import alive, job_dir
 
 from hpc_batch.daemon import launcher
-from shepherd import records
+from shepherd.base import records
 
 pytestmark = pytest.mark.timeout(240)
 PIDS = "/sys/fs/cgroup/pids"

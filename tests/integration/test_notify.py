@@ -17,7 +17,7 @@ import pytest
 from conftest import exit_of, wait_for
 
 from hpc_batch.daemon import launcher
-from shepherd import notifytext, records
+from shepherd.base import notifytext, records
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -8,6 +8,8 @@ import time
 
 GUEST_BIN = "/opt/bin"
 DROPIN_DIR = "/etc/systemd/system/hpc-batch.service.d"
+UNIT_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                         "dist", "systemd", "hpc-batch.service")
 
 
 def wait_for(check, timeout, interval=1.0, what="condition"):
@@ -20,6 +22,25 @@ def wait_for(check, timeout, interval=1.0, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def holds(check, duration, interval=0.5, what="condition"):
+    """Poll *check* until *duration* has passed; fail with *what* as soon as it returns a falsy value."""
+    deadline = time.monotonic() + duration
+    while True:
+        value = check()
+        assert value, f"{what} stopped holding"
+        if time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+def restart_sec(unit_file=UNIT_FILE) -> float:
+    """The unit's ``RestartSec=`` in seconds, read from the unit the guests install (its one definition)."""
+    with open(unit_file) as f:
+        values = [line.split("=", 1)[1].strip() for line in f if line.startswith("RestartSec=")]
+    assert len(values) == 1 and values[0].isdigit(), f"{unit_file}: want one RestartSec=N (seconds), got {values}"
+    return float(values[0])
 
 
 def dispatch(guest, user, *args, timeout=120, cwd="~"):
@@ -126,8 +147,12 @@ def expect_refusal(guest, dropin: str, content: str, *needles: str) -> None:
         guest.run("systemctl daemon-reload; systemctl restart hpc-batch", timeout=300)
         wait_for(lambda: guest.run("systemctl show -p ExecMainStatus --value hpc-batch",
                                    timeout=30).out.strip() == "78", 120, what="exit 78")
-        time.sleep(5)   # the window a restart loop would need to show as NRestarts > 0
-        show = guest.run("systemctl show -p NRestarts -p ActiveState --value hpc-batch", timeout=30).out.split()
+        # A restart loop would start again RestartSec after the exit: watch twice that (and a second,
+        # for a slow guest) for NRestarts to move, failing as soon as it does.
+        def state():
+            return guest.run("systemctl show -p NRestarts -p ActiveState --value hpc-batch", timeout=30).out.split()
+        holds(lambda: state()[0] == "0", 2 * restart_sec() + 1, what="no restart after exit 78")
+        show = state()
         assert show[0] == "0" and show[1] in ("failed", "inactive"), show
         journal = guest.run("journalctl -u hpc-batch -o cat --no-pager | tail -5", timeout=60).out
         assert all(n in journal for n in needles), journal

@@ -16,7 +16,7 @@ from hpc_batch.daemon import bulks, launcher
 from hpc_batch.daemon.access import Caller
 from hpc_batch.daemon.engine import Engine
 from hpc_batch.daemon.main import Config
-from shepherd import records
+from shepherd.base import records
 
 ROOT = Caller(uid=0, gid=0, pid=1, name="root", is_admin=True)
 T0 = 1_800_000_000.0

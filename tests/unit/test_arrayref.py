@@ -14,7 +14,7 @@ from hpc_batch.core.arrayref import ArrayRef
 from hpc_batch.core.jobnames import valid_name
 from hpc_batch.core.listrows import array_cell
 from hpc_batch.daemon.access import Caller
-from hpc_batch.daemon.engine import Refused
+from hpc_batch.daemon.refusal import Refused
 
 
 @pytest.mark.parametrize("word, ref", [

@@ -212,7 +212,7 @@ def test_every_module_name_docs_architecture_gives_exists():
     text = (ROOT / "docs" / "architecture.md").read_text()
     named = set(re.findall(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)`", text))
     modules = _modules()
-    files = {p.name for p in ROOT.glob("hpc_batch/**/*.py")} | {p.name for p in ROOT.glob("shepherd/*.py")} \
+    files = {p.name for p in ROOT.glob("hpc_batch/**/*.py")} | {p.name for p in ROOT.glob("shepherd/**/*.py")} \
         | {p.name for p in ROOT.glob("dist/**/*.py")}
     missing = []
     for dotted in sorted(named):

@@ -19,10 +19,11 @@ from hpc_batch.core import jobs, resources
 from hpc_batch.daemon import devdir
 from hpc_batch.daemon import engine as engine_mod
 from hpc_batch.daemon.access import Caller
-from hpc_batch.daemon.engine import Engine, Refused
+from hpc_batch.daemon.engine import Engine
 from hpc_batch.daemon.main import Config
+from hpc_batch.daemon.refusal import Refused
 from hpc_batch.wire.protocol import NewJob
-from shepherd import records
+from shepherd.base import records
 
 
 @pytest.fixture
@@ -617,7 +618,7 @@ def test_a_strict_benchmark_job_waits_while_the_machine_swaps_and_holds_up_nobod
     _counters(root, 70)                     # it swapped while it ran: recorded when it ends
     end(eng, store, strict["id"], code=0)
     assert "while it ran, the machine is swapping (0 pages swapped in, 20 out" in " ".join(job.shortfalls)
-    assert eng.table.strict_queued == 0 and eng.bench_watch.last is None
+    assert eng.table.strict_queued == 0 and eng.bench.watch.last is None
 
 
 def test_the_launch_spec_and_the_record_carry_aslr_and_thp(world):

@@ -14,7 +14,7 @@ from test_engine import ROOT, T0, end, start_pending, submit, world  # noqa: F40
 
 from hpc_batch import defaults
 from hpc_batch.core import jobs
-from shepherd import records
+from shepherd.base import records
 
 
 def test_a_spawn_out_of_pids_puts_the_job_back_with_its_environment(world):  # noqa: F811

@@ -81,9 +81,10 @@ from hpc_batch.core.jobs import (
 from hpc_batch.daemon import devdir
 from hpc_batch.daemon import engine as engine_mod
 from hpc_batch.daemon.access import Caller
-from hpc_batch.daemon.engine import Engine, Refused
+from hpc_batch.daemon.engine import Engine
+from hpc_batch.daemon.refusal import Refused
 from hpc_batch.wire.protocol import NewJob
-from shepherd import records
+from shepherd.base import records
 
 ALICE = Caller(uid=2001, gid=2001, pid=11, name="alice", is_admin=False)
 BOB = Caller(uid=2002, gid=2002, pid=12, name="bob", is_admin=False)

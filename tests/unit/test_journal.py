@@ -86,7 +86,7 @@ def test_a_journal_without_batches_has_no_batch_number():
 
 
 def test_a_job_line_from_its_encoded_record_is_the_line_of_the_entry():
-    from shepherd.jsoncodec import dumps_wire
+    from shepherd.base.jsoncodec import dumps_wire
     data = {"id": 7, "argv": ["echo", "é\n"], "alloc": {"cpus": [0, 1]}, "note": None}
     record = dumps_wire(data).encode("ascii")
     assert journal.job_line(12, record) == journal.line({"seq": 12, "job": data})

@@ -4,7 +4,7 @@ machine's restart (a power cut), anything else the shepherd's death."""
 import os
 
 from hpc_batch.daemon import launcher
-from shepherd import records
+from shepherd.base import records
 
 
 def _pidfile(tmp_path, mtime=None):

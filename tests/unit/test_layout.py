@@ -2,7 +2,8 @@
 
 hpc_batch/ is laid out by side (docs/architecture.md, "The layout"): core (pure),
 wire (client and daemon share it), client, daemon, install, psij, and the shared
-leaves at the top (defaults, bounds, usage). shepherd/ is standard library only.
+leaves at the top (defaults, bounds, usage). shepherd/ is standard library only,
+in three parts (shepherd/__init__.py): the base, the record, the supervisor.
 This reads every module's imports (lazy ones inside functions too) and checks
 them against the rules below; a new edge that breaks one fails here, naming it.
 """
@@ -12,10 +13,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "hpc_batch"
+SHEPHERD = ROOT / "shepherd"
 LEAVES = {"hpc_batch", "hpc_batch.defaults", "hpc_batch.bounds", "hpc_batch.usage"}
 SIDES = ("core", "wire", "client", "daemon", "install", "psij")
 
 # side -> the sides it may import (besides itself, the leaves and shepherd's stdlib-only base)
+# (the shepherd's parts are checked on their own, below)
 ALLOWED = {
     "leaf": set(),
     "core": set(),
@@ -24,6 +27,25 @@ ALLOWED = {
     "daemon": {"core", "wire"},
     "psij": {"core", "wire", "client"},
     "install": set(),
+}
+
+
+# shepherd part -> the parts it may import. "supervisor" is shepherd/ itself, outside the two packages.
+SHEPHERD_ALLOWED = {
+    "base": {"base"},
+    "record": {"base", "record"},
+    "supervisor": {"base", "record", "supervisor"},
+}
+
+# What hpc_batch imports of shepherd/ besides the base, each named, and the sides that may.
+HPC_BATCH_FROM_SHEPHERD = {
+    # the record's own rules, which the daemon and dispatch apply to what they are given
+    "shepherd.record.verdict": {"client", "daemon"},   # the thresholds' names; the report reads verdicts
+    "shepherd.record.figures": {"client"},             # a figure's name, checked as the shepherd checks it
+    # the launcher speaks the shepherd's protocols, whose both ends live in one supervisor module each
+    "shepherd": {"daemon"},                             # where the shepherd's file is
+    "shepherd.control": {"daemon"},
+    "shepherd.forkserver": {"daemon"},
 }
 
 
@@ -43,9 +65,29 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """Every hpc_batch module or package *path* imports, relative imports resolved."""
-    name = _module_name(path)
+def _is_module(dotted: str) -> bool:
+    path = ROOT / dotted.replace(".", "/")
+    return path.with_suffix(".py").exists() or path.is_dir()
+
+
+def _ours(target: str, importer: str) -> str | None:
+    """*target* as the project names it, or None for the standard library's.
+
+    A shepherd module run as a file finds its siblings top-level (``import
+    control``, ``from base import records``): those are named as the package
+    finds them (``shepherd.control``, ``shepherd.base.records``).
+    """
+    first = target.split(".")[0]
+    if first in ("hpc_batch", "shepherd"):
+        return target
+    if importer.startswith("shepherd") and _is_module(f"shepherd.{first}"):
+        return f"shepherd.{target}"
+    return None
+
+
+def _imports(path: Path, name: str | None = None) -> set[str]:
+    """Every module or package of ours *path* (module *name*) imports, relative imports resolved."""
+    name = name or _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -56,15 +98,22 @@ def _imports(path: Path) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if not target.startswith("hpc_batch"):
+            found = _ours(target, name)
+            if found is None:
                 continue
             for alias in node.names:   # "from hpc_batch.daemon import engine" imports a module
-                sub = f"{target}.{alias.name}"
-                out.add(sub if (PACKAGE.parent / (sub.replace(".", "/") + ".py")).exists()
-                        or (PACKAGE.parent / sub.replace(".", "/")).is_dir() else target)
+                sub = f"{found}.{alias.name}"
+                out.add(sub if _is_module(sub) else found)
         elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name.startswith("hpc_batch"))
+            out.update(t for t in (_ours(a.name, name) for a in node.names) if t)
     return out
+
+
+def _part(module: str) -> str:
+    """The shepherd's part *module* belongs to: base, record or supervisor."""
+    parts = module.split(".")
+    assert parts[0] == "shepherd", module
+    return parts[1] if len(parts) > 1 and parts[1] in ("base", "record") else "supervisor"
 
 
 def _modules():
@@ -82,6 +131,10 @@ def test_each_side_imports_only_what_it_may():
         me = _module_name(path)
         side = _side(me)
         for target in _imports(path):
+            if target.startswith("shepherd"):
+                if _part(target) != "base" and side not in HPC_BATCH_FROM_SHEPHERD.get(target, ()):
+                    broken.append(f"{me} ({side}) imports {target} (the shepherd's {_part(target)})")
+                continue
             other = _side(target)
             if other in ("leaf", side) or other in ALLOWED[side]:
                 continue
@@ -92,23 +145,98 @@ def test_each_side_imports_only_what_it_may():
 def test_the_installer_needs_only_the_standard_library_and_the_defaults():
     # It must run when the rest of the package is broken (an upgrade half done).
     for path in (PACKAGE / "install").rglob("*.py"):
-        outside = {t for t in _imports(path) if not t.startswith("hpc_batch.install")}
+        outside = {t for t in _imports(path) if not t.startswith(("hpc_batch.install", "shepherd"))}
         assert outside <= {"hpc_batch", "hpc_batch.defaults"}, (path, outside)
 
 
+def _shepherd_modules():
+    return sorted(p for p in SHEPHERD.rglob("*.py") if "__pycache__" not in p.parts)
+
+
 def test_the_shepherd_imports_nothing_of_hpc_batch():
-    for path in (ROOT / "shepherd").glob("*.py"):
+    for path in _shepherd_modules():
         names = {n.module or "" for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)}
         names |= {a.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Import)
                   for a in n.names}
         assert not any(n.startswith("hpc_batch") for n in names), path
 
 
+def test_each_part_of_the_shepherd_imports_only_what_it_may():
+    broken = []
+    for path in _shepherd_modules():
+        me = _module_name(path)
+        for target in _imports(path):
+            if _part(target) not in SHEPHERD_ALLOWED[_part(me)]:
+                broken.append(f"{me} ({_part(me)}) imports {target} ({_part(target)})")
+    assert not broken, "\n".join(broken)
+
+
+def test_each_named_edge_from_hpc_batch_into_the_shepherd_is_used():
+    # A name left here after its import went would allow an edge nobody needs.
+    used = {t for path in _modules() for t in _imports(path) if t.startswith("shepherd")}
+    assert set(HPC_BATCH_FROM_SHEPHERD) <= used
+
+
 def test_the_checker_sees_a_forbidden_edge(tmp_path):
     # Guards the reader above: a client module importing the engine must be caught.
-    bad = PACKAGE / "client" / "_layout_probe.py"
+    bad = tmp_path / "_layout_probe.py"
     bad.write_text("from ..daemon import engine\nfrom hpc_batch.daemon.store import Store\n")
-    try:
-        assert _imports(bad) == {"hpc_batch.daemon.engine", "hpc_batch.daemon.store"}
-    finally:
-        bad.unlink()
+    assert _imports(bad, "hpc_batch.client._layout_probe") == {"hpc_batch.daemon.engine", "hpc_batch.daemon.store"}
+
+
+def test_the_checker_names_the_shepherds_file_run_imports(tmp_path):
+    # Run as a file the supervisor finds its siblings top-level; those are its parts all the same.
+    probe = tmp_path / "_layout_probe.py"
+    probe.write_text("import control\nfrom base import records\nfrom record import verdict\nimport json\n")
+    assert _imports(probe, "shepherd._layout_probe") == {
+        "shepherd.control", "shepherd.base.records", "shepherd.record.verdict"}
+    assert _part("shepherd.base.records") == "base" and _part("shepherd.record") == "record"
+    assert _part("shepherd.control") == _part("shepherd") == "supervisor"
+
+
+# The rooms store.py split into: the rest of the daemon reaches them through its facade, Store.
+STORE_ROOMS = {f"hpc_batch.daemon.{name}" for name in (
+    "stateload", "commit", "compaction", "jobcache", "envfiles", "quarantine", "statefiles")}
+# room -> the modules outside the store that may import it all the same
+STORE_ROOM_USERS = {
+    "hpc_batch.daemon.envfiles": {"hpc_batch.daemon.bulks"},   # a bulk submit holds its Shared record
+}
+
+
+def test_the_stores_rooms_are_reached_only_through_the_store():
+    broken = []
+    for path in _modules():
+        me = _module_name(path)
+        if me in STORE_ROOMS:
+            if "hpc_batch.daemon.store" in _imports(path):
+                broken.append(f"{me} imports the store, its own facade")
+            continue
+        if me == "hpc_batch.daemon.store":
+            continue
+        for target in _imports(path) & STORE_ROOMS:
+            if me not in STORE_ROOM_USERS.get(target, ()):
+                broken.append(f"{me} imports {target}, a room of the store: use hpc_batch.daemon.store")
+    assert not broken, "\n".join(broken)
+    assert all((PACKAGE / "daemon" / (room.rpartition(".")[2] + ".py")).exists() for room in STORE_ROOMS)
+
+
+# The rooms engine.py split into (docs/architecture.md): Engine composes them, and none reaches back
+# into it or into what drives it, so each is read, and tested, alone.
+ENGINE_ROOMS = {f"hpc_batch.daemon.{name}" for name in (
+    "refusal", "outcome", "launchspec", "admission", "queries", "benchcores")}
+ENGINE_DRIVERS = {f"hpc_batch.daemon.{name}" for name in ("engine", "server", "handlers", "streams", "main")}
+# The pure ones: of the daemon they import only the refusal (the rest is core, wire, the leaves and
+# the shepherd's base); the engine reads the files and the clock for them.
+ENGINE_PURE_ROOMS = {f"hpc_batch.daemon.{name}" for name in ("refusal", "outcome", "launchspec", "admission")}
+
+
+def test_the_engines_rooms_never_reach_back_into_the_engine():
+    broken = []
+    for room in sorted(ENGINE_ROOMS):
+        path = PACKAGE / "daemon" / (room.rpartition(".")[2] + ".py")
+        targets = _imports(path)
+        broken += [f"{room} imports {t}, which drives it" for t in sorted(targets & ENGINE_DRIVERS)]
+        if room in ENGINE_PURE_ROOMS:
+            broken += [f"{room} (pure) imports {t}" for t in sorted(targets)
+                       if t.startswith("hpc_batch.daemon") and t != "hpc_batch.daemon.refusal"]
+    assert not broken, "\n".join(broken)

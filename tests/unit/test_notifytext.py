@@ -10,10 +10,10 @@ from hpc_batch.client import cli
 from hpc_batch.client.cli_usage import NEW_USAGE
 from hpc_batch.client.listing import format_show
 from hpc_batch.core.jobs import Job, exit_column
-from hpc_batch.daemon.engine import Engine
+from hpc_batch.daemon import outcome
 from hpc_batch.wire.protocol import NewJob, ProtocolError
-from shepherd import notifytext
-from shepherd.records import ExitRecord, LaunchSpec
+from shepherd.base import notifytext
+from shepherd.base.records import ExitRecord, LaunchSpec
 
 
 @pytest.mark.parametrize("forms, command, want", [
@@ -130,7 +130,7 @@ def test_terminals_from_utmp():
 def test_the_shepherds_outcome_is_the_daemons(rec):
     """ExitRecord.outcome (the shepherd's, for --notify) says what the daemon will make of the record."""
     job = SimpleNamespace(stop_reason=None, stop_sent=None)
-    result = Engine._result(None, job, rec)   # type: ignore[arg-type]
+    result = outcome.result_of(job, rec)   # type: ignore[arg-type]
     assert rec.outcome() == (result.kind, exit_column(result))
 
 

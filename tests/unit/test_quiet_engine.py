@@ -12,7 +12,8 @@ from hpc_batch.core import jobs
 from hpc_batch.core.cputopo import parse_cpulist
 from hpc_batch.daemon import cpufreq, devdir, irqsteer, kfiles, quiet
 from hpc_batch.wire.protocol import NewJob
-from shepherd import record, records
+from shepherd import record
+from shepherd.base import records
 
 pytestmark = pytest.mark.timeout(60)
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "quiet")
@@ -23,7 +24,7 @@ def bench(world, tmp_path):  # noqa: F811 (the imported fixture)
     eng, store, fake, hooks = world
     root = str(tmp_path / "machine")
     shutil.copytree(os.path.join(FIXTURES, "intel-pstate-turbo"), root)
-    eng.quiet = quiet.Settings(cpufreq="enforce", root=root, ledger=eng.quiet.ledger)
+    eng.bench.quiet = quiet.Settings(cpufreq="enforce", root=root, ledger=eng.bench.quiet.ledger)
     return eng, store, fake, root
 
 
@@ -39,7 +40,7 @@ def _submit(eng, benchmark=True, exclusive=False):
 def _restarted(eng, store):
     """A new daemon over the same state (the old one was killed)."""
     new = TurnEngine(eng.cfg, store, eng.machine, eng.limits, devdir.DevDir(None, 0), Hooks())
-    new.quiet = eng.quiet
+    new.bench.quiet = eng.bench.quiet
     return new
 
 
@@ -74,7 +75,7 @@ def test_a_job_that_ended_while_no_daemon_ran_is_undone_at_recovery(bench):
     before = irqsteer.read_affinities(root)
     job = _submit(eng)
     assert irqsteer.read_affinities(root) != before
-    from shepherd import records
+    from shepherd.base import records
     records.write_json(os.path.join(store.job_dir(job), records.EXIT), {"ended": T0 + 5, "code": 0})
     new = _restarted(eng, store)
     new.recover()
@@ -90,7 +91,7 @@ def test_a_restart_keeps_a_running_jobs_changes_until_it_ends(bench):
     new = _restarted(eng, store)
     fake.adoptable = (fake._next, os.open(os.devnull, os.O_RDONLY))   # its shepherd still runs
     new.recover()
-    assert new.benchmarks == {job: (0,)} and irqsteer.read_affinities(root) == moved
+    assert new.bench.held == {job: (0,)} and irqsteer.read_affinities(root) == moved
     end(new, store, job, code=0)
     assert irqsteer.read_affinities(root) == before
 
@@ -134,7 +135,7 @@ def test_overlapping_benchmark_jobs_put_every_irq_back_in_either_order(bench, fi
     # Nowhere is off both jobs' CPUs: B's start leaves them as A had them, and its record says so.
     assert irqsteer.read_affinities(root)[8] == "1"
     assert eng.jobs[jobs_["b"]].quiet["irqs"]["each"]["8"]["result"] == "kept"
-    ledger = eng.quiet.ledger
+    ledger = eng.bench.quiet.ledger
     assert ledger.startswith(store.root) and os.stat(ledger).st_mode & 0o777 == 0o600
     first, last = jobs_[first_out], jobs_["b" if first_out == "a" else "a"]
     end(eng, store, first, code=0)
@@ -146,12 +147,12 @@ def test_overlapping_benchmark_jobs_put_every_irq_back_in_either_order(bench, fi
         eng.recover()
     end(eng, store, last, code=0)
     assert irqsteer.read_affinities(root) == before
-    assert quiet.load_ledger(eng.quiet).entries == {}
+    assert quiet.load_ledger(eng.bench.quiet).entries == {}
 
 
 def test_machine_wide_turbo_goes_off_only_for_an_exclusive_job(bench):
     eng, store, fake, root = bench
-    eng.quiet.allow_turbo_off = True
+    eng.bench.quiet.allow_turbo_off = True
     plain = _submit(eng)
     assert kfiles.read(root, cpufreq.NO_TURBO) == "0"
     assert eng.jobs[plain].quiet["cpufreq"]["turbo"] == \

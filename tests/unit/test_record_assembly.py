@@ -1,4 +1,4 @@
-"""The record's assembly (shepherd/record.py) and the daemon's part of it (hpc_batch/daemon/jobrecord.py)."""
+"""The record's assembly (shepherd/record/__init__.py) and the daemon's part of it (hpc_batch/daemon/jobrecord.py)."""
 
 import hashlib
 import json
@@ -9,7 +9,9 @@ from hpc_batch.core import resources
 from hpc_batch.core.cputopo import Cache, Cpu, CpuTopology
 from hpc_batch.core.jobs import Job
 from hpc_batch.daemon import jobrecord
-from shepherd import record, records, verdict
+from shepherd import record
+from shepherd.base import records
+from shepherd.record import verdict
 
 
 def _spec(**kw):

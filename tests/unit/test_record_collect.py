@@ -1,4 +1,4 @@
-"""The record's static sections (shepherd.collect) over fixture trees, an empty root and this machine."""
+"""The record's static sections (shepherd.record.collect) over fixture trees, an empty root and this machine."""
 
 import datetime
 import json
@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from shepherd import collect, sysread
+from shepherd.base import sysread
+from shepherd.record import collect
 
 pytestmark = pytest.mark.timeout(60)
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
@@ -293,9 +294,11 @@ def test_this_machine_every_section():
     assert record["cpu"]["model_name"]["value"]
 
 
-def test_loads_as_a_plain_file_beside_sysread():
+def test_loads_as_the_shepherd_run_as_a_file_finds_it():
+    # shepherd/ first on the path, no site: the record and the base are top-level packages there.
     here = os.path.join(os.path.dirname(__file__), "..", "..", "shepherd")
-    code = "import collect, sysread; print(collect.kernel(sysread.Source('/'))['release']['value'])"
+    code = ("from record import collect; from base import sysread\n"
+            "print(collect.kernel(sysread.Source('/'))['release']['value'])")
     out = subprocess.run([sys.executable, "-E", "-s", "-S", "-c", code], cwd=here, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == os.uname().release

@@ -1,4 +1,4 @@
-"""What ran (shepherd/main.py ``_exec``'s report) and its hash's cache (shepherd/record.py): the third review's
+"""What ran (shepherd/main.py ``_exec``'s report) and its hash's cache (shepherd/record/__init__.py): the third review's
 G4 and G6, without a daemon."""
 
 import hashlib
@@ -9,7 +9,8 @@ import stat
 import pytest
 
 from hpc_batch.core import setup
-from shepherd import main, record, records
+from shepherd import main, record
+from shepherd.base import records
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""The record's ``gpu`` section (shepherd/gpuquery.py) against the fake nvidia-smi.
+"""The record's ``gpu`` section (shepherd/record/gpuquery.py) against the fake nvidia-smi.
 
 The fake (tests/fixtures/fake-nvidia-smi) answers ``--query-gpu`` by cutting
 the asked fields out of a ``--format=csv`` file (tests/fixtures/nvidia-smi/
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from shepherd import gpuquery
-from shepherd.gpuquery import (
+from shepherd.record import gpuquery
+from shepherd.record.gpuquery import (
     DYNAMIC_FIELDS,
     REASONS,
     STATIC_FIELDS,

@@ -1,7 +1,9 @@
 """The record's side tasks run nvidia-smi through record._run: its status, output and deadline."""
 
+import os
 import sys
 
+import shepherd
 from shepherd import record
 
 
@@ -38,7 +40,7 @@ def test_the_fork_server_loads_no_subprocess_module():
     import subprocess
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import forkserver; "
             "print('subprocess' in sys.modules, 'threading' in sys.modules)")
-    shepherd_dir = record.__file__.rsplit("/", 1)[0]
+    shepherd_dir = os.path.dirname(os.path.abspath(shepherd.__file__))
     out = subprocess.run([sys.executable, "-E", "-s", "-S", "-c", code, shepherd_dir],
                          capture_output=True, text=True, check=True, timeout=60).stdout
     assert out.split() == ["False", "False"]

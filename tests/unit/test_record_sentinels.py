@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from shepherd import sentinels, sysread, verdict
+from shepherd.base import sysread
+from shepherd.record import sentinels, verdict
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 TREE = FIXTURES / "sentinels" / "intel-8cpu"

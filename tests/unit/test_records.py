@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from shepherd import records
+from shepherd.base import proc, records
 
 
 @pytest.mark.parametrize("obj", [
@@ -37,10 +37,10 @@ def test_read_json_tolerates_torn_files(tmp_path):
 
 def test_proc_starttime_and_pidfile(tmp_path):
     me = os.getpid()
-    assert isinstance(records.proc_starttime(me), int)
-    assert records.proc_starttime(0x7FFFFFF0) is None
-    (tmp_path / records.PIDFILE).write_text(f"{me} {records.proc_starttime(me)}\n")
-    assert records.read_pidfile(str(tmp_path)) == (me, records.proc_starttime(me))
+    assert isinstance(proc.proc_starttime(me), int)
+    assert proc.proc_starttime(0x7FFFFFF0) is None
+    (tmp_path / records.PIDFILE).write_text(f"{me} {proc.proc_starttime(me)}\n")
+    assert records.read_pidfile(str(tmp_path)) == (me, proc.proc_starttime(me))
     (tmp_path / records.PIDFILE).write_text("garbage")
     assert records.read_pidfile(str(tmp_path)) is None
 

@@ -14,7 +14,7 @@ import pytest
 
 from hpc_batch.client import report, reportruns
 from hpc_batch.core import series
-from shepherd import verdict as shepherd_verdict
+from shepherd.record import verdict as shepherd_verdict
 
 T0 = 1764583200.0       # 2025-12-01 10:00:00 UTC
 D1 = "sha256:" + "1" * 64

@@ -168,7 +168,7 @@ def test_a_wait_without_pages_whose_answer_is_too_big_is_refused():
 
 def forgetful(n, forgotten):
     """A server whose engine no longer holds *forgotten*, and whose history cannot answer for it."""
-    from hpc_batch.daemon.engine import Refused
+    from hpc_batch.daemon.refusal import Refused
     srv = finished(n)
     eng = srv.engine
     held = eng.lookup

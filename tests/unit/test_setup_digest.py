@@ -23,8 +23,9 @@ from hpc_batch.core.cputopo import Cache, Cpu, CpuTopology
 from hpc_batch.core.jobs import Job
 from hpc_batch.core.setup import comparable, differences, setup_digest
 from hpc_batch.daemon import jobrecord
-from shepherd import collect, records, sysread
 from shepherd import record as shepherd_record
+from shepherd.base import records, sysread
+from shepherd.record import collect
 
 XEON = os.path.join(os.path.dirname(__file__), "..", "fixtures", "record", "xeon-2s")
 
@@ -38,7 +39,7 @@ def _xeon():
 
 
 def real(job, cpus, argv=("./bench", "--n", "3"), env=None, others=None):
-    """A record of *job* on *cpus* of the Xeon fixture, put together as shepherd/record.py does."""
+    """A record of *job* on *cpus* of the Xeon fixture, put together as shepherd/record/__init__.py does."""
     machine = _xeon()
     node = 0 if cpus[0] in (0, 1, 4, 5) else 1
     alloc = resources.Allocation(cpus=tuple(cpus), mem_by_node=((node, 1 << 30),), gpus=(), exclusive=False,

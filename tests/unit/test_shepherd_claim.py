@@ -9,7 +9,7 @@ import time
 
 from hpc_batch.daemon import launcher
 from shepherd import main as shepherd_main
-from shepherd import records
+from shepherd.base import proc, records
 
 
 def _empty_pidfile(job_dir):
@@ -59,7 +59,7 @@ def test_a_shepherd_takes_a_start_whose_pidfile_is_empty(tmp_path):
     taken = shepherd_main._take_lock(str(tmp_path))
     assert taken is not None
     try:
-        assert records.read_pidfile(str(tmp_path)) == (os.getpid(), records.proc_starttime(os.getpid()))
+        assert records.read_pidfile(str(tmp_path)) == (os.getpid(), proc.proc_starttime(os.getpid()))
     finally:
         os.close(taken[0])
 

@@ -11,7 +11,8 @@ import os
 import pytest
 
 from hpc_batch.core import jobs
-from shepherd import control, forkserver, records
+from shepherd import control, forkserver
+from shepherd.base import records
 
 FULL = {"user": "alice", "uid": 1000, "gid": 1000, "cwd": "/home/alice", "argv": ["sh", "-c", "true"],
         "env": {"PATH": "/bin"}}

@@ -87,7 +87,7 @@ def test_a_start_put_back_on_a_full_disk_keeps_the_environment(tmp_path, monkeyp
 
     def full(*_):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(s, "_write_cache", full)
+    monkeypatch.setattr(s.cache, "write", full)
     jobs.move(job, jobs.QUEUED, 1.8e9 + 2)   # the engine puts it back in the queue; that record fails too
     with pytest.raises(OSError):
         s.save_job(job)
@@ -220,7 +220,7 @@ def test_no_snapshot_while_a_cache_rewrite_is_unfinished(tmp_path, monkeypatch):
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(os, "pwrite", short)
-    monkeypatch.setattr("hpc_batch.daemon.store.write_atomic", lambda *a, **k: short(0, b"", 0))
+    monkeypatch.setattr("hpc_batch.daemon.jobcache.write_atomic", lambda *a, **k: short(0, b"", 0))
     with pytest.raises(OSError):
         s.save_job(job)
     with pytest.raises(OSError):
@@ -397,8 +397,8 @@ def test_a_jobs_dict_is_what_asdict_gives_and_shares_nothing_with_it():
 def test_a_compaction_written_over_many_commits_loses_nothing_that_changed_meanwhile(tmp_path, monkeypatch):
     """Each commit writes one slice of it (32 records here); jobs started, evicted and submitted
     before or after their slice come back as they were last committed, from the journal alone."""
-    from hpc_batch.daemon import store as store_module
-    monkeypatch.setattr(store_module, "COMPACT_SLICE", -1.0)   # every slice is cut at its first check
+    from hpc_batch.daemon import compaction
+    monkeypatch.setattr(compaction, "COMPACT_SLICE", -1.0)   # every slice is cut at its first check
     s = _open(tmp_path)
     held = {}
     for first in range(1, 301, 100):
@@ -406,7 +406,7 @@ def test_a_compaction_written_over_many_commits_loses_nothing_that_changed_meanw
         s.add_jobs(bulk, {"base": {"PATH": "/bin"}}, None, argv=["true"])
         held.update((j.id, j) for j in bulk)
     s.commit()
-    s._compact(0.0)                        # begun: the shared records and the first jobs written
+    s.compactor.compact(0.0)               # begun: the shared records and the first jobs written
     assert s.compacting
     for job_id in (5, 250):                # 5 is in the snapshot already, 250 not yet
         _start(held[job_id])
@@ -433,12 +433,12 @@ def test_a_compaction_written_over_many_commits_loses_nothing_that_changed_meanw
 
 def test_a_commit_that_fails_gives_up_the_compaction_under_way(tmp_path, monkeypatch):
     """On a disk that refuses the batch, the loop must not spin on a compaction it cannot finish."""
-    from hpc_batch.daemon import store as store_module
-    monkeypatch.setattr(store_module, "COMPACT_SLICE", -1.0)
+    from hpc_batch.daemon import compaction
+    monkeypatch.setattr(compaction, "COMPACT_SLICE", -1.0)
     s = _open(tmp_path)
     s.add_jobs([_job(i, first=1) for i in range(1, 101)], {"base": {"PATH": "/bin"}}, None, argv=["true"])
     s.commit()
-    s._compact(0.0)
+    s.compactor.compact(0.0)
     assert s.compacting and os.path.exists(os.path.join(tmp_path, "journal.tmp"))
     _add(s, 101)
 

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 from benchkit import calibration, verdictrun
 from benchkit.calibration import Share
 
-from shepherd import verdict
+from shepherd.record import verdict
 
 
 def run(kind, time_s, called, causes=(), workload="cpu", **figures):

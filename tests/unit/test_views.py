@@ -15,7 +15,7 @@ import pytest
 
 from hpc_batch.core import views
 from hpc_batch.core.jobs import FINISHED, Job, Result, move, wait_status
-from hpc_batch.core.resources import Allocation, Machine, Node
+from hpc_batch.core.resources import Allocation, Budget, Machine, Node
 
 ROOT = Path(__file__).resolve().parents[2]
 GiB = 1 << 30
@@ -32,6 +32,8 @@ PASSAGES = {
     "history": ("A history row has", "Rows migrated from"),
     "info": ("`info.json` (metadata, as in `list --json`:", ") and `output` (combined"),
     "array": ("a whole array, e.g. `show 6_*`):", "- `wait`:"),
+    "new": ("- `new`:", "; a bulk submit"),
+    "new_bulk": ("a bulk submit (`--array`, `--commands`) adds", ", and its `id`, `state` and `output` are"),
 }
 _TOKEN = re.compile(r"`[^`]*`|[()]")
 _NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -190,3 +192,28 @@ def test_a_whole_arrays_document_has_the_documented_fields():
     # An element's fields in the job documents are the same four, named once.
     assert set(views.summary(jobs[0], MACHINE)["array"]) == set(views.ARRAY_FIELDS) == \
         set(views.history_row(jobs[0])["array"])
+
+
+def test_the_new_reply_has_the_documented_fields_in_the_order_it_always_had():
+    job = _job()
+    budget = Budget(2 * GiB, assigned=True)
+    reply = views.new_reply(job, budget, starts=True, mem_enforced=False)
+    assert set(reply) == documented("new")
+    assert list(reply) == ["id", "state", "mem", "mem_assigned", "mem_enforced", "output", "name", "after",
+                           "after_ok", "note"]
+    assert (reply["state"], reply["mem"], reply["mem_assigned"]) == ("running", 2 * GiB, True)
+    assert views.new_reply(job, budget, starts=False, mem_enforced=True)["state"] == "queued"
+    # A bulk's: the client adds `ids` (every id, first to last) from `last`.
+    bulk = views.bulk_fields(7, 3, 1, None)
+    assert set(bulk) | {"ids"} == documented("new_bulk") and bulk == {"last": 9, "count": 3, "starting": 1,
+                                                                      "limit": None}
+    stored = views.stored_bulk_reply(7, budget, mem_enforced=True, name="n", after=[], after_ok=False, count=3,
+                                     limit=2)
+    assert set(stored) | {"state", "output"} == set(reply) | set(bulk)
+    assert (stored["starting"], stored["note"], stored["limit"]) == (0, None, 2)
+
+
+def test_the_kill_and_job_replies():
+    job = _running()
+    assert views.kill_reply(7, "queued") == {"id": 7, "was": "queued"}
+    assert views.setting_reply(job) == {"id": 7, "max_time": 3600, "deadline": job.deadline, "state": "running"}

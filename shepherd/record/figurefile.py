@@ -13,11 +13,12 @@ name is removed if it still is that file. Standard library only.
 import os
 import stat
 
+from . import figures
+
 try:
-    from shepherd import figures, sysread
-except ImportError:  # run as a file: siblings are top-level modules
-    import figures  # type: ignore[no-redef]
-    import sysread  # type: ignore[no-redef]
+    from shepherd.base import sysread
+except ImportError:  # run as a file: the base is a top-level package
+    from base import sysread  # type: ignore[no-redef]
 
 DIRECTORY = "/tmp"
 PREFIX = "hpc-batch-metrics."

@@ -20,9 +20,9 @@ import os
 import time
 
 try:
-    from shepherd import sysread
-except ImportError:  # run as a file: siblings are on sys.path
-    import sysread  # type: ignore[no-redef]
+    from shepherd.base import sysread
+except ImportError:  # run as a file: the base is a top-level package
+    from base import sysread  # type: ignore[no-redef]
 
 CPU_DIR = "/sys/devices/system/cpu"
 INTERRUPTS = "/proc/interrupts"

@@ -31,10 +31,7 @@ What counts as noise, and what does not:
 Standard library only (the shepherd loads this).
 """
 
-try:
-    from shepherd import sentinels
-except ImportError:  # run as a file: siblings are on sys.path
-    import sentinels  # type: ignore[no-redef]
+from . import sentinels
 
 # The one definition of the thresholds: the daemon validates an admin's
 # overrides against these names (check_thresholds). A value of None means

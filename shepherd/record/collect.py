@@ -21,9 +21,9 @@ import os
 import time
 
 try:
-    from shepherd import sysread
-except ImportError:  # run as a file: the siblings are on sys.path
-    import sysread  # type: ignore[no-redef]
+    from shepherd.base import sysread
+except ImportError:  # run as a file: the base is a top-level package
+    from base import sysread  # type: ignore[no-redef]
 
 SCHEMA = 1              # the record's schema version: the one definition
 

@@ -29,9 +29,9 @@ Standard library only (the shepherd loads this).
 
 
 try:
-    from shepherd.sysread import field
-except ImportError:  # run as a file: siblings are on sys.path
-    from sysread import field  # type: ignore[no-redef]
+    from shepherd.base.sysread import field
+except ImportError:  # run as a file: the base is a top-level package
+    from base.sysread import field  # type: ignore[no-redef]
 
 CURRENT = "clocks_event_reasons."
 LEGACY = "clocks_throttle_reasons."

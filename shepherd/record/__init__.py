@@ -21,6 +21,12 @@ submit and the job's first instruction, and nothing wakes while it runs:
 ``record.json`` is root's, mode 0640 with an ACL entry for the job's user (like
 the output buffer), and at most :data:`MAX_BYTES`: bulky parts are dropped, and
 named in ``"cut"``, to keep it so. Standard library only.
+
+The package's parts: collect (the static sections), sentinels (the
+snapshots), gpuquery (nvidia-smi), verdict (quiet or noisy), figures and
+figurefile (the job's own figures). It imports the base, never the
+supervisor; the package's face is this module, as json's is its
+``__init__``.
 """
 
 import errno
@@ -31,23 +37,16 @@ import select
 import signal
 import time
 
+from . import collect, figurefile, figures, gpuquery, sentinels, verdict
+
 try:
-    from shepherd import acl, collect, figurefile, figures, gpuquery, identity, records, sentinels, sysread, verdict
-    from shepherd.cgroup import join as join_cgroup
-    from shepherd.jsoncodec import dumps_canonical
-except ImportError:  # run as a file: siblings are top-level modules
-    import acl  # type: ignore[no-redef]
-    import collect  # type: ignore[no-redef]
-    import figurefile  # type: ignore[no-redef]
-    import figures  # type: ignore[no-redef]
-    import gpuquery  # type: ignore[no-redef]
-    import identity  # type: ignore[no-redef]
-    import records  # type: ignore[no-redef]
-    import sentinels  # type: ignore[no-redef]
-    import sysread  # type: ignore[no-redef]
-    import verdict  # type: ignore[no-redef]
-    from cgroup import join as join_cgroup  # type: ignore[no-redef]
-    from jsoncodec import dumps_canonical  # type: ignore[no-redef]
+    from shepherd.base import acl, identity, records, sysread
+    from shepherd.base.cgroup import join as join_cgroup
+    from shepherd.base.jsoncodec import dumps_canonical
+except ImportError:  # run as a file: the base is a top-level package
+    from base import acl, identity, records, sysread  # type: ignore[no-redef]
+    from base.cgroup import join as join_cgroup  # type: ignore[no-redef]
+    from base.jsoncodec import dumps_canonical  # type: ignore[no-redef]
 
 MAX_BYTES = 256 << 10        # a record's size bound
 STRING_CAP = 1024            # characters kept of one user-controlled string (an argument, a path, a key)
@@ -78,10 +77,10 @@ def cap(text: str, limit: int = STRING_CAP) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
-# What the daemon (engine._job_env) and the shepherd (the figures' file) set for each job: they
+# What the daemon (launchspec.environment) and the shepherd (the figures' file) set for each job: they
 # differ between any two jobs, so the environment's digest without them says whether two jobs were
 # submitted with the same one.
-FIGURES_ENV = figures.ENV    # the job's own figures' file (shepherd/figurefile.py)
+FIGURES_ENV = figures.ENV    # the job's own figures' file (shepherd/record/figurefile.py)
 PER_JOB_VARS = ("HPC_BATCH_JOB_ID", "HPC_BATCH_ARRAY_INDEX", "HPC_BATCH_ARRAY_JOB_ID", "CUDA_VISIBLE_DEVICES",
                 figures.ENV)
 

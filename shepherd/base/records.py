@@ -19,7 +19,7 @@ daemon learns everything it needs after a restart from these files alone.
                    stdout/stderr, for attach; root-owned, readable by the
                    job's user (an ACL) and the admin group
     info.json      the job's summary for its /dev/hpc-batch entry (the daemon's)
-    record.json    the reproducibility record (shepherd/record.py)
+    record.json    the reproducibility record (shepherd/record/__init__.py)
 
 Records are root-only (0600): a job's pid, status and exit are its owner's
 business, and the daemon answers for them through ``dispatch``.
@@ -36,10 +36,7 @@ import os
 import signal
 import stat
 
-try:
-    from shepherd.jsoncodec import dumps, dumps_wire, loads
-except ImportError:  # run as a file (the shepherd): siblings are top-level modules
-    from jsoncodec import dumps, dumps_wire, loads  # type: ignore[no-redef]
+from .jsoncodec import dumps, dumps_wire, loads
 
 __all__ = ["dumps", "dumps_wire", "loads"]   # re-exported: the codec's users read it from here too
 
@@ -58,7 +55,7 @@ KILLED = "killed"
 TIMEOUT = "timeout"
 STOP_REASONS = (KILLED, TIMEOUT)
 VERDICTS = ("clean", "noisy", "unknown")   # a record's verdict: was the machine quiet while the job ran?
-RECORD = "record.json"     # the reproducibility record (shepherd/record.py), root's, readable by the user
+RECORD = "record.json"     # the reproducibility record (shepherd/record/__init__.py), root's, readable by the user
 
 # A fork that failed with one of these may work later (out of pids, out of memory): the job
 # waits and is retried, never failed. An exit record's not_started holds one of these names.
@@ -161,39 +158,6 @@ def _read_all(fd: int, limit: int = 16 << 20) -> bytes:
         if total > limit:
             raise ValueError("record is implausibly large")
         chunks.append(chunk)
-
-
-def reap_children() -> None:
-    """Collect every child that has exited, without blocking (none is left a zombie)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-def proc_starttime(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat).
-
-    Together with the pid it names one process for the life of the machine,
-    which is what makes a pidfile safe against pid reuse.
-    """
-    try:   # (os.open and one read: a buffered open() costs five more system calls, three times a job)
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            data = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-    except OSError:
-        return None
-    # comm may contain spaces and parentheses: split after the last ')'.
-    rest = data[data.rfind(b")") + 2:].split()
-    try:
-        return int(rest[19])
-    except (IndexError, ValueError):
-        return None
 
 
 def read_pidfile(job_dir: str):
@@ -351,13 +315,13 @@ def _dict(d: dict, key: str) -> dict | None:
 class LaunchSpec(_Record):
     """launch.json: everything the shepherd needs, since it can ask the daemon nothing later.
 
-    The daemon builds one per start (``Engine._launch_spec``) and writes it;
+    The daemon builds one per start (``launchspec.build``) and writes it;
     the shepherd reads it back with :meth:`from_dict`. The defaults below are
     the only definition of these values: the daemon writes them into every
     spec, and a spec from an older daemon that lacks a key gets the same.
     ``record`` stays a plain dict: it is the daemon's part of the
     reproducibility record (hpc_batch/daemon/jobrecord.py), handed through
-    to shepherd/record.py as it is; None with ``--records none``.
+    to shepherd/record/__init__.py as it is; None with ``--records none``.
     """
 
     KILL_GRACE = 5.0              # seconds between SIGTERM and SIGKILL when a job is stopped
