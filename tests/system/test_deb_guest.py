@@ -52,7 +52,8 @@ step = scenario_steps()
 # --- fixtures -------------------------------------------------------------------
 
 
-def _build(out, *flags):
+def build_deb(out, *flags):
+    """scripts/build-deb's package of this tree, built into *out* with *flags*; its path."""
     proc = subprocess.run([os.path.join(ROOT, "scripts", "build-deb"), "--python", sys.executable,
                            "--out", str(out), *flags],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=BUILD_TIMEOUT)
@@ -61,7 +62,8 @@ def _build(out, *flags):
     return debs[0]
 
 
-def _version(deb):
+def deb_version(deb):
+    """The package's Debian version, as dpkg-deb reads it."""
     return subprocess.run(["dpkg-deb", "-f", deb, "Version"], capture_output=True, text=True,
                           check=True).stdout.strip()
 
@@ -69,9 +71,9 @@ def _version(deb):
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory):
     """{"first": .deb, "next": the same tree as a newer version}, built by scripts/build-deb."""
-    first = _build(tmp_path_factory.mktemp("deb-first"))
-    nxt = _build(tmp_path_factory.mktemp("deb-next"), "--local", "1")
-    assert subprocess.run(["dpkg", "--compare-versions", _version(nxt), "gt", _version(first)]).returncode == 0
+    first = build_deb(tmp_path_factory.mktemp("deb-first"))
+    nxt = build_deb(tmp_path_factory.mktemp("deb-next"), "--local", "1")
+    assert subprocess.run(["dpkg", "--compare-versions", deb_version(nxt), "gt", deb_version(first)]).returncode == 0
     return {"first": first, "next": nxt}
 
 
@@ -90,7 +92,7 @@ def box(guest_image, packages, tmp_path_factory):
             shutil.copy(deb, staged)
             os.chmod(os.path.join(staged, os.path.basename(deb)), 0o644)
             g.debs[key] = "%s/%s" % (SHARE, os.path.basename(deb))
-            g.versions[key] = _version(deb)
+            g.versions[key] = deb_version(deb)
         os.chmod(staged, 0o755)
         g.run("rm -rf %s && (id -u %s >/dev/null 2>&1 || useradd -m -s /bin/bash %s)"
               % (PREFIX, USER, USER), timeout=120, check=True)

@@ -55,6 +55,17 @@ venv's scripts name no other venv; and the daemon's "ready" line and
 A broken guarantee is printed when it is seen and the cuts go on; the test
 fails at the end with all of them, each with the cut after which it showed.
 
+A second test does the same for the Debian package: a guest of its own
+with scripts/build-deb's package installed (``dpkg -i``), then
+``$HPC_BATCH_POWERCUT_DEB_CUTS`` cuts (default 1) during ``dpkg -i`` of the
+next version (the same tree built with ``--local K``), under the same load,
+each after one of dpkg's stages in turn (its start, unpack, setting up, the
+postinst's copy of the venv, pip, the prefix switched, the reload, its
+end). After each reboot the same checks, then what an admin does after a
+crash, ``dpkg --configure -a`` (or ``dpkg -i`` again where dpkg marks the
+package for reinstalling, cut while unpacking), must leave the package installed at the new
+version with the daemon serving.
+
 ``$HPC_BATCH_POWERCUT_CUTS`` sets the number of cuts (default 5, one of each
 kind; 50 for the long run), ``$HPC_BATCH_POWERCUT_KINDS`` the kinds taken in
 turn (comma-separated, default all five; ``upgrade`` alone to iterate on it)
@@ -76,6 +87,7 @@ import time
 import pytest
 from guestlib import GUEST_BIN, dispatch, set_flags, wait_for
 from harness import Guest
+from test_deb_guest import build_deb, deb_version
 from test_upgrade_guest import PREFIX, build_next_wheel
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
@@ -89,6 +101,10 @@ KINDS = tuple(k for k in os.environ.get("HPC_BATCH_POWERCUT_KINDS", ",".join(ALL
 UPGRADE_STAGES = ("", "copying ", "Processing ", "Attempting uninstall", "Successfully uninstalled",
                   "Successfully installed", " now names ", " linked ", "reloading the running daemon",
                   " is installed;")
+# The same for a .deb upgrade: dpkg's lines, then the postinst's (versions.py's notes); "exit 0" its end.
+DEB_STAGES = ("", "Preparing to unpack", "Unpacking ", "Setting up ", "copying ", "pip install --upgrade",
+              " now names ")
+DEB_CUTS = int(os.environ.get("HPC_BATCH_POWERCUT_DEB_CUTS", "1"))
 USERS = ("alice", "bob")
 CACHE = "writethrough"
 FLAGS = ("--keep-finished", "1000000", "--max-output-buffer", "8M")
@@ -216,7 +232,9 @@ class PowerCuts:
         self.wheels = {}       # version -> its wheel (host path), for the upgrade cuts
         self.version = None    # the version installed, as the last check found it
         self.upgrading = None  # (from, to) of the upgrade the last cut landed in
-        self.stage = None      # the stage the next upgrade cut follows: each in turn, from a random one
+        self.stage = {}        # kind -> the stage its next cut follows: each in turn, from a random one
+        self.debs = {}         # version -> its .deb (host path), for the deb cuts
+        self.deb_order = []    # those versions, oldest first: each deb cut upgrades to the next
 
     def boot(self):
         workdir = self.tmp / f"boot{self.boots}"
@@ -334,14 +352,31 @@ class PowerCuts:
         return f"with the log of a {size}-byte output at {at}+ bytes"
 
     def upgrade(self, n, rng):
-        g = self.g
         to = next(v for v in self.wheels if v != self.version)
         wheel = f"/root/wheels/{os.path.basename(self.wheels[to])}"
-        if g.run(["test", "-f", wheel], timeout=30).rc != 0:
-            g.run("mkdir -p -m 700 /root/wheels", timeout=30, check=True)
-            with open(self.wheels[to], "rb") as f:
-                g.put_bytes(f.read(), wheel, mode=0o644)
-            g.run("sync", timeout=120, check=True)   # a cut must not leave half a wheel for the next upgrade
+        self._stage_file(self.wheels[to], wheel)
+        run = f"PIP_NO_INDEX=1 PYTHONUNBUFFERED=1 {GUEST_BIN}/hpc-batch-install --spec {wheel}"
+        return self._cut_during(n, rng, "upgrade", run, UPGRADE_STAGES, to)
+
+    def deb_upgrade(self, n, rng):
+        """``dpkg -i`` of the next package under the running daemon, cut after one of dpkg's stages."""
+        to = self.deb_order[self.deb_order.index(self.version) + 1]
+        deb = f"/root/debs/{os.path.basename(self.debs[to])}"
+        self._stage_file(self.debs[to], deb)
+        return self._cut_during(n, rng, "deb", f"dpkg -i {deb}", DEB_STAGES, to)
+
+    def _stage_file(self, host_path, guest_path):
+        g = self.g
+        if g.run(["test", "-f", guest_path], timeout=30).rc != 0:
+            g.run(f"mkdir -p -m 700 {os.path.dirname(guest_path)}", timeout=30, check=True)
+            with open(host_path, "rb") as f:
+                g.put_bytes(f.read(), guest_path, mode=0o644)
+            g.run("sync", timeout=120, check=True)   # a cut must not leave half a file for the next upgrade
+
+    def _cut_during(self, n, rng, kind, command, stages, to):
+        """Jobs running and queued, alice and bob submitting, *command* upgrading to *to*; the power
+        cut a random instant after one of *stages* (lines of its output) reached the host."""
+        g = self.g
         r = dispatch(g, "bob", "new", "--array", "1-8", "--no-output", "--name", f"u{n}",
                      "--", "sh", "-c", JOB, "job", "3", timeout=300)
         m = re.match(r"jobs (\d+)-(\d+): ", r.out)
@@ -354,16 +389,15 @@ class PowerCuts:
             return r.ok and any(j["state"] == "running" for j in json.loads(r.out)["jobs"])
         wait_for(running, 300, what="a job running")
         acks = self._start_burst(n, pause="0.5")
-        log = os.path.join(g.share_dir, f"upgrade-{n}.log")
-        # The installer's lines reach the host as they are printed (unbuffered, over 9p); its status last.
-        run = (f"PIP_NO_INDEX=1 PYTHONUNBUFFERED=1 {GUEST_BIN}/hpc-batch-install --spec {wheel} "
-               f"> /mnt/host/upgrade-{n}.log 2>&1; echo \"exit $?\" >> /mnt/host/upgrade-{n}.log")
-        if self.stage is None:
-            self.stage = rng.randrange(len(UPGRADE_STAGES))
-        stage, delay = UPGRADE_STAGES[self.stage], rng.uniform(0.0, 1.5)
-        self.stage = (self.stage + 1) % len(UPGRADE_STAGES)
+        log = os.path.join(g.share_dir, f"{kind}-{n}.log")
+        # Its lines reach the host as they are printed (unbuffered, over 9p); its status last.
+        run = f"{command} > /mnt/host/{kind}-{n}.log 2>&1; echo \"exit $?\" >> /mnt/host/{kind}-{n}.log"
+        if kind not in self.stage:
+            self.stage[kind] = rng.randrange(len(stages))
+        stage, delay = stages[self.stage[kind]], rng.uniform(0.0, 1.5)
+        self.stage[kind] = (self.stage[kind] + 1) % len(stages)
         started = time.monotonic()
-        g.run(f"systemd-run --quiet --unit hpcb-upgrade-{n} sh -c {shlex.quote(run)}", timeout=60, check=True)
+        g.run(f"systemd-run --quiet --unit hpcb-{kind}-{n} sh -c {shlex.quote(run)}", timeout=60, check=True)
 
         def text():
             with open(log, errors="replace") as f:
@@ -372,16 +406,16 @@ class PowerCuts:
         def reached():
             out = text() if os.path.exists(log) else ""
             failed = re.search(r"^exit ([1-9]\d*)$", out, re.M)
-            assert not failed, f"hpc-batch-install failed:\n{out[-4000:]}"
+            assert not failed, f"{command} failed:\n{out[-4000:]}"
             return stage in out or "exit 0" in out
-        wait_for(reached, 900, interval=0.02, what=f"the upgrade's output to say {stage!r}")
+        wait_for(reached, 900, interval=0.02, what=f"the {kind}'s output to say {stage!r}")
         at = time.monotonic() - started
         # Not a wait for anything: where the cut lands, after the stage.
         time.sleep(delay)
         last = ([ln for ln in text().splitlines() if ln.strip()] or ["(nothing yet)"])[-1]
         self.cut()
         self.upgrading = (self.version, to)
-        return (f"{delay:.2f} s after {stage or 'its start'!r} ({at + delay:.1f} s into the upgrade "
+        return (f"{delay:.2f} s after {stage or 'its start'!r} ({at + delay:.1f} s into the {kind} "
                 f"{self.version} -> {to}; its last line {last[:100]!r}; {self._take_acks(acks)} submits acknowledged)")
 
     # --- after the reboot --------------------------------------------------------------
@@ -492,6 +526,43 @@ class PowerCuts:
         which = "the new version" if version == after else "the old version"
         return f"came up on {version} ({which}) from {real}; {len(info['venvs'])} venvs under {PREFIX}.versions"
 
+    def repair_package(self, to):
+        """After a cut during ``dpkg -i``: what an admin does (``dpkg --configure -a``, and the
+        ``dpkg -i`` again when dpkg had not unpacked it) must end installed at *to*, serving."""
+        g = self.g
+
+        def status():
+            return g.run("dpkg-query -W -f='${Status} ${Version}' hpc-batch", timeout=60).out.strip()
+        found = status()
+        # A package dpkg marks "reinstreq" (cut while unpacking) must be installed again; dpkg itself
+        # refuses to configure it and says so. Anything else configures.
+        if "reinstreq" not in found:
+            r = g.run("dpkg --configure -a", timeout=900)
+            if not r.ok:
+                self.fault(f"dpkg --configure -a failed after the cut (dpkg said {found!r}): {r.describe()}")
+        if status() != f"install ok installed {to}":
+            deb = f"/root/debs/{os.path.basename(self.debs[to])}"
+            r = g.run(["dpkg", "-i", deb], timeout=900)
+            if not r.ok:
+                self.fault(f"dpkg -i {deb} again failed after the cut: {r.describe()}")
+        if status() != f"install ok installed {to}":
+            self.fault(f"after the repair dpkg says {status()!r}, not {to} installed")
+
+        def serving():
+            return (g.run("systemctl is-active hpc-batch", timeout=60).out.strip() == "active"
+                    and dispatch(g, "alice", "list", timeout=60).ok)
+        wait_for(serving, 300, what="hpc-batch to serve after dpkg's repair")
+
+        def ready_on_to():   # a reload re-executes the daemon: done once it says it is ready again
+            line = g.run("journalctl -b -u hpc-batch -o cat --no-pager | grep ' ready on ' | tail -1",
+                         timeout=60).out
+            return f"hpc-batchd {to} ready on" in line
+        wait_for(ready_on_to, 300, interval=2, what=f"the daemon to be ready on {to} after dpkg's repair")
+        self.check_version()
+        if self.version != to:
+            self.fault(f"after dpkg's repair the daemon runs {self.version}, not {to}")
+        return f"dpkg found {found!r}; repaired to {status()!r}, the daemon on {self.version}"
+
     def _check_outputs(self, by_id):
         said = collections.Counter()
         for job, (user, log, size) in self.outputs.items():
@@ -562,6 +633,54 @@ def test_power_cuts(guest_image, project_wheel, tmp_path, request):
         for job, why in sorted(pc.never_ran.items()):
             say(f"acknowledged job {job} never ran: {why}")
         assert not pc.faults, "broken after power cuts (seed %d):\n" % SEED + "\n".join(
+            f"cut {n}: {what}" for what, n in pc.faults.items())
+    finally:
+        pc.close()
+
+
+@pytest.mark.timeout(1200 + 900 * DEB_CUTS, func_only=True)
+def test_power_cuts_during_deb_upgrades(guest_image, tmp_path, request):
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(msg):
+        (tr.write_line if tr else print)(f"[deb power cuts] {msg}")
+    rng = random.Random(SEED)
+    say(f"{DEB_CUTS} cuts during dpkg -i, seed {SEED} (HPC_BATCH_POWERCUT_SEED repeats it)")
+    pc = PowerCuts(guest_image, tmp_path, say)
+    for k in range(DEB_CUTS + 1):
+        deb = build_deb(tmp_path / f"deb-{k}", *(("--local", str(k)) if k else ()))
+        pc.debs[deb_version(deb)] = deb
+        pc.deb_order.append(deb_version(deb))
+    try:
+        g = pc.boot()
+        first = pc.debs[pc.deb_order[0]]
+        # The package makes its own venv at the prefix (not the image's); the tests' dispatch is /opt/bin's.
+        g.run(f"rm -rf {PREFIX} && mkdir -p {GUEST_BIN} && for p in dispatch hpc-batchd hpc-batch-shepherd; "
+              f"do ln -sfn /usr/bin/$p {GUEST_BIN}/$p; done", timeout=120, check=True)
+        pc._stage_file(first, "/root/debs/" + os.path.basename(first))
+        r = g.run(["dpkg", "-i", "/root/debs/" + os.path.basename(first)], timeout=900)
+        assert r.ok, r.describe()
+        _system_conftest(request.config).make_users(g)
+        set_flags(g, FLAGS, how="restart")
+        pc.check_version()
+        assert pc.version == pc.deb_order[0], (pc.version, pc.deb_order)
+        g.run("sync", timeout=300, check=True)   # the install itself must survive the first cut
+        for n in range(DEB_CUTS):
+            started = time.monotonic()
+            where = pc.deb_upgrade(n, rng)
+            to = pc.upgrading[1]
+            pc.boot()
+            kinds, _ = pc.check()
+            upgraded = pc.check_version()
+            state = pc.repair_package(to)
+            line = (f"cut {n + 1}/{DEB_CUTS} (dpkg -i, {where}): daemon up alone; {len(pc.acked)} acknowledged "
+                    f"jobs, all there once; results {dict(kinds)}; {upgraded}; {state} "
+                    f"({time.monotonic() - started:.0f} s)")
+            pc.results.append(line)
+            say(line)
+        for job, why in sorted(pc.never_ran.items()):
+            say(f"acknowledged job {job} never ran: {why}")
+        assert not pc.faults, "broken after power cuts during dpkg -i (seed %d):\n" % SEED + "\n".join(
             f"cut {n}: {what}" for what, n in pc.faults.items())
     finally:
         pc.close()
