@@ -34,7 +34,8 @@ class BenchCores:
         # interrupts go when no housekeeping CPUs are named: the CPUs reserved for the OS.
         self.quiet = quiet.Settings(cpufreq=cfg.cpufreq, allow_turbo_off=cfg.allow_turbo_off,
                                     irqbalance_ban=cfg.irqbalance_ban,
-                                    ledger=os.path.join(state_root, quiet.LEDGER))
+                                    ledger=os.path.join(state_root, quiet.LEDGER),
+                                    shepherds_root=cfg.cgroup_root if cfg.cgroups and not cfg.housekeeping else None)
         self.irq_banned: dict[int, set[int]] = {}   # job -> CPUs irqbalance was told to keep IRQs off
         self.held: dict[int, tuple[int, ...]] = {}   # running job with changes to undo -> CPUs it holds
         reserved = resources.capacity(machine, limits).reserved_cpus

@@ -24,6 +24,7 @@ from .discovery import format_cpulist, parse_cpulist
 CGROUP_FS = "/sys/fs/cgroup"
 REQUIRED = ("cpuset", "memory")
 SHEPHERDS = "shepherds"
+JOB_PREFIX = "job-"   # a job's cgroup: job-<id>
 
 
 class CgroupError(Exception):
@@ -106,7 +107,12 @@ def setup(root: str = defaults.CGROUP_ROOT) -> None:
 
 def job_path(root: str, job_id: int) -> str:
     """The cgroup of one job."""
-    return os.path.join(root, f"job-{job_id}")
+    return os.path.join(root, f"{JOB_PREFIX}{job_id}")
+
+
+def is_job_name(name: str) -> bool:
+    """Whether *name* (an entry of the job tree) is a job's cgroup."""
+    return name.startswith(JOB_PREFIX) and name[len(JOB_PREFIX):].isdigit()
 
 
 def shepherds_path(root: str) -> str:
@@ -117,8 +123,9 @@ def shepherds_path(root: str) -> str:
 def pin_shepherds(root: str, cpus) -> None:
     """Confine the shepherds' cgroup to ``cpus`` (the housekeeping CPUs; empty: wherever the tree may run).
 
-    Raises OSError when the kernel refuses; a job's child leaves for its own
-    cgroup before it execs, so this never confines a job.
+    Raises OSError when the kernel refuses (ENOSPC for an empty list while shepherds run:
+    ``shepherdcpus`` handles that); a job's child leaves for its own cgroup before it execs, so
+    this never confines a job.
     """
     # An empty list must still reach the kernel (it then inherits the parent's CPUs): a write of
     # nothing makes no write(2) at all, and the old housekeeping CPUs would stay.
@@ -209,7 +216,7 @@ def prune(root: str, keep) -> list[str]:
     except OSError:
         return gone
     for name in names:
-        if name.startswith("job-") and name[4:].isdigit() and int(name[4:]) not in keep:
+        if is_job_name(name) and int(name[len(JOB_PREFIX):]) not in keep:
             remove(os.path.join(root, name))
             gone.append(name)
     return gone

@@ -6,7 +6,7 @@ such CPUs), else the CPUs ``--reserve-cpu`` keeps for the OS, else the core
 of the lowest CPU the daemon may use (on a one-core machine, none). The
 daemon logs which and why. ``pin`` moves the daemon itself there (the fork
 server and the shepherds it starts inherit it; under cgroups the shepherds'
-cgroup is confined there too, see ``cgroups.pin_shepherds``).
+cgroup is confined there too, see ``shepherdcpus.confine``).
 
 The CPUs a daemon may give out are its affinity when it starts; pinned, a
 re-exec (reload) would see only the housekeeping CPUs, so the first

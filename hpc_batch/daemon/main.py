@@ -25,7 +25,19 @@ from ..core.durations import DurationError, parse_duration
 from ..core.scheduler import POLICIES
 from ..core.sizes import SizeError, parse_size
 from ..usage import _WORD
-from . import access, cgroups, devdir, devmask, discovery, housekeeping, launcher, metrics_file, reload_args, sdnotify
+from . import (
+    access,
+    cgroups,
+    devdir,
+    devmask,
+    discovery,
+    housekeeping,
+    launcher,
+    metrics_file,
+    reload_args,
+    sdnotify,
+    shepherdcpus,
+)
 from .engine import Engine
 from .jobrecord import ThresholdError, parse_thresholds
 from .server import Server
@@ -389,9 +401,12 @@ def _housekeeping(cfg: Config, machine, limits, allowed: set):
         log.warning("cannot pin the daemon to its housekeeping CPUs (%s); it runs where it may", exc)
     if cfg.cgroups:
         try:
-            cgroups.pin_shepherds(cfg.cgroup_root, cpus)
+            stand_in = shepherdcpus.confine(cfg.cgroup_root, cpus)
         except OSError as exc:
             log.warning("cannot confine the shepherds' cgroup to the housekeeping CPUs (%s)", exc)
+        else:
+            if stand_in is not None:
+                log.info("%s", shepherdcpus.describe(stand_in))
     return dataclasses.replace(limits, housekeeping=cpus)
 
 

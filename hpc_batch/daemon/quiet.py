@@ -44,7 +44,7 @@ from typing import Any
 from shepherd.base import records
 
 from ..core.cputopo import format_cpulist, parse_cpulist
-from . import cpufreq, cpupartition, irqsteer, kfiles
+from . import cpufreq, cpupartition, irqsteer, kfiles, shepherdcpus
 from .ledger import Ledger
 
 FILE = "quiet.json"
@@ -62,6 +62,9 @@ class Settings:
     irqbalance_ban: bool = False     # --irqbalance-ban
     root: str = "/"
     ledger: str | None = None        # the ledger file (the daemon's: in its state dir); None: under *root*
+    # The job cgroups' root when the shepherds' cgroup is to inherit its CPUs (--housekeeping-cpus
+    # none): a stand-in list there is kept off each partition (shepherdcpus).
+    shepherds_root: str | None = None
 
 
 def irqbalance(root: str = "/") -> dict[str, Any]:
@@ -206,6 +209,8 @@ def begin(jdir, cpus, held, housekeeping, settings: Settings, alone: bool,
         f"active ({ib['how']}): it may move the job's IRQs back"
         + ("" if settings.irqbalance_ban else "; the admin may pass --irqbalance-ban"))
     if cgroup:
+        if settings.shepherds_root:
+            shepherdcpus.make_room(settings.shepherds_root, cpus)
         part = cpupartition.isolate(cgroup, cpus)
         saved["partition"] = part   # what release() takes back out of the parent's exclusive CPUs
         rec["partition"] = {k: part[k] for k in ("partition", "state", "reason")}
@@ -282,6 +287,8 @@ def end(jdir: str, settings: Settings, others=None) -> dict[str, Any] | None:
         why = cpupartition.release(saved["cgroup"], part)
         if why:
             notes.append(why)
+        if settings.shepherds_root:
+            shepherdcpus.settle(settings.shepherds_root)
     _unlink(path)
     back = sum(1 for w in done if w.path in ended.restored)
     return {"restored": back + len(restored), "handed": len(ended.kept), "left": notes}

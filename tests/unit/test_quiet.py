@@ -12,7 +12,7 @@ import pytest
 
 from hpc_batch.client import listing
 from hpc_batch.core.cputopo import parse_cpulist
-from hpc_batch.daemon import cpufreq, cpupartition, irqsteer, kfiles, quiet
+from hpc_batch.daemon import cgroups, cpufreq, cpupartition, irqsteer, kfiles, quiet
 from shepherd import record
 
 pytestmark = pytest.mark.timeout(60)
@@ -426,6 +426,39 @@ def test_begin_records_partition_and_end_releases(tree, tmp_path):
     assert rec["partition"] == {"partition": "isolated", "state": "isolated", "reason": None}
     quiet.end(str(jdir), quiet.Settings(root=root))
     assert kfiles.read("/", os.path.join(parent, cpupartition.EXCLUSIVE)) == "9"
+
+
+def test_the_shepherds_stand_in_leaves_the_partition_and_has_it_back(tree, tmp_path, monkeypatch):
+    """--housekeeping-cpus none with shepherds running (shepherdcpus): their explicit list gives up
+    the job's CPUs before its partition is made, and has them back once the job's cgroup is gone."""
+    root = tree("intel-pstate-turbo")
+    cg, parent = _cgroup(tmp_path)
+    shepherds = os.path.join(parent, cgroups.SHEPHERDS)
+    os.mkdir(shepherds)
+    for where in (parent, shepherds):
+        with open(os.path.join(where, "cpuset.cpus.effective" if where == parent else "cpuset.cpus"), "w") as f:
+            f.write("0-9\n")
+    real_write, real_isolate = cgroups._write, cpupartition.isolate
+
+    def populated(path, value):   # the kernel will not empty a populated cpuset's list
+        if not value.strip():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_write(path, value)
+    seen = []
+
+    def isolate(c, cpus):
+        seen.append(kfiles.read(shepherds, "cpuset.cpus"))
+        return real_isolate(c, cpus)
+    monkeypatch.setattr(cgroups, "_write", populated)
+    monkeypatch.setattr(cpupartition, "isolate", isolate)
+    settings = quiet.Settings(root=root, shepherds_root=parent)
+    jdir = tmp_path / "jobdir"
+    jdir.mkdir()
+    quiet.begin(str(jdir), (4,), (4, 5), (0, 1), settings, True, cgroup=cg)
+    assert seen == ["0-3,5-9"]
+    shutil.rmtree(cg)   # the shepherd removes the job's cgroup before its end is seen
+    quiet.end(str(jdir), settings)
+    assert kfiles.read(shepherds, "cpuset.cpus") == "0-9"
 
 
 # -- irqbalance ---------------------------------------------------------------
