@@ -1,4 +1,5 @@
-"""Drain rates: one bulk `--array` submit and a loop of single submits, against task-spooler."""
+"""Drain rates: one bulk `--array` submit (records on and off) and a loop of single submits, against the
+design floor and task-spooler, all alternating round by round."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import os
 import subprocess
 import time
 
-from . import spooler
+from . import floor, spooler
 from .context import Context
-from .report import Figure
+from .report import Figure, second_target
+from .rows import DRAIN_VS_TSP
 from .scratchd import DISPATCH, DaemonError, ScratchDaemon
 from .stats import rates, summarize
 
@@ -42,15 +44,21 @@ def _array(d: ScratchDaemon, n: int) -> float:
     return d.wait_idle(poll=0.01) - t0
 
 
+SLOTS = 2  # the drain's slots: *d* is pinned to 2 CPUs, tsp runs -S 2, the floor 2 at a time
+
+
 def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
-    """Rows drain_array and drain_loop on *d* (pinned to 2 CPUs); each round drains every kind once."""
+    """Rows drain_* on *d* (pinned to 2 CPUs) and a `--records none` twin; each round drains every kind once."""
     plan, n = ctx.plan, ctx.plan.drain_jobs
     client, about = spooler.find(ctx.install)
     ctx.notes.append(f"task-spooler: {about}" + (f" ({client})" if client else ""))
-    spool = spooler.Spooler(client, os.path.join(ctx.scratch, "tsp"), 2, n) if client else None
+    spool = spooler.Spooler(client, os.path.join(ctx.scratch, "tsp"), SLOTS, n) if client else None
     array = has_array(d)
+    bare = ctx.daemon("norecords", cpus=d.cpus, args=("--records", "none")) if array else None
     ts: list[float] = []
+    fl: list[float] = []
     arr: list[float] = []
+    arr_bare: list[float] = []
     loop: list[float] = []
     single: list[float] = []
     try:
@@ -58,9 +66,14 @@ def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
             ctx.say(f"drain round {i + 1} of {plan.drain_runs}: {n} jobs each")
             if spool is not None:
                 ts.append(spool.drain(["true"], n))
+            fl.append(floor.drain(os.path.join(ctx.scratch, "floor-drain"), n, SLOTS))
             d.wait_idle()
-            if array:
-                arr.append(_array(d, n))
+            if array and bare is not None:
+                # Which of the two goes first alternates, so neither always follows the floor's disk writes.
+                pair = [(d, arr), (bare, arr_bare)] if i % 2 == 0 else [(bare, arr_bare), (d, arr)]
+                for daemon, into in pair:
+                    daemon.wait_idle()
+                    into.append(_array(daemon, n))
             for _ in range(plan.submit_refs):
                 single.append(d.timed("new", "--no-output", "--", "true"))
                 d.wait_idle()
@@ -68,17 +81,25 @@ def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
     finally:
         if spool is not None:
             spool.stop()
-    a, lo = figs["drain_array"], figs["drain_loop"]
+    if bare is not None:
+        bare.stop()
+    a, lo, fr, nr = figs["drain_array"], figs["drain_loop"], figs["drain_floor"], figs["drain_norecords"]
     tsp = summarize(rates(n, ts), "jobs/s") if ts else None
-    a.baseline = tsp
-    a.baseline_missing = None if tsp else about
+    fr.value = a.baseline = nr.baseline = summarize(rates(n, fl), "jobs/s")
+    fr.baseline = tsp
+    fr.baseline_missing = None if tsp else about
     if array:
         a.value = summarize(rates(n, arr), "jobs/s")
+        nr.value = summarize(rates(n, arr_bare), "jobs/s")
+        a.details.append(second_target(f"`tsp -S 2` ({tsp.text()})" if tsp else "`tsp -S 2`",
+                                       a.value.median / tsp.median if tsp else None, DRAIN_VS_TSP))
     else:
-        a.missing = "no --array: dispatch new refuses it as a usage error"
+        a.missing = nr.missing = "no --array: dispatch new refuses it as a usage error"
     lo.value = summarize(rates(n, loop), "jobs/s")
     lo.baseline = summarize([1 / s for s in single], "jobs/s")
     lo.details.append(f"One submit with the daemon idle took {summarize(single, 'ms').text()}.")
+    lo.details.append(f"Beside the design floor (3a) the loop reaches {lo.value.median / fr.value.median:.2f}x "
+                      "its rate.")
     if tsp is not None:
         lo.details.append(f"Beside `tsp -S 2` ({tsp.text()}) the loop reaches "
                           f"{lo.value.median / tsp.median:.2f}x its rate.")

@@ -53,6 +53,7 @@ class Figure:
     missing: str | None = None           # why there is no value ("n/a (...)")
     baseline_missing: str | None = None  # why there is no baseline
     details: list[str] = field(default_factory=list)  # extra lines for the note
+    variant: str = ""  # "b": numbered after the row before it, as (3b), so later rows keep their numbers
 
     @property
     def ratio(self) -> float | None:
@@ -72,6 +73,26 @@ class Figure:
         return has_value and has_base
 
 
+def numbers(figures: list[Figure]) -> list[str]:
+    """Each row's number: 1, 2, 3, then a variant of 3 as ``3b``, then 4 (a variant never advances it)."""
+    out, n = [], 0
+    for f in figures:
+        if f.variant and n:
+            out.append(f"{n}{f.variant}")
+        else:
+            n += 1
+            out.append(str(n))
+    return out
+
+
+def second_target(what: str, ratio: float | None, target: Target) -> str:
+    """A note line judging a row against a second baseline: ``Against X: 0.25x; target >= 0.3x: no.``"""
+    if ratio is None:
+        return f"Against {what}: not measured; target {target.text}: n/a."
+    word = "yes" if target.met(None, ratio) else "no"
+    return f"Against {what}: {ratio:.2f}x; target {target.text}: {word}."
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -86,7 +107,7 @@ def _met_word(fig: Figure) -> str:
 def table_rows(figures: list[Figure]) -> list[list[str]]:
     """The cells of each row: figure, value, baseline, ratio, target, met?"""
     rows = []
-    for i, f in enumerate(figures, 1):
+    for i, f in zip(numbers(figures), figures):
         value = f.value.text() if f.value is not None else f"n/a ({f.missing})"
         if not f.baseline_label:
             base = "-"
@@ -116,17 +137,22 @@ def markdown(figures: list[Figure], machine: list[tuple[str, str]], command: str
     lines += [f"- {k}: {v}" for k, v in machine]
     lines += ["", "## Figures", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in table_rows(figures)]
+    num = numbers(figures)
     judged = [f for f in figures if f.target is not None]
     met = [f for f in judged if f.met]
     unknown = [f for f in judged if f.met is None]
-    def numbers(fs: list[Figure]) -> str:
-        return ", ".join(f"({figures.index(f) + 1})" for f in fs) or "none"
+    def listed(fs: list[Figure]) -> str:
+        return ", ".join(f"({num[figures.index(f)]})" for f in fs) or "none"
 
     missed = [f for f in judged if f.met is False]
-    lines += ["", f"Targets met: {len(met)} of {len(judged)}: {numbers(met)}. Not met: {numbers(missed)}."
-              + (f" Not measured: {numbers(unknown)}." if unknown else "")]
+    lines += ["", f"Targets met: {len(met)} of {len(judged)}: {listed(met)}. Not met: {listed(missed)}."
+              + (f" Not measured: {listed(unknown)}." if unknown else "")]
     lines += ["", "## How each figure is measured", ""]
-    for i, f in enumerate(figures, 1):
+    for i, f in zip(num, figures):
+        if f.variant and not i.isdigit():   # a nested item of the row before, so markdown keeps it apart
+            lines.append(f"   - ({i}) {f.how}")
+            lines += [f"     {d}" for d in f.details]
+            continue
         lines.append(f"{i}. {f.how}")
         lines += [f"   {d}" for d in f.details]
     if sections:
@@ -144,11 +170,11 @@ def as_json(figures: list[Figure], machine: list[tuple[str, str]], command: str,
         "machine": dict(machine),
         "notes": notes,
         "figures": [{
-            "key": f.key, "label": f.label,
+            "key": f.key, "number": number, "label": f.label,
             "value": f.value.as_dict() if f.value else None, "missing": f.missing,
             "baseline_label": f.baseline_label,
             "baseline": f.baseline.as_dict() if f.baseline else None, "baseline_missing": f.baseline_missing,
             "ratio": f.ratio, "target": f.target.text if f.target else None, "met": f.met,
             "complete": f.is_complete(),
-        } for f in figures],
+        } for number, f in zip(numbers(figures), figures)],
     }

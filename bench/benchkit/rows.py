@@ -11,8 +11,8 @@ MiB = 1 << 20
 GROUPS = {
     "client": ("new", "list"),
     "latency": ("latency",),
-    "drain": ("drain_array", "drain_loop"),
-    "shepherd": ("shepherd_pss", "shepherd_rss", "shepherd_wakeups"),
+    "drain": ("drain_array", "drain_floor", "drain_norecords", "drain_loop"),
+    "shepherd": ("shepherd_pss", "shepherd_pss_many", "shepherd_rss", "shepherd_wakeups"),
     "queue": ("queue_new", "queue_list"),
     "output": ("output",),
     "restart": ("restart",),
@@ -23,6 +23,19 @@ GROUPS = {
     "history": ("history_query", "history_loop"),
     "bulk": ("bulk_loop",),
 }
+
+
+# The second target of row (3), judged in its note (a row has one target of its own).
+DRAIN_VS_TSP = Target(">= 0.3x tsp", "ratio", ">=", 0.3)
+# The silent jobs of row (5b): enough that the shared pages' split shows what each shepherd owns.
+MANY_SHEPHERDS = 20
+# Issue 24's absolute bound on a silent shepherd's PSS, kept in row (5)'s note beside the floor's ratio.
+SHEPHERD_PSS_BOUND = 1.5 * MiB
+FLOOR = ("The design floor (issue 34): a warm Python process (the venv's python -E -s -S, as the shepherd's) "
+         "that forks a Python shepherd per job; the shepherd forks the job's child, which execs")
+FLOOR_RECORD = ("the shepherd waits for it, then writes an exit record with `fdatasync`, a rename and a directory "
+                "`fsync` (in the scratch directory, the daemons' disk) and exits. Nothing else of hpc-batch's: "
+                "no daemon, no client, no record of the run, no output files (`bench/benchkit/floorproc.py`).")
 
 
 def _size(n: int) -> str:
@@ -46,9 +59,21 @@ def table(plan: Plan) -> list[Figure]:
         Figure("drain_array", f"drain, {n} `true` jobs, 2 slots, one `--array` submit",
                f"Jobs per second from just before `dispatch new --array 1-{n} --no-output -- true` to the daemon "
                "having nothing running or queued (its status, polled over the socket every 10 ms); the daemon is "
-               f"pinned to 2 CPUs, so 2 jobs run at once. Baseline: Debian's task-spooler on its own socket with "
-               f"`tsp -S 2`, {n} `tsp -n true` calls, until the last is done. Ratio: our rate / its rate.",
-               Target(">= 0.5x", "ratio", ">=", 0.5), "`tsp -S 2`"),
+               "pinned to 2 CPUs, so 2 jobs run at once. Ratio: our rate / the floor's. "
+               "Baseline: the design floor row below, its drains alternating with these. The issue's second "
+               "target, against Debian's task-spooler on its own socket with `tsp -S 2` "
+               f"({n} `tsp -n true` calls, until the last is done), is judged in this note.",
+               Target(">= 0.5x the floor row", "ratio", ">=", 0.5), "the design floor"),
+        Figure("drain_floor", f"the design floor: drain, {n} `true` jobs, 2 at a time",
+               f"{FLOOR} `true`; {FLOOR_RECORD} {n} jobs, 2 at a time; jobs per second from its first fork to "
+               "the last shepherd reaped, timed inside that process (it is warm: its start-up is not counted). "
+               "Baseline: `tsp -S 2` as in row (3). Its drains alternate with rows (3), (3b) and (4).",
+               None, "`tsp -S 2`", variant="a"),
+        Figure("drain_norecords", f"drain, {n} `true` jobs, 2 slots, `--records none`",
+               "Row (3) on a twin daemon with `--records none` (pinned to the same 2 CPUs), its drains "
+               "alternating with row (3)'s: what the reproducibility record costs the drain is the gap between "
+               "the two. Baseline: the design floor row (3a).",
+               Target(">= 0.8x the floor row", "ratio", ">=", 0.8), "the design floor", variant="b"),
         Figure("drain_loop", f"drain, {n} `true` jobs, a loop of single `dispatch new` calls",
                f"Jobs per second from the first of {n} `dispatch new --no-output -- true` calls, one after the "
                "other, to the daemon being idle (same daemon, 2 CPUs). Baseline: 1 / the wall time of one such "
@@ -57,11 +82,18 @@ def table(plan: Plan) -> list[Figure]:
                Target(">= 0.9x", "ratio", ">=", 0.9), "1 / submit latency"),
         Figure("shepherd_pss", "shepherd PSS while its job is silent",
                "`Pss:` of `/proc/PID/smaps_rollup` of each shepherd while its job (`sleep 3600`, no output) runs "
-               "and one job per offered CPU runs, once they have settled; the baseline is as many bare sleeping "
-               "`python -E -s -S` (the shepherd's interpreter and flags) measured the same way after the jobs "
-               "are gone. PSS splits each shared page among all its users, so other Python processes on the "
-               "machine lower it a little.",
-               Target("<= 1.5 MiB", "median", "<=", 1.5 * MiB), "a sleeping `python -E -s -S`"),
+               "and one job per offered CPU runs, once they have settled. Baseline: as many of the design floor's "
+               "forked shepherds (row (3a)'s model, each job `sleep 3600`), measured the same way after the jobs "
+               "are gone; as many bare sleeping `python -E -s -S` (the shepherd's interpreter and flags) are in "
+               f"this note, as is issue 24's target of {_size(int(SHEPHERD_PSS_BOUND))}. PSS splits each shared "
+               "page among all its users, so other Python processes on the machine lower it a little.",
+               Target("<= 1.3x the floor's shepherd", "ratio", "<=", 1.3), "the design floor's shepherd"),
+        Figure("shepherd_pss_many", f"shepherd PSS with {MANY_SHEPHERDS} silent jobs",
+               f"Row (5) with {MANY_SHEPHERDS} silent jobs at once, on a daemon of its own offering "
+               f"{MANY_SHEPHERDS} CPUs or more (under `--no-cgroups` each job takes a whole CPU, so a machine "
+               f"with fewer cannot run them: the row is then n/a). Baseline: {MANY_SHEPHERDS} of the design "
+               "floor's forked shepherds, measured the same way; that baseline is measured on any machine.",
+               Target("<= 1.0 MiB", "median", "<=", 1.0 * MiB), "the design floor's shepherds", variant="b"),
         Figure("shepherd_rss", "shepherd RSS while its job is silent",
                "`Rss:` from the same reads as the PSS row; it counts every shared page in full.",
                None, "a sleeping `python -E -s -S`"),

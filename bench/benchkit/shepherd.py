@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 
-from . import procs
+from . import floor, procs
 from .context import Context
 from .report import Figure
+from .rows import MANY_SHEPHERDS, SHEPHERD_PSS_BOUND
 from .scratchd import PYTHON, DaemonError, ScratchDaemon
 from .stats import summarize
 
@@ -57,22 +59,54 @@ def _shepherds(d: ScratchDaemon, jobs: list[int], timeout: float = 20.0) -> list
         time.sleep(0.02)
 
 
-def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
-    """Rows shepherd_*: one silent job per offered CPU, then as many sleeping pythons, per round."""
-    k = d.offered_cpus()
-    pss, rss, woke, bpss, brss, bwoke = [], [], [], [], [], []
-    for _ in range(ctx.plan.shepherd_rounds):
+def _jobs_footprint(d: ScratchDaemon, k: int, window: float) -> tuple[list[int], list[int], list[int]]:
+    """PSS, RSS and wakeups of the shepherds of *k* silent jobs on *d*, killed afterwards."""
+    d.wait_idle()
+    jobs = [d.submit("--no-output", "--", "sleep", "3600") for _ in range(k)]
+    try:
+        return _footprint(_shepherds(d, jobs), window)
+    finally:
+        for j in jobs:
+            d.dispatch("kill", str(j), check=False)
         d.wait_idle()
-        jobs = [d.submit("--no-output", "--", "sleep", "3600") for _ in range(k)]
-        try:
-            p, r, w = _footprint(_shepherds(d, jobs), ctx.plan.window)
-        finally:
-            for j in jobs:
-                d.dispatch("kill", str(j), check=False)
-            d.wait_idle()
+
+
+def _floor_pss(ctx: Context, k: int) -> list[int]:
+    """PSS of each of *k* of the design floor's forked shepherds, their jobs silent."""
+    with floor.silent(os.path.join(ctx.scratch, "floor-silent"), k) as pids:
+        return _footprint(pids, 0.0)[0]
+
+
+def _many(ctx: Context, figs: dict[str, Figure]) -> None:
+    """Row shepherd_pss_many: its floor always; its shepherds only where a daemon can run that many jobs."""
+    fig, n = figs["shepherd_pss_many"], MANY_SHEPHERDS
+    cpus = len(os.sched_getaffinity(0))
+    d = ctx.daemon("many") if cpus >= n else None
+    pss, base = [], []
+    for _ in range(ctx.plan.shepherd_rounds):
+        if d is not None:
+            pss += _jobs_footprint(d, n, 0.0)[0]
+        base += _floor_pss(ctx, n)
+    fig.baseline = summarize(base, "MiB")
+    if d is None:
+        fig.missing = (f"needs {n} CPUs to run {n} jobs at once under --no-cgroups; this machine lets the "
+                       f"benchmark use {cpus}")
+    else:
+        fig.value = summarize(pss, "MiB")
+        d.stop()
+
+
+def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
+    """Rows shepherd_*: per round, one silent job per offered CPU, as many of the design floor's shepherds,
+    then as many sleeping pythons; then row (5b)."""
+    k = d.offered_cpus()
+    pss, rss, woke, bpss, brss, bwoke, fpss = [], [], [], [], [], [], []
+    for _ in range(ctx.plan.shepherd_rounds):
+        p, r, w = _jobs_footprint(d, k, ctx.plan.window)
         pss += p
         rss += r
         woke += w
+        fpss += _floor_pss(ctx, k)
         sleepers = [subprocess.Popen([PYTHON, "-E", "-s", "-S", "-c", "import time; time.sleep(3600)"],
                                      stdin=subprocess.DEVNULL) for _ in range(k)]
         try:
@@ -86,7 +120,14 @@ def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
         bwoke += w
     label = f"{k} shepherd{'s' if k > 1 else ''} running"
     figs["shepherd_pss"].label += f" ({label})"
-    figs["shepherd_pss"].value, figs["shepherd_pss"].baseline = summarize(pss, "MiB"), summarize(bpss, "MiB")
+    pss_fig = figs["shepherd_pss"]
+    pss_fig.value, pss_fig.baseline = summarize(pss, "MiB"), summarize(fpss, "MiB")
+    py = summarize(bpss, "MiB")
+    within = pss_fig.value.median <= SHEPHERD_PSS_BOUND
+    pss_fig.details.append(f"As many sleeping `python -E -s -S`: {py.text()}; the shepherds are "
+                           f"{pss_fig.value.median / py.median:.2f}x that. Against issue 24's target of "
+                           f"{py.show(SHEPHERD_PSS_BOUND)}: {'met' if within else 'not met'}.")
     figs["shepherd_rss"].value, figs["shepherd_rss"].baseline = summarize(rss, "MiB"), summarize(brss, "MiB")
     figs["shepherd_wakeups"].value = summarize(woke, "count")
     figs["shepherd_wakeups"].baseline = summarize(bwoke, "count")
+    _many(ctx, figs)
