@@ -11,8 +11,14 @@ shepherds and asking them to stop jobs is ``launcher``; cgroups are
 ``cgroups``. What the engine composes, each room holding no reference to
 it: ``admission`` (a submit's checks and jobs), ``queries`` (the read
 models), ``launchspec`` (a job's environment and launch spec), ``outcome``
-(how a job ended, from its shepherd's records) and ``benchcores`` (benchmark
-mode's watch and quiet cores); every verb refuses with ``refusal.Refused``.
+(how a job ended, from its shepherd's records), ``benchcores`` (benchmark
+mode's watch and quiet cores), ``bulks`` (bulk submits stored a slice per
+turn), ``finished`` (the history archive and undelivered output) and
+``recovery`` (start-up, given the engine's own ending methods as
+callbacks); every verb refuses with ``refusal.Refused``. What a turn of
+the loop changed is kept in its ``Turn`` (turn.py), which is all the
+server asks of it; launcher, cgroups and passwd are given to the engine
+(typed by engineparts.py).
 
 Nothing a user sends can make the engine act on a path they control, wait
 on a process they can stop, or signal a process by number: output paths are
@@ -21,19 +27,19 @@ job is a line on its shepherd's control FIFO. An error while acting on one
 job ends that job (as ``error``, with the reason), never the daemon.
 """
 
-import gc
 import logging
 import os
 import pwd
 import shutil
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from shepherd.base import records
 
 from .. import bounds, defaults
-from ..core import dependencies, resources, scheduler, views
+from ..core import dependencies, scheduler, views
 from ..core.durations import format_duration
 from ..core.jobs import (
     CANCELLED,
@@ -41,7 +47,6 @@ from ..core.jobs import (
     ERROR,
     FINISHED,
     KILLED,
-    LOST,
     OOM,
     QUEUED,
     RUNNING,
@@ -65,13 +70,15 @@ from . import (
     outcome,
     probe,
     queries,
+    recovery,
 )
+from . import engineparts as parts
 from .access import Caller
 from .benchcores import BenchCores
+from .finished import Finished
 from .refusal import Refused
 from .store import is_disk_full
-from .undelivered import Bounds as UndeliveredBounds
-from .undelivered import Undelivered
+from .turn import Turn
 
 log = logging.getLogger("hpc-batchd")
 
@@ -79,13 +86,19 @@ log = logging.getLogger("hpc-batchd")
 class Engine:
     """Queue, running set and finished history, backed by a Store."""
 
-    def __init__(self, cfg, store, machine, limits, dev: devdir.DevDir, hooks, history=None):
+    def __init__(self, cfg, store: parts.Store, machine, limits, dev: devdir.DevDir, hooks: parts.Hooks,
+                 history=None, *, launcher: parts.Launcher = launcher, cgroups: parts.Cgroups = cgroups,
+                 passwd: parts.Passwd = pwd):
         self.cfg = cfg
         self.store = store
         self.machine = machine
         self.limits = limits
         self.dev = dev
-        self.hooks = hooks                  # server callbacks: watch/unwatch pidfds, job events
+        self.hooks = hooks                  # the loop's hooks (hooks.py): watch/unwatch pidfds, job events
+        # The parts that act on the machine, given (engineparts.py): the unit tests give stand-ins.
+        self.launcher = launcher
+        self.cgroups = cgroups
+        self.passwd = passwd
         # The jobs, their states and every index derived from them (queue, running handles, waiting,
         # per-user counts, names, dependencies): changed only through the table (core/jobtable.py).
         self.table = JobTable()
@@ -95,60 +108,37 @@ class Engine:
         # settled a bounded number per turn, so releasing 10,000 dependents never stalls the loop.
         self.to_settle: deque[int] = deque()
         self.ended_deps: deque[int] = deque()
-        # Group commit: what this turn of the loop changed is made durable at its end, in one
-        # fsync (Store.commit), before replies go out and before started jobs are spawned.
-        self.batch_new: set[int] = set()    # jobs submitted this turn (refused if the commit fails)
-        self.to_spawn: list = []            # (job, cgroup) started this turn, spawned after the commit
-        # Jobs submitted this turn whose info.json is written just before the commit: one that
-        # starts in the same turn gets its one as it is spawned, not two.
-        self.info_due: list[int] = []
-        # Bulk submits stored a slice per turn (bulks.py), oldest first, and their jobs per user.
-        self.storing: deque[bulks.Bulk] = deque()
-        self.storing_by_uid: dict[int, int] = {}
-        self.bulk_replies: list[tuple[Any, dict[str, Any] | Refused]] = []   # (token, reply fields)
+        # What this turn of the loop changed and still owes (turn.py): the server asks it when to
+        # turn again, and whether a reply waits for the turn's commit.
+        self.turn = Turn(store, bulks.Queue(store, cfg.admin_gid))
         # Benchmark mode: the watch over the machine while strict jobs wait, and the quiet cores.
         self.bench = BenchCores(cfg, machine, limits, store.root)
-        # Every finished job goes on to the history archive; its directory is evicted only once
-        # its row is durable there (unarchived: finished, not yet; evict_archived: evicted, waiting).
-        self.archive = history if history is not None else archive.Archive(
-            store.root, cfg.history_per_user, cfg.history_days)
-        self.unarchived: set[int] = set()
-        self.evict_archived: dict[int, int] = {}
-        self.undelivered = Undelivered(store.root, UndeliveredBounds(
-            cfg.undelivered_max, cfg.undelivered_per_user, cfg.undelivered_max_age))
+        # Where a finished job goes (finished.py): the history archive, its undelivered output.
+        self.finished = Finished(cfg, store, machine, self.jobs, self.turn, history)
         self.next_id = 1
         self.policy_state: dict[str, Any] = {}
-        self.meta_dirty = False
         self.saved_floor = 1                # the next_id daemon.json holds: ids below it are never reused
-        self.unsaved: set[int] = set()      # job records whose last write failed (full disk)
         self.pending: scheduler.Decision | None = None  # a Decision to carry out after a reply
-        self.resched = False                # something freed resources: schedule on the next tick
-        self.retry_at: float | None = None  # when to retry starts that failed to write
         self.root_mode = os.geteuid() == 0
+        # Start-up and the second look at a shepherd that was starting (recovery.py), given what they act on.
+        self.recovery = recovery.Parts(cfg, store, self.table, launcher, cgroups, hooks, self.bench,
+                                       recovery.Ends(self._collect, self._not_now, self._send_deadline))
         # The GPU query of a job's record runs the nvidia-smi the daemon found (its PATH, not a user's).
         self.nvidia_smi = shutil.which("nvidia-smi") if machine.gpus else None
 
     # -- start-up -------------------------------------------------------------
     def recover(self) -> list:
         """Load the state dir, re-adopt running jobs, collect ones that ended meanwhile."""
-        meta = self.store.load_meta()
-        jobs = self.store.load_jobs()
-        self.policy_state = meta.get("policy_state", {}) or {}
-        self.saved_floor = int(meta.get("next_id", 1))
-        top = max([j.id for j in jobs] + [self.store.highest_quarantined_id()])
-        self.next_id = max(self.saved_floor, top + 1)
-        notes = list(self.store.notes)
-        for job in jobs:
-            self.table.add(job)
-            if job.state in (QUEUED, WAITING):
-                self.dev.add(job.id, job.uid, self.store.job_dir(job.id))
+        loaded = recovery.load(self.store, self.table, self.dev)
+        jobs, notes = loaded.jobs, loaded.notes
+        self.policy_state, self.saved_floor, self.next_id = loaded.policy_state, loaded.saved_floor, loaded.next_id
         for job in jobs:   # first every benchmark job with changes to undo, so an end hands them over
             if job.state == RUNNING:
                 self.bench.readopt_held(job, self.store.job_dir(job.id))
         for job in jobs:
             if job.state == RUNNING:
                 try:
-                    notes.append(self._readopt(job))
+                    notes.append(recovery.readopt(self.recovery, job))
                 except Exception as exc:  # one record the daemon cannot act on must not stop it
                     log.exception("job %d: cannot re-adopt it", job.id)
                     self.table.detach(job.id)
@@ -157,79 +147,18 @@ class Engine:
         # bounded number per turn (start-up never works through them all before serving).
         table = self.table
         self.to_settle.extend(sorted(table.waiting))
-        self.archive.start(self.next_id)
+        self.finished.archive.start(self.next_id)
         for job in jobs:   # what a crash kept from the archive; the writer skips those it has
             if job.state == FINISHED and job.id in self.jobs:
-                self._archive(job, if_absent=True)
+                self.finished.put(job, if_absent=True)
                 if job.output_error:   # a kept buffer counts against its owner's share, as before
-                    self._hold_output(job, job.ended or time.time())
+                    self.finished.hold_output(job, job.ended or time.time())
         self.dev.prune(set(table.queued) | set(table.running) | table.waiting)
         if self.cfg.cgroups:
-            gone = cgroups.prune(self.cfg.cgroup_root, set(table.running))
+            gone = self.cgroups.prune(self.cfg.cgroup_root, set(table.running))
             if gone:
                 notes.append(f"pruned leftover cgroups: {', '.join(gone)}")
         return [n for n in notes if n]
-
-    def _readopt(self, job: Job) -> str:
-        jdir = self.store.job_dir(job.id)
-        assert job.alloc is not None  # Job.check: a running job has its allocation
-        alloc = resources.Allocation.from_dict(job.alloc)
-        found = launcher.adopt(jdir)
-        cg = cgroups.job_path(self.cfg.cgroup_root, job.id) if self.cfg.cgroups else None
-        if found:
-            pid, fd = found
-            self.table.attach(job, Running(alloc, cgroup=cg, pid=pid, pidfd=fd))
-            self.hooks.watch_pidfd(fd, job.id)
-            self.bench.readopt(job)
-            # A change of max time the last daemon could not pass on before it died.
-            self._send_deadline(job, time.time())
-            return f"job {job.id}: re-adopted shepherd pid {pid}"
-        running = Running(alloc, cgroup=cg)
-        self.table.attach(job, running)
-        if os.path.exists(os.path.join(jdir, records.EXIT)):
-            self._collect(job.id)
-            return f"job {job.id}: ended while the daemon was down; collected its exit record"
-        if records.read_pidfile(jdir) is None and os.path.exists(os.path.join(jdir, records.LAUNCH)):
-            # Its launch spec is unread: either the shepherd never started, or it
-            # is starting right now. Look again shortly before deciding, so a
-            # second shepherd is never started beside a first.
-            running.recheck_at = time.time() + defaults.SHEPHERD_START_GRACE
-            return f"job {job.id}: its shepherd has not started yet; checking again shortly"
-        return self._lost(job, launcher.vanished(jdir))
-
-    def _recheck(self, job_id: int) -> None:
-        """Second look at a running job whose shepherd had not started at recovery."""
-        job = self.jobs[job_id]
-        jdir = self.store.job_dir(job_id)
-        running = self.table.running[job_id]
-        running.recheck_at = None
-        found = launcher.adopt(jdir)
-        if found:
-            running.pid, running.pidfd = found
-            self.hooks.watch_pidfd(found[1], job_id)
-        elif os.path.exists(os.path.join(jdir, records.EXIT)):
-            self._collect(job_id)
-        elif launcher.shepherd_alive(jdir):   # its lock taken, its pidfile not written yet: look again
-            running.recheck_at = time.time() + defaults.START_RETRY
-        elif records.read_pidfile(jdir) is None and os.path.exists(launch := os.path.join(jdir, records.LAUNCH)):
-            if records.read_record(launch, records.LaunchSpec) is None:
-                # Fsynced before the start's commit (launcher.write_launch), so only a damaged disk (or a spec
-                # written by an older daemon, cut by a power cut) leaves it unreadable: a shepherd
-                # started now could only fail on it, and its stored environment is gone.
-                self._lost(job, f"its launch spec {launch} did not survive a crash of the machine before "
-                                f"its shepherd read it; it is not known to have started")
-                return
-            # The command cannot have run (the pidfile is durable before it may): it starts afresh
-            # from the queue, as after a fork that failed, since after a reboot the spec's cgroup and
-            # quieted cores are gone.
-            self._not_now(job, running.cgroup, "its shepherd had not started when the last daemon stopped",
-                          time.time())
-        else:
-            self._lost(job, launcher.vanished(jdir))
-
-    def _lost(self, job: Job, why: str) -> str:
-        self._collect(job.id, shepherd_gone=why, kind=LOST)
-        return f"job {job.id}: {why}"
 
     # -- queries (queries.py) ---------------------------------------------------
     def reads(self) -> queries.Reads:
@@ -265,13 +194,13 @@ class Engine:
     def submit(self, caller, req: NewJob, now: float) -> dict | bulks.Storing:
         """Queue a job (and start it if it fits); returns the reply fields, or for a bulk of more
         than bulks.SLICE jobs what the server holds the connection on while it is stored."""
-        held = self.table.held_by_uid.get(caller.uid, 0) + self.storing_by_uid.get(caller.uid, 0)
+        held = self.table.held_by_uid.get(caller.uid, 0) + self.turn.bulks.held(caller.uid)
         adm = admission.admit(self.cfg, self.machine, self.limits, uid=caller.uid, daemon_uid=os.geteuid(),
                               root_mode=self.root_mode, held=held,
                               short_of_room=self.store.short_of_room(self.cfg.state_reserve), req=req)
         elements, budget, bulk, shared_argv = adm.elements, adm.budget, adm.bulk, adm.shared_argv
         try:
-            pw = pwd.getpwuid(caller.uid)
+            pw = self.passwd.getpwuid(caller.uid)
         except KeyError:
             raise Refused(f"uid {caller.uid} has no passwd entry; jobs run as a named user") from None
         after = admission.dependencies(req, lambda ref: self.lookup(caller, ref))
@@ -286,8 +215,7 @@ class Engine:
                                                          after=sorted(set(after)), after_ok=req.after_ok,
                                                          count=len(elements), limit=req.array_limit))
             self.next_id = first + len(elements)
-            self.storing.append(b)
-            self.storing_by_uid[caller.uid] = self.storing_by_uid.get(caller.uid, 0) + b.count
+            self.turn.bulks.add(b)
             log.info("jobs %d-%d from %s: storing %d jobs, a slice per turn", first, b.last, pw.pw_name, b.count)
             return bulks.Storing(b)
         made = [make(k) for k in range(len(elements))]
@@ -324,83 +252,25 @@ class Engine:
             devdir.create_output(jdir, job.uid, self.cfg.admin_gid)
         except OSError:
             pass
-        self.info_due.append(job.id)
+        self.turn.info_due.append(job.id)
         self.dev.add(job.id, job.uid, jdir)
         if job.state == WAITING and look:
             self.to_settle.append(job.id)
 
     # -- bulk submits stored a slice per turn (bulks.py) -------------------------
     def store_bulks(self, now: float) -> None:
-        """Give the oldest bulk under way this turn's slice: stored, or (once durable) entered."""
-        if not self.storing:
-            return
-        try:
-            self._bulk_slice(self.storing[0])
-        finally:
-            # The slice's jobs live on: out of the collector's generations (an O(1) move), so that the
-            # full collections a growing heap triggers do not walk 100,000 jobs, about 1 ms each
-            # 300 jobs, while the loop waits (bulks.py). The young ones are collected first.
-            gc.collect(1)
-            gc.freeze()
+        """Give the oldest bulk under way this turn's slice (bulks.Queue.slice)."""
+        if self.turn.bulks.slice(self._enter_submitted, lambda dep: dep not in self.jobs
+                                 or self.jobs[dep].state == FINISHED):
+            self.turn.resched = True
 
-    def _bulk_slice(self, b: bulks.Bulk) -> None:
-        until = time.monotonic() + bulks.SLICE_SECONDS
-        if not b.durable:
-            if b.staged_last:
-                return          # its last slice waits for this turn's commit
-            try:
-                if b.shared is None:
-                    b.shared = self.store.begin_bulk(b.first, b.env, b.shared_argv)
-                while len(b.made) < b.count:
-                    job = b.make(len(b.made))
-                    self.store.add_slice(b.shared, [job], self.cfg.admin_gid)
-                    b.made.append(job)
-                    if time.monotonic() >= until:
-                        break
-                if len(b.made) == b.count:
-                    self.store.end_bulk(b.shared)
-                    b.staged_last = True
-            except OSError as exc:
-                self._abort_bulk(b, exc)
-            return
-        look = any(dep not in self.jobs or self.jobs[dep].state == FINISHED for dep in b.reply["after"])
-        while b.added < b.count:
-            job = b.made[b.added]
-            self._enter(job, look)
-            self.hooks.job_event(job.id, "submitted")
-            b.added += 1
-            self.storing_by_uid[b.uid] -= 1
-            if time.monotonic() >= until:
-                return
-        self.storing.popleft()
-        if not self.storing_by_uid.get(b.uid):
-            self.storing_by_uid.pop(b.uid, None)
-        first = b.made[0]
-        log.info("jobs %d-%d %s for %s (%d in one submit): %s", b.first, b.last, first.state, first.user,
-                 b.count, first.shown[0])
-        self.bulk_replies.append((b.token, {"state": first.state, "output": first.output, **b.reply}))
-        self.resched = True
-
-    def _abort_bulk(self, b: bulks.Bulk, exc: OSError) -> None:
-        """A bulk that cannot be stored goes, all of it, and its submitter is told."""
-        log.error("jobs %d-%d refused: cannot store them: %s", b.first, b.last, exc)
-        if b.shared is not None:
-            self.store.abort_bulk(b.shared, (job.id for job in b.made))
-        self.storing.remove(b)
-        left = self.storing_by_uid.get(b.uid, 0) - b.count
-        if left > 0:
-            self.storing_by_uid[b.uid] = left
-        else:
-            self.storing_by_uid.pop(b.uid, None)
-        why = "the state directory's disk is full" if is_disk_full(exc) else exc.strerror
-        self.bulk_replies.append((b.token, Refused(
-            f"cannot store the jobs ({why}); nothing was queued, try again later", "busy")))
+    def _enter_submitted(self, job: Job, look: bool) -> None:
+        self._enter(job, look)
+        self.hooks.job_event(job.id, "submitted")
 
     def take_bulk_replies(self) -> list[tuple[Any, dict[str, Any] | Refused]]:
-        """Answers to bulk submits (reply fields, or why it was refused), each with the token
-        (the connection) it was given to; once."""
-        out, self.bulk_replies = self.bulk_replies, []
-        return out
+        """Answers to bulk submits (bulks.Queue.take_replies); once."""
+        return self.turn.bulks.take_replies()
 
     def _persist_new(self, made: list, env: dict, shared_argv: list | None) -> None:
         """Write new jobs' records and stage them for this turn's commit; refuse (nothing kept) on failure.
@@ -415,7 +285,7 @@ class Engine:
             log.error("job %d refused: cannot persist it: %s", made[0].id, exc)
             raise Refused(f"cannot store the job ({why}); nothing was queued, try again later",
                           "busy") from None
-        self.batch_new.update(job.id for job in made)
+        self.turn.submitted.update(job.id for job in made)
 
     def run_pending(self, now: float) -> None:
         """Carry out a decision made while answering a request."""
@@ -502,19 +372,19 @@ class Engine:
         try:
             floor = self.next_id
             self.store.save_meta({"next_id": floor, "policy_state": self.policy_state})
-            self.meta_dirty = False
+            self.turn.meta_dirty = False
             self.saved_floor = floor
             return True
         except OSError as exc:
             log.error("cannot write daemon.json (%s); will retry", exc)
-            self.meta_dirty = True
+            self.turn.meta_dirty = True
             return False
 
     def _job_env(self, job: Job) -> dict:
         """The job's environment (launchspec.environment), from its stored one and its user's passwd entry."""
         stored = self.store.load_env(job)   # {} (a clean environment) when it cannot be read
         try:
-            pw = pwd.getpwuid(job.uid)
+            pw = self.passwd.getpwuid(job.uid)
             home, shell = pw.pw_dir, pw.pw_shell or "/bin/sh"
         except KeyError:
             home, shell = "/", "/bin/sh"
@@ -538,10 +408,10 @@ class Engine:
             if self.cfg.cgroups:
                 minors = (tuple(self.machine.gpu_minors[g] for g in alloc.gpus)
                           if self.cfg.mask_gpus else None)
-                cg = cgroups.create_job(self.cfg.cgroup_root, job.id, alloc.cpus, alloc.mems, alloc.mem,
+                cg = self.cgroups.create_job(self.cfg.cgroup_root, job.id, alloc.cpus, alloc.mems, alloc.mem,
                                         self.cfg.max_pids, minors)
                 running.cgroup = cg
-            launcher.write_launch(jdir, self._launch_spec(job, alloc, cg))
+            self.launcher.write_launch(jdir, self._launch_spec(job, alloc, cg))
         except OSError as exc:
             self._requeue(job, cg, exc, now)
             return
@@ -554,19 +424,35 @@ class Engine:
         except OSError as exc:
             self._requeue(job, cg, exc, now)
             return
-        self.to_spawn.append((job, cg))
+        self.turn.to_spawn.append((job, cg))
 
-    def flush(self, now: float) -> set[int]:
-        """End a turn of the loop: :meth:`commit_turn`, then :meth:`spawn_turn`."""
+    def end_turn(self, now: float, meanwhile: Callable[[set[int]], None] | None = None, *,
+                 schedule: bool = False, bulks: bool = False, held: Callable[[], bool] | None = None) -> set[int]:
+        """End a turn: commit what it changed (one fsync for all), then spawn what it started.
+
+        The loop's turns first give the oldest bulk under way its slice (*bulks*) and hand out
+        what the turn's ends freed (*schedule*), so those starts ride the same commit.
+        *meanwhile* (the server's held replies, given the ids of the submits the commit refused)
+        is called while the first shepherd forks (:meth:`spawn_turn`); replies the spawns gave
+        rise to (*held* says there are some) go after one more commit. Returns the refused ids.
+        """
+        if bulks:
+            self.store_bulks(now)
+        if schedule:
+            self.reschedule(now)
         refused = self.commit_turn(now)
-        self.spawn_turn(now)
+        # The fork is asked for first, so it is under way while the replies wake their clients;
+        # a submit is still answered before its shepherd's answer is read.
+        self.spawn_turn(now, None if meanwhile is None else lambda: meanwhile(refused))
+        if meanwhile is not None and held is not None and held():   # spawn_turn committed their cause
+            meanwhile(self.commit_turn(now))
         return refused
 
     def reschedule(self, now: float) -> None:
         """Hand out what this turn's ends freed now, so their starts ride the turn's one commit
         (one fdatasync for an end and the start it makes room for, not one each)."""
-        if self.resched:
-            self.resched = False
+        if self.turn.resched:
+            self.turn.resched = False
             self.schedule(now)
 
     def commit_turn(self, now: float) -> set[int]:
@@ -576,7 +462,7 @@ class Engine:
         make durable: they are gone again, and their submitters must be told.
         """
         refused: set[int] = set()
-        due, self.info_due = self.info_due, []
+        due, self.turn.info_due = self.turn.info_due, []
         for job in map(self.jobs.get, due):
             if job is not None and job.state in (QUEUED, WAITING):
                 try:
@@ -587,12 +473,10 @@ class Engine:
             self.store.commit(now)
         except OSError as exc:
             refused = self._commit_failed(exc, now)
-            for b in [b for b in self.storing if not b.durable]:
-                self._abort_bulk(b, exc)
+            self.turn.bulks.committed(exc)
         else:
-            for b in self.storing:
-                b.durable = b.durable or b.staged_last
-        self.batch_new.clear()
+            self.turn.bulks.committed(None)
+        self.turn.submitted.clear()
         return refused
 
     def spawn_turn(self, now: float, meanwhile=None) -> None:
@@ -610,8 +494,8 @@ class Engine:
             if fn is not None:
                 fn()
 
-        while self.to_spawn:
-            spawns, self.to_spawn = self.to_spawn, []
+        while self.turn.to_spawn:
+            spawns, self.turn.to_spawn = self.turn.to_spawn, []
             for job, cg in spawns:
                 try:
                     self._spawn(job, cg, now, once)
@@ -630,7 +514,7 @@ class Engine:
         Anything else staged (ends, evictions) stays staged for the next commit.
         """
         log.error("cannot write the journal (%s); this turn's submits are refused and its starts wait", exc)
-        refused = set(self.batch_new)
+        refused = set(self.turn.submitted)
         # In whatever state this turn left them (one may have ended already: a dependency ended).
         withdrawn = [job for job in map(self.jobs.get, refused) if job is not None]
         self.table.forget(withdrawn)
@@ -639,7 +523,7 @@ class Engine:
             self.dev.remove(job.id)
             self.store.remove_job(job.id)
         self.store.forget(refused)
-        for job, cg in self.to_spawn:
+        for job, cg in self.turn.to_spawn:
             if job.id in refused:
                 self._drop_cgroup(cg)
                 continue
@@ -649,9 +533,9 @@ class Engine:
                 os.unlink(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
                 self.store.save_job(job)   # queued again: the store keeps its environment
             except OSError:
-                self.unsaved.add(job.id)
-        self.to_spawn = []
-        self.retry_at = now + 2.0
+                self.turn.unsaved.add(job.id)
+        self.turn.to_spawn = []
+        self.turn.retry_at = now + 2.0
         return refused
 
     def _spawn(self, job: Job, cg, now: float, before=None) -> None:
@@ -668,7 +552,7 @@ class Engine:
                 pass
 
         try:
-            pid, start = launcher.spawn(job.id, job.user, jdir, info)
+            pid, start = self.launcher.spawn(job.id, job.user, jdir, info)
         except OSError as exc:
             if before is not None:
                 before()   # the replies go before any end this makes: their causes are committed
@@ -694,7 +578,7 @@ class Engine:
             # is in quiet.json; this is what `show` reports, and the job's next durable save keeps it.
             self.store.save_job(job, durable=False)
         except OSError:
-            self.unsaved.add(job.id)
+            self.turn.unsaved.add(job.id)
 
     def _unquiet(self, job: Job) -> None:
         """Undo what :meth:`_quiet` changed (BenchCores.unquiet); the record keeps what was undone."""
@@ -706,7 +590,7 @@ class Engine:
         """What the shepherd needs (launchspec.build), with what only the daemon can read."""
         return launchspec.build(
             job, alloc, self._job_env(job), cgroup=cg,
-            shepherd_cgroup=cgroups.shepherds_path(self.cfg.cgroup_root) if self.cfg.cgroups else None,
+            shepherd_cgroup=self.cgroups.shepherds_path(self.cfg.cgroup_root) if self.cfg.cgroups else None,
             use_cgroups=self.cfg.cgroups, admin_gid=self.cfg.admin_gid, max_output_buffer=self.cfg.max_output_buffer,
             record=self._record_spec(job, alloc) if self.cfg.records == "all" else None)
 
@@ -727,7 +611,7 @@ class Engine:
             return
         log.error("job %d: cannot start it yet (%s); it stays queued and is retried", job.id, exc)
         self._move(job, QUEUED, now)
-        self.retry_at = now + 2.0
+        self.turn.retry_at = now + 2.0
 
     def _not_now(self, job: Job, cg, why: str, now: float) -> None:
         """A started job whose command never ran (out of pids): back to the queue, retried soon.
@@ -735,7 +619,7 @@ class Engine:
         The environment it was to get (its launch spec's) goes back to the
         store, which had let go of it once the start was durable; the launch
         spec stays until the next start replaces it, so a crash before this
-        turn's commit leaves a running job the next daemon queues again (``_recheck``).
+        turn's commit leaves a running job the next daemon queues again (``recovery.recheck``).
         """
         spec = records.read_record(os.path.join(self.store.job_dir(job.id), records.LAUNCH), records.LaunchSpec)
         env = spec.env if spec is not None else None
@@ -752,21 +636,21 @@ class Engine:
             self.store.unstart(job, env)
             self.store.save_job(job)
         except OSError:
-            self.unsaved.add(job.id)
+            self.turn.unsaved.add(job.id)
         try:
             devdir.write_info(self.store.job_dir(job.id), self._info(job), job.uid, self.cfg.admin_gid)
         except OSError:
             pass
-        self.retry_at = now + defaults.START_RETRY
+        self.turn.retry_at = now + defaults.START_RETRY
 
     def _drop_cgroup(self, cg) -> None:
         """Kill and remove a job's cgroup without waiting; a busy one is retried from the tick."""
-        if cg and not cgroups.discard(cg):
+        if cg and not self.cgroups.discard(cg):
             self.stale_cgroups.add(cg)
 
     def _watch(self, job_id: int, pid: int, start: int | None = None) -> None:
         # A forked shepherd is not our child: its start time guards the pid against reuse.
-        fd = launcher.open_pidfd(pid, start)
+        fd = self.launcher.open_pidfd(pid, start)
         running = self.table.running[job_id]
         running.pid, running.pidfd = pid, fd
         if fd is None:  # already gone and reaped: collect at once
@@ -793,7 +677,7 @@ class Engine:
             os.close(handle.pidfd)
             handle.pidfd = None
         if handle.pid:
-            launcher.reap(handle.pid)
+            self.launcher.reap(handle.pid)
         jdir = self.store.job_dir(job_id)
         rec = records.read_record(os.path.join(jdir, records.EXIT), records.ExitRecord)
         cg = handle.cgroup
@@ -802,7 +686,7 @@ class Engine:
         if rec is None and shepherd_gone is None:
             # Another shepherd holds the job's lock (a fork that answered late, after this one was
             # started in its stead, which then found the job taken): that one is the job's.
-            found = launcher.adopt(jdir)
+            found = self.launcher.adopt(jdir)
             if found is not None:
                 log.warning("job %d: its shepherd is pid %d (the one started for it found it taken)",
                             job_id, found[0])
@@ -811,11 +695,11 @@ class Engine:
                 return
         if rec is None:
             # The shepherd died without an exit record: end what is left of the job.
-            oom = bool(cg and cgroups.oom_killed(cg))
+            oom = bool(cg and self.cgroups.oom_killed(cg))
             if cg:
                 self._drop_cgroup(cg)
             else:
-                launcher.kill_orphaned_job(jdir)
+                self.launcher.kill_orphaned_job(jdir)
             if job.output is not None and os.path.exists(kept):
                 job.output_error = f"its shepherd died before delivering it; the output is kept at {kept}"
             note = shepherd_gone or "its shepherd was killed before the job ended"
@@ -870,28 +754,18 @@ class Engine:
             self.store.save_job(job, durable=not has_record)
         except OSError as exc:
             log.error("job %d: cannot record its end (%s); will retry", job.id, exc)
-            self.unsaved.add(job.id)
-        jdir = self.store.job_dir(job.id)
-        for name in (records.INFO, records.LAUNCH):
-            try:
-                os.unlink(os.path.join(jdir, name))
-            except OSError:
-                pass
-        if job.output_error is None:
-            try:
-                os.unlink(os.path.join(jdir, records.OUTPUT))
-            except OSError:
-                pass
-        else:
-            self._hold_output(job, now)
+            self.turn.unsaved.add(job.id)
+        self.store.release(job.id, keep_output=job.output_error is not None)
+        if job.output_error is not None:
+            self.finished.hold_output(job, now)
         self.dev.remove(job.id)
         log.info("job %d finished: %s%s", job.id, exit_column(result),
                  f" ({result.note})" if result.note else "")
-        self._archive(job)
+        self.finished.put(job)
         self.hooks.job_event(job.id, "finished")
         self._evict(job.uid)
         if handle is not None:
-            self.resched = True  # freed resources: the next tick schedules (never re-entrantly)
+            self.turn.resched = True  # freed resources: the next tick schedules (never re-entrantly)
 
     @property
     def unsettled(self) -> bool:
@@ -932,8 +806,8 @@ class Engine:
                     self.store.save_job(job)
                 except OSError as exc:
                     log.error("job %d: cannot record that it is queued (%s); will retry", job.id, exc)
-                    self.unsaved.add(job.id)
-                self.resched = True
+                    self.turn.unsaved.add(job.id)
+                self.turn.resched = True
 
     def _fail(self, job: Job, why: str, now: float) -> None:
         """End one job as ``error`` after something went wrong acting on it."""
@@ -946,7 +820,7 @@ class Engine:
             handle.pidfd = None
         if job.state == RUNNING:
             try:  # best effort: whatever failed may fail again here
-                launcher.request_stop(self.store.job_dir(job.id), KILLED)
+                self.launcher.request_stop(self.store.job_dir(job.id), KILLED)
                 self._drop_cgroup(handle.cgroup if handle is not None else None)
             except Exception:
                 log.exception("job %d: cannot stop it after an error; its shepherd may run on", job.id)
@@ -958,16 +832,16 @@ class Engine:
 
     def retry_unsaved(self) -> None:
         """Retry records whose write failed (a full disk)."""
-        for job_id in list(self.unsaved):
+        for job_id in list(self.turn.unsaved):
             if job_id not in self.jobs:
-                self.unsaved.discard(job_id)
+                self.turn.unsaved.discard(job_id)
                 continue
             try:
                 self.store.save_job(self.jobs[job_id])
-                self.unsaved.discard(job_id)
+                self.turn.unsaved.discard(job_id)
             except OSError:
                 pass
-        if self.meta_dirty:
+        if self.turn.meta_dirty:
             self.save_meta()
 
     def _evict(self, uid: int) -> None:
@@ -981,10 +855,7 @@ class Engine:
             self.table.put_back(uid, ids)
             return
         for job in [self.jobs[i] for i in ids]:
-            if job.id in self.unarchived:
-                self.evict_archived[job.id] = uid
-                self.archive.want_durable()
-            else:
+            if not self.finished.evict_later(job.id, uid):
                 self._forget(job)
 
     def _forget(self, job: Job) -> None:
@@ -1007,38 +878,15 @@ class Engine:
         # Ended and evicted in one turn: the jobs still to look at for its end are looked at now.
         self.to_settle.extend(sorted(self.table.take_dependents(job.id)))
         if job.output_error:
-            self._keep_undelivered(job)
-            self._note_dropped()
+            self.finished.keep_undelivered(job)
         self.store.remove_job(job.id)
         self.table.forget([job])
 
-    # -- the history archive ----------------------------------------------------
-    def _archive(self, job: Job, if_absent: bool = False) -> None:
-        """Hand a finished job to the archive's writer (its record is read there, off the loop)."""
-        row = views.history_row(job)
-        try:
-            doc = views.show(job, self.machine, position=None, why=None, cgroup=None, now=job.ended or 0.0)
-        except Exception:   # a record too damaged to describe (its allocation): keep what the row says
-            log.exception("job %d: cannot describe it for the history; keeping its summary row", job.id)
-            doc = dict(row)
-        command, length = job.shown
-        if length > len(command):   # a huge command is kept cut, as the listing shows it
-            doc.update(command=command, argv=None)
-        res = job.get_result()
-        rec = os.path.join(self.store.job_dir(job.id), records.RECORD) if job.started is not None else None
-        if not self.archive.put(archive.Entry(
-                id=job.id, uid=job.uid, user=job.user, name=job.name,
-                array_first=job.array.get("first") if isinstance(job.array, dict) else None,
-                result=res.kind if res else None, code=res.code if res else None, started=job.started,
-                ended=job.ended or 0.0, row=row, show=doc, record_path=rec, if_absent=if_absent)):
-            self.unarchived.add(job.id)
-
+    # -- the history archive (finished.py) --------------------------------------
     def archived(self, ids: list[int]) -> None:
         """The archive made these jobs' rows durable: evict those that waited for it."""
-        for job_id in ids:
-            self.unarchived.discard(job_id)
-            if self.evict_archived.pop(job_id, None) is not None and job_id in self.jobs:
-                self._forget(self.jobs[job_id])
+        for job_id in self.finished.archived(ids):
+            self._forget(self.jobs[job_id])
 
     def archive_query(self, caller: Caller, kind: str, ref: Any, now: float,
                       filters: archive.Filters | None = None, refs: tuple = ()) -> archive.Query:
@@ -1046,29 +894,6 @@ class Engine:
         return archive.Query(kind=kind, uid=caller.uid, is_admin=caller.is_admin,
                              list_public=self.cfg.list_is_public, token=None, ref=ref, refs=refs,
                              filters=filters, next_id=self.next_id, now=now)
-
-    def _keep_undelivered(self, job: Job) -> None:
-        """An evicted job's undelivered buffer moves from its directory to undelivered/."""
-        self.undelivered.keep(job.id, job.user, os.path.join(self.store.job_dir(job.id), records.OUTPUT), time.time())
-
-    def _hold_output(self, job: Job, when: float) -> None:
-        """A job ended with its output undelivered: its buffer, kept in its directory (where its user
-        reads it), counts against its owner's --undelivered-per-user from *when*, its end."""
-        self.undelivered.hold(job.id, job.user, os.path.join(self.store.job_dir(job.id), records.OUTPUT), when)
-        self._note_dropped()
-
-    def _note_dropped(self) -> None:
-        """Jobs whose kept buffer the undelivered bounds dropped: their records say so."""
-        for job_id, why in self.undelivered.take_dropped():
-            job = self.jobs.get(job_id)
-            if job is None or not job.output_error:
-                continue
-            job.output_error = f"{job.output_error.split('; the output is kept at ')[0]}; the output was " \
-                               f"dropped ({why})"
-            try:
-                self.store.save_job(job)
-            except OSError:
-                self.unsaved.add(job.id)
 
     # -- changing a job ----------------------------------------------------------
     def job_setting(self, caller: Caller, req: JobSetting, now: float) -> dict[str, Any]:
@@ -1097,14 +922,14 @@ class Engine:
                 self._send_deadline(job, now)
             if self.cfg.schedule == "strict-backfill":
                 self.policy_state = {}   # the head's reserved start rests on every running job's deadline
-            self.resched = True
+            self.turn.resched = True
             log.info("job %d: max time %s -> %s by %s", job.id, format_duration(old), format_duration(new),
                      caller.name)
         return views.setting_reply(job)
 
     def _send_deadline(self, job: Job, now: float) -> None:
         """Tell the job's shepherd its new deadline; retried from the tick until it is heard."""
-        sent = job.deadline is not None and launcher.send_deadline(self.store.job_dir(job.id), job.deadline)
+        sent = job.deadline is not None and self.launcher.send_deadline(self.store.job_dir(job.id), job.deadline)
         self.table.running[job.id].deadline_resend_at = None if sent else now + STOP_RETRY
 
     # -- kill and timeouts ------------------------------------------------------
@@ -1114,7 +939,7 @@ class Engine:
         if job.state in (QUEUED, WAITING):
             was = job.state
             self._finish(job, Result(CANCELLED, note=f"cancelled by {caller.name} before it started"), now)
-            self.resched = True
+            self.turn.resched = True
             return views.kill_reply(job.id, was)
         if job.state == FINISHED:
             raise Refused(f"job {job.id} has already finished", "finished")
@@ -1130,7 +955,7 @@ class Engine:
             except OSError as exc:
                 log.error("job %d: cannot record the stop (%s)", job.id, exc)
             log.info("job %d: %s, asking its shepherd to stop it", job.id, reason)
-        heard = launcher.request_stop(self.store.job_dir(job.id), job.stop_reason or reason)
+        heard = self.launcher.request_stop(self.store.job_dir(job.id), job.stop_reason or reason)
         handle = self.table.running.get(job.id)
         if handle is not None:
             handle.stop_heard = heard
@@ -1138,16 +963,16 @@ class Engine:
 
     def tick(self, now: float) -> float | None:
         """Schedule if needed, enforce --max-time, retry what failed; returns when to call again."""
-        if self.retry_at is not None and now >= self.retry_at:
-            self.retry_at, self.resched = None, True
+        if self.turn.retry_at is not None and now >= self.turn.retry_at:
+            self.turn.retry_at, self.turn.resched = None, True
         if self.unsettled:
             self._settle(now)
         if self.table.strict_queued and self.bench.look(now):
-            self.resched = True   # quiet now (or no longer): strict benchmark jobs are looked at again
-        if self.resched:
-            self.resched = False
+            self.turn.resched = True   # quiet now (or no longer): strict benchmark jobs are looked at again
+        if self.turn.resched:
+            self.turn.resched = False
             self.schedule(now)
-        wake = self.retry_at
+        wake = self.turn.retry_at
         if self.table.strict_queued:
             wake = self.bench.watch.due(now) if wake is None else min(wake, self.bench.watch.due(now))
         for job_id in list(self.table.running):
@@ -1160,14 +985,13 @@ class Engine:
             if due is not None:
                 wake = due if wake is None else min(wake, due)
         if self.stale_cgroups:
-            self.stale_cgroups = {cg for cg in self.stale_cgroups if not cgroups.discard(cg)}
+            self.stale_cgroups = {cg for cg in self.stale_cgroups if not self.cgroups.discard(cg)}
             if self.stale_cgroups:
                 wake = now + 1 if wake is None else min(wake, now + 1)
-        if self.meta_dirty or self.unsaved:
+        if self.turn.meta_dirty or self.turn.unsaved:
             self.retry_unsaved()
             wake = now + 2 if wake is None else min(wake, now + 2)
-        sweep = self.undelivered.tick(now)   # undelivered/ past its bounds, every few minutes
-        self._note_dropped()
+        sweep = self.finished.tick(now)   # undelivered/ past its bounds, every few minutes
         wake = sweep if wake is None else min(wake, sweep)
         if self.unsettled or self.store.compacting:   # more to do: the loop turns again at once
             wake = now
@@ -1178,7 +1002,7 @@ class Engine:
         handle = self.table.running[job_id]
         if handle.recheck_at is not None:
             if now >= handle.recheck_at:
-                self._recheck(job_id)
+                recovery.recheck(self.recovery, job_id)
                 return None
             return handle.recheck_at
         if handle.deadline_resend_at is not None and now >= handle.deadline_resend_at:

@@ -1,15 +1,16 @@
 """One handler per verb: the daemon's side of each ``dispatch`` command.
 
 Each takes the engine, the caller (from SO_PEERCRED) and the validated
-payload, and returns a reply message, or a :class:`Deferred`: a question for
+payload, and returns a reply message, a :class:`Submitted` (a reply that
+acknowledges new jobs, naming them), or a :class:`Deferred`: a question for
 the history archive's reader thread (``history``, and ``show``/``record`` of a
 job the daemon no longer holds), whose answer the server sends when it comes.
 ``attach``, ``wait`` and ``watch`` are not here: they hold their connection
-until the daemon has something to say, so the server owns them.
+until the daemon has something to say (streams.py, its ``STREAMING`` table).
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from shepherd.base.jsoncodec import dumps_wire
 
@@ -36,16 +37,23 @@ class Deferred:
         self.bulk = bulk
 
 
-# (engine, caller, validated payload of the handler's own verb, now) -> reply message, or Deferred
-Handler = Callable[[Engine, Caller, Any, float], "dict[str, Any] | Deferred"]
+class Submitted(NamedTuple):
+    """A reply that acknowledges new jobs: void (refused) if this turn's commit fails to store them."""
+
+    reply: dict[str, Any]
+    ids: range
 
 
-def new(engine: Engine, caller: Caller, req: NewJob, now: float) -> dict[str, Any] | Deferred:
+# (engine, caller, validated payload of the handler's own verb, now) -> reply message, Submitted or Deferred
+Handler = Callable[[Engine, Caller, Any, float], "dict[str, Any] | Submitted | Deferred"]
+
+
+def new(engine: Engine, caller: Caller, req: NewJob, now: float) -> Submitted | Deferred:
     """``dispatch new``."""
     out = engine.submit(caller, req, now)
     if isinstance(out, Storing):
         return Deferred(bulk=out.bulk)
-    return protocol.ok(**out)
+    return Submitted(protocol.ok(**out), range(out["id"], out.get("last", out["id"]) + 1))
 
 
 def list_jobs(engine: Engine, caller: Caller, req: ListJobs, now: float) -> dict[str, Any]:

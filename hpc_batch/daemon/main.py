@@ -39,6 +39,7 @@ from . import (
     shepherdcpus,
 )
 from .engine import Engine
+from .hooks import Hooks
 from .jobrecord import ThresholdError, parse_thresholds
 from .server import Server
 from .store import StateError, Store
@@ -450,11 +451,12 @@ def build(cfg: Config, inherited: dict):
     log.info("%s", resources.describe_unit(machine, limits))
     limits = _housekeeping(cfg, machine, limits, allowed)
     listener = _listen(cfg.socket, inherited.get("listen"))
-    server = Server(cfg, listener)
-    engine = Engine(cfg, store, machine, limits, dev, server)
+    hooks = Hooks()   # first: the engine and the server are each built whole around them
+    engine = Engine(cfg, store, machine, limits, dev, hooks)
+    server = Server(cfg, listener, engine, hooks)
     if cfg.metrics_file:
         server.metrics = metrics_file.MetricsFile(cfg.metrics_file, engine, tally, cfg.metrics_gid)
-    server.start(engine)
+    server.start()
     try:
         notes = engine.recover()
     except StateError as exc:
@@ -463,7 +465,7 @@ def build(cfg: Config, inherited: dict):
         log.info("%s", note)
     launcher.start_fork_server()
     engine.schedule(time.time())
-    engine.flush(time.time())      # the recovered state, journalled afresh, and any starts
+    engine.end_turn(time.time())   # the recovered state, journalled afresh, and any starts
     mode = ("cgroups v2: jobs confined to their CPUs and NUMA nodes, memory budgeted per NUMA node"
             if cfg.cgroups else
             "--no-cgroups: CPU affinity only, no memory limit, one machine-wide memory pool")
@@ -502,12 +504,12 @@ def main(argv=None) -> int:
     sdnotify.ready()
     reason = server.run()
     server.close_clients()
-    server.engine.archive.stop()   # what it has not written yet is handed to it again at the next start
+    server.engine.finished.archive.stop()   # what it has not written yet is handed to it again at the next start
     launcher.stop_fork_server()   # the shepherds it forked are not its children: they run on
     if reason == "reload":
         sdnotify.reloading()
         server.engine.save_meta()
-        server.engine.flush(time.time())
+        server.engine.end_turn(time.time())
         exe, new_argv = reload_args.current_argv(parse_args, (ConfigError, SystemExit))
         log.info("reloading: re-executing %s", " ".join(new_argv))
         os.set_inheritable(store.lock_fd, True)
@@ -519,7 +521,7 @@ def main(argv=None) -> int:
         os.execv(exe, new_argv)
     sdnotify.stopping()
     server.engine.save_meta()
-    server.engine.flush(time.time())
+    server.engine.end_turn(time.time())
     try:
         os.unlink(cfg.socket)
     except OSError:

@@ -37,11 +37,13 @@ from shepherd.base.proc import reap_children
 
 from ..wire import framing, protocol
 from . import access
+from .conn import Conn
 from .engine import Engine
-from .handlers import HANDLERS, Deferred
+from .handlers import HANDLERS, Deferred, Submitted
+from .hooks import Hooks
 from .ratelog import RateLimited
 from .refusal import Refused
-from .streams import CHUNK, FALLBACK_POLL, AttachState, Streams
+from .streams import CHUNK, FALLBACK_POLL, STREAMING, Streams
 
 if TYPE_CHECKING:
     from .metrics_file import MetricsFile
@@ -52,63 +54,27 @@ rlog = RateLimited(log)
 IDLE_TIMEOUT = 60.0          # a connection that sends no request is dropped
 FRAME_DEADLINE = 10.0        # a frame once begun must be complete within this
 ACCEPT_PAUSE = 1.0           # out of descriptors: stop accepting for this long
-HELD_REPLY_BYTES = 1 << 18   # replies one connection may have waiting for a commit (pipelined requests)
 PENDING_PER_USER = 2 * framing.MAX_FRAME   # unfinished frame bytes one user may hold in the daemon
 _CRED = struct.Struct("3i")
 
 
-class Conn:
-    """One client connection."""
-
-    def __init__(self, sock: socket.socket, caller: access.Caller):
-        self.sock = sock
-        self.caller = caller
-        self.decoder = framing.Decoder()
-        self.out = bytearray()
-        self.closing = False
-        self.last = time.monotonic()          # last request bytes, or last reply bytes taken
-        self.partial_since: float | None = None   # when the unfinished frame in decoder began
-        self.attach: AttachState | None = None    # while streaming (streams.py)
-        self.waiting: list[int] | None = None     # the jobs a dispatch wait names, while it waits
-        self.wait_plan: list | None = None        # ... with those the archive answers for (streams.wait)
-        self.wait_archived: list | None = None    # ... the archive's entries for them, once they came
-        self.wait_left = 0                        # ... how many of them are still to end
-        self.wait_paged = False                   # ... and whether its client takes the answer in pages
-        self.wait_rest: list | None = None        # ... a paged wait's rest: the ids the archive answers for
-        self.stalled = False                      # its user is over --max-reply-bytes-per-user: not read
-        self.unsent = False                       # a reply held until this turn's commit
-        self.submitted: set[int] = set()          # the jobs its unsent replies acknowledge: void if refused
-        self.watching = False                     # a watch: told of each of its user's job changes
-        self.deferred = False                     # its reply comes from the history archive's reader
-
-    def may_take_request(self) -> bool:
-        """Backpressure: no new request while a reply is unsent (or still to come from the archive),
-        unless that reply only waits for this turn's commit (then pipelined requests share the
-        commit, up to a bound)."""
-        return not self.deferred and (not self.out or (self.unsent and len(self.out) < HELD_REPLY_BYTES))
-
-    @property
-    def held(self) -> bool:
-        """An attach, a wait or a watch: a connection that stays open for the daemon to speak next."""
-        return self.attach is not None or self.waiting is not None or self.watching
-
-    def open(self) -> bool:
-        """False once the connection has been closed."""
-        return self.sock.fileno() >= 0
+def soonest(*times: float | None) -> float | None:
+    """The earliest of *times*, those that are None left out; None if all are."""
+    return min((t for t in times if t is not None), default=None)
 
 
 class Server:
     """Accepts clients and drives the engine."""
 
-    def __init__(self, cfg, listener: socket.socket):
+    def __init__(self, cfg, listener: socket.socket, engine: Engine, hooks: Hooks):
         self.cfg = cfg
         self.listener = listener
-        self.sel = selectors.DefaultSelector()
-        self.engine: Engine | None = None     # set by start(), before the loop runs
+        self.engine = engine
+        self.sel = hooks.sel                  # the engine's pidfds are registered on it (hooks.py)
+        self.pidfds = hooks.pidfds            # pidfd -> job id
         self.held_replies: list[Conn] = []   # replies waiting for this turn's commit
         self.resume: list[Conn] = []         # connections with whole requests left once their replies went
         self.conns: dict[int, Conn] = {}
-        self.pidfds: dict[int, int] = {}      # pidfd -> job id
         self.signals: list[int] = []
         self.stop_reason: str | None = None   # "reload" / "terminate"
         self.per_uid: dict[int, int] = {}     # open connections per user
@@ -116,25 +82,18 @@ class Server:
         self.stalled: dict[int, set[Conn]] = {}   # uid -> its connections waiting for its replies to drain
         self.accept_paused_until: float | None = None
         self.metrics: MetricsFile | None = None   # --metrics-file: told of job events, ticked by the loop
-        self.streams = Streams(self._reply, self._flush, self._close, self._held_back, self._ask_archive)
-
-    # -- hooks the engine calls -------------------------------------------------
-    def watch_pidfd(self, fd: int, job_id: int) -> None:
-        self.pidfds[fd] = job_id
-        self.sel.register(fd, selectors.EVENT_READ, ("pidfd", fd))
-
-    def unwatch_pidfd(self, fd: int) -> None:
-        if self.pidfds.pop(fd, None) is not None:
-            self.sel.unregister(fd)
+        self.streams = Streams(engine, self._reply, self._flush, self._close, self._held_back, self._ask_archive)
+        hooks.listeners.append(self.job_event)
 
     def job_event(self, job_id: int, kind: str) -> None:
+        """A job event from the engine (through its hooks): the metrics file counts it, streams answer it."""
         if self.metrics is not None:
             self.metrics.job_event(job_id, kind)
         self.streams.job_event(job_id, kind)
 
     # -- set-up -----------------------------------------------------------------
-    def start(self, engine: Engine) -> None:
-        self.engine = self.streams.engine = engine
+    def start(self) -> None:
+        """Listen, take signals and the archive's answers; before the loop runs."""
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
         rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -143,7 +102,7 @@ class Server:
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
         self.sel.register(rfd, selectors.EVENT_READ, ("signal", None))
-        self.sel.register(engine.archive.fd, selectors.EVENT_READ, ("archive", None))
+        self.sel.register(self.engine.finished.archive.fd, selectors.EVENT_READ, ("archive", None))
         if self.streams.inotify:
             self.sel.register(self.streams.inotify.fd, selectors.EVENT_READ, ("inotify", None))
         reap_children()  # shepherds that ended while we were re-executing
@@ -154,35 +113,19 @@ class Server:
     # -- the loop ---------------------------------------------------------------
     def run(self) -> str:
         """Serve until SIGHUP (returns "reload") or SIGTERM/SIGINT ("terminate")."""
-        assert self.engine is not None  # start() first
         while self.stop_reason is None:
             now = time.time()
             resume, self.resume = self.resume, []
             for conn in resume:
                 if not conn.open() or conn.stalled:
                     continue
-                if conn.waiting is not None:
-                    if conn.wait_left <= 0 and not conn.closing:
-                        self.streams.answer_wait(conn)   # held back while its user was over the reply budget
+                if self.streams.waits(conn):
+                    self.streams.resume(conn)   # held back while its user was over the reply budget
                 elif conn.may_take_request():
                     self._requests(conn)
             wake = self.engine.tick(now)
             self._end_turn()   # what the tick did (starts, ends) is made durable and spawned before we sleep
-            if self.engine.resched or self.engine.to_spawn or self.resume or self.engine.storing:
-                wake = now
-            retry = self.engine.retry_at   # (set by the turn's end too: a start put off, out of pids)
-            if retry is not None:
-                wake = retry if wake is None else min(wake, retry)
-            if self.metrics is not None:
-                wake = min((w for w in (wake, self.metrics.tick(now)) if w is not None), default=None)
-            timeout = None if wake is None else max(0.0, wake - now)
-            if self.conns:
-                timeout = FRAME_DEADLINE if timeout is None else min(timeout, FRAME_DEADLINE)
-            if self.accept_paused_until is not None:
-                pause = max(0.0, self.accept_paused_until - time.monotonic())
-                timeout = pause if timeout is None else min(timeout, pause)
-            if self.streams.polling:
-                timeout = FALLBACK_POLL if timeout is None else min(timeout, FALLBACK_POLL)
+            timeout = self._timeout(wake, now)
             for key, mask in self.sel.select(timeout):
                 kind, arg = key.data
                 try:
@@ -211,19 +154,10 @@ class Server:
         return self.stop_reason
 
     def _end_turn(self, bulks: bool = False) -> None:
-        """Start what this turn's ends made room for, commit the turn's changes (one fsync for all),
-        then spawn, sending the replies that waited on the commit while the first shepherd is forked."""
-        assert self.engine is not None
-        now = time.time()
-        if bulks:
-            self.engine.store_bulks(now)
-        self.engine.reschedule(now)
-        refused = self.engine.commit_turn(now)
-        # The fork is asked for first, so it is under way while the replies wake their clients;
-        # a submit is still answered before its shepherd's answer is read.
-        self.engine.spawn_turn(now, lambda: self._send_held(refused))
-        if self.held_replies:         # replies the spawns gave rise to; spawn_turn committed their cause
-            self._send_held(self.engine.commit_turn(now))
+        """The engine ends the turn (Engine.end_turn), sending the replies that waited on its commit
+        while the first shepherd is forked; then the bulk submits it finished storing are answered."""
+        self.engine.end_turn(time.time(), self._send_held, schedule=True, bulks=bulks,
+                             held=lambda: bool(self.held_replies))
         for conn, answer in self.engine.take_bulk_replies():
             if not conn.open() or not conn.deferred:
                 continue
@@ -232,6 +166,20 @@ class Server:
                         else protocol.ok(**answer))
             if conn.open() and conn.decoder.pending:
                 self.resume.append(conn)   # requests it pipelined behind the submit
+
+    def _timeout(self, wake: float | None, now: float) -> float | None:
+        """How long the loop may sleep: until the soonest of what it waits for (None: no deadline)."""
+        mono = time.monotonic()
+        due = soonest(
+            wake,                                                    # the engine's timers (tick)
+            self.engine.turn.wake(now),                              # work this turn left, a start to retry
+            now if self.resume else None,                            # connections to go on with
+            self.metrics.tick(now) if self.metrics is not None else None,   # the metrics file's next write
+            now + FRAME_DEADLINE if self.conns else None,            # a frame's deadline, idle clients
+            now + max(0.0, self.accept_paused_until - mono) if self.accept_paused_until is not None else None,
+            now + FALLBACK_POLL if self.streams.polling else None,   # attach without inotify
+        )
+        return None if due is None else max(0.0, due - now)
 
     def _send_held(self, refused: set[int]) -> None:
         held, self.held_replies = self.held_replies, []
@@ -251,12 +199,11 @@ class Server:
 
     def _archive_done(self) -> None:
         """What the history archive's threads finished: jobs it holds now, answers to send."""
-        assert self.engine is not None
-        done = self.engine.archive.take()
+        done = self.engine.finished.archive.take()
         if done.archived:
             self.engine.archived(done.archived)
         for conn, answer in done.answers:
-            if conn.open() and conn.waiting is not None:
+            if conn.open() and self.streams.waits(conn):
                 self.streams.archived_wait(conn, answer)
             elif conn.open() and conn.deferred:
                 conn.deferred = False
@@ -266,9 +213,8 @@ class Server:
 
     def _ask_archive(self, conn: Conn, query: Any) -> str | None:
         """A question for the archive's reader on *conn*'s behalf; None, or why it was not taken."""
-        assert self.engine is not None
         query.token = conn
-        return self.engine.archive.ask(query)
+        return self.engine.finished.archive.ask(query)
 
     def _drain_signals(self) -> None:
         try:
@@ -293,7 +239,7 @@ class Server:
                 rlog.warning(f"slow-{conn.caller.uid}", "uid %d took over %ds to send one request; dropped",
                              conn.caller.uid, FRAME_DEADLINE)
                 self._close(conn)
-            elif not conn.held and not conn.deferred and now - conn.last > IDLE_TIMEOUT:
+            elif not self.streams.held(conn) and not conn.deferred and now - conn.last > IDLE_TIMEOUT:
                 self._close(conn)   # (a deferred reply is on its way: a bulk being stored, a query)
             elif conn.out and now - conn.last > IDLE_TIMEOUT:
                 self._close(conn)   # an attach, a watch or an answered wait that stopped reading
@@ -363,7 +309,7 @@ class Server:
                 return
             if data:
                 conn.last = time.monotonic()
-                if not conn.held and not conn.closing:
+                if not self.streams.held(conn) and not conn.closing:
                     conn.decoder.feed(data)
                     if conn.decoder.pending and conn.partial_since is None:
                         conn.partial_since = conn.last
@@ -378,7 +324,7 @@ class Server:
             self._flush(conn)
             if not conn.open():
                 return
-            if conn.attach is not None:
+            if self.streams.attach_of(conn) is not None:
                 self.streams.pump(conn)
             elif conn.may_take_request() and conn.decoder.pending:
                 self._requests(conn)  # pipelined requests held back while replies were unsent
@@ -455,8 +401,7 @@ class Server:
             return
 
     def _requests(self, conn: Conn) -> None:
-        assert self.engine is not None  # start() first
-        while not conn.closing and not conn.held and conn.may_take_request():
+        while not conn.closing and not self.streams.held(conn) and conn.may_take_request():
             d = conn.decoder
             if d.pending and d.pending >= d.expected and self._over_budget(conn.caller.uid):
                 self._stall(conn)   # a whole request is there, but its user leaves too much unread
@@ -476,16 +421,9 @@ class Server:
                 return
             now = time.time()
             try:
-                if op == "attach":
-                    assert isinstance(payload, protocol.Attach)  # what parse_request makes of "attach"
-                    self.streams.attach(conn, payload, now)
-                    continue
-                if op == "wait":
-                    assert isinstance(payload, protocol.WaitJobs)
-                    self.streams.wait(conn, payload, now)
-                    continue
-                if op == "watch":
-                    self.streams.watch(conn)
+                stream = STREAMING.get(op)
+                if stream is not None:
+                    stream(self.streams, conn, payload, now)
                     continue
                 reply = HANDLERS[op](self.engine, conn.caller, payload, now)
                 if isinstance(reply, Deferred) and reply.bulk is not None:
@@ -501,9 +439,9 @@ class Server:
                         self.engine.run_pending(now)
                         return
                     reply = protocol.error(busy, "busy")
-                elif op == "new" and reply.get("ok"):
-                    first = reply["result"]["id"]
-                    conn.submitted |= set(range(first, reply["result"].get("last", first) + 1))
+                elif isinstance(reply, Submitted):
+                    conn.submitted.update(reply.ids)
+                    reply = reply.reply
             except Refused as exc:
                 reply = protocol.error(str(exc), exc.code)
             except Exception:
@@ -514,14 +452,13 @@ class Server:
             self.engine.run_pending(now)
 
     def _reply(self, conn: Conn, msg: dict[str, Any], close: bool = False) -> None:
-        assert self.engine is not None
         try:
             conn.out += framing.encode(msg, framing.MAX_REPLY)
         except framing.FrameError as exc:
             conn.out += framing.encode(protocol.error(f"reply too large: {exc}", "internal"))
         if close:
             conn.closing = True
-        if self.engine.store.has_pending or self.engine.to_spawn:
+        if self.engine.turn.holds_replies:
             # What it reports is not durable yet: it goes out after this turn's commit.
             if not conn.unsent:
                 conn.unsent = True
@@ -542,7 +479,8 @@ class Server:
             del conn.out[:n]
             sent = True
             conn.last = time.monotonic()
-        if not conn.out and conn.closing and (conn.attach is None or conn.attach.done):
+        attach = self.streams.attach_of(conn)
+        if not conn.out and conn.closing and (attach is None or attach.done):
             self._close(conn)
             return
         # Backpressure: while a reply is unsent, read nothing more from this client,

@@ -46,7 +46,7 @@ import shutil
 import threading
 from collections.abc import Iterable
 
-from shepherd.base.records import dumps_wire, write_atomic
+from shepherd.base.records import INFO, LAUNCH, OUTPUT, dumps_wire, write_atomic
 
 from ..core.jobs import Job
 from ..core.sizes import format_mem
@@ -424,6 +424,16 @@ class Store:
         if job_id in self.staging.live:
             self.staging.stage(job_id, {"seq": self.staging.next_seq(), "drop": job_id})
             self.staging.live.discard(job_id)
+
+    def release(self, job_id: int, keep_output: bool) -> None:
+        """An ended job's files that served it while it ran go: its /dev info and launch spec, and its
+        output buffer unless *keep_output* (its delivery failed: the user reads it there)."""
+        jdir = self.job_dir(job_id)
+        for name in (INFO, LAUNCH) if keep_output else (INFO, LAUNCH, OUTPUT):
+            try:
+                os.unlink(os.path.join(jdir, name))
+            except OSError:
+                pass
 
     def highest_quarantined_id(self) -> int:
         """The largest job id among quarantined records (ids below the floor are never reused)."""

@@ -13,8 +13,11 @@ The server owns the connections, their I/O and the reply budget: it gives
 this object ``reply`` (queue a message, sent after the turn's commit if
 needed), ``flush`` (send what a connection holds), ``close`` and
 ``held_back`` (a user over the reply budget: the connection is stalled,
-answered later). What is kept here is which connection follows which job
-or user, and the inotify watches on the buffers.
+answered later). What is kept here is each held connection's state
+(``StreamState``, keyed by the connection: the server only asks whether one
+is held), which connection follows which job or user, and the inotify
+watches on the buffers. ``STREAMING`` is the table of these verbs, beside
+the handlers' ``HANDLERS``.
 """
 
 import logging
@@ -28,13 +31,13 @@ from ..core import arrayref, views, waitpages
 from ..core.jobs import FINISHED, QUEUED, WAITING, Job
 from ..wire import framing, protocol
 from . import joboutput
+from .conn import Conn
 from .inotify import Inotify
 from .ratelog import RateLimited
 from .refusal import Refused
 
 if TYPE_CHECKING:
     from .engine import Engine
-    from .server import Conn
 
 log = logging.getLogger("hpc-batchd")
 rlog = RateLimited(log)
@@ -57,18 +60,33 @@ class AttachState:
     done: bool = False    # the end event is queued: close once it is sent
 
 
+@dataclass
+class StreamState:
+    """What one held connection streams, waits for or watches (the server knows only that it is held)."""
+
+    attach: AttachState | None = None    # while streaming a job's output
+    waiting: list[int] | None = None     # the jobs a dispatch wait names, while it waits
+    wait_plan: list | None = None        # ... with those the archive answers for (wait)
+    wait_archived: list | None = None    # ... the archive's entries for them, once they came
+    wait_left: int = 0                   # ... how many of them are still to end
+    wait_paged: bool = False             # ... and whether its client takes the answer in pages
+    wait_rest: list | None = None        # ... a paged wait's rest: the ids the archive answers for
+    watching: bool = False               # a watch: told of each of its user's job changes
+
+
 class Streams:
     """Who attaches to, waits for or watches which jobs; woken by the engine's job events."""
 
-    def __init__(self, reply: Callable[..., None], flush: Callable[["Conn"], None],
-                 close: Callable[["Conn"], None], held_back: Callable[["Conn"], bool],
-                 ask_archive: Callable[["Conn", Any], str | None]):
+    def __init__(self, engine: "Engine", reply: Callable[..., None], flush: Callable[[Conn], None],
+                 close: Callable[[Conn], None], held_back: Callable[[Conn], bool],
+                 ask_archive: Callable[[Conn, Any], str | None]):
         self.reply = reply            # reply(conn, msg, close=False)
         self.flush = flush
         self.close = close
         self.held_back = held_back    # true: its user is over the reply budget, the conn now waits
         self.ask_archive = ask_archive   # a question for the history archive, answered to archived_wait
-        self.engine: Engine | None = None     # set by the server's start(), before the loop runs
+        self.engine = engine
+        self.states: dict[Conn, StreamState] = {}   # the held connections: what each streams
         self.attached: dict[int, set[Conn]] = {}  # job id -> conns streaming it
         self.waiters: dict[int, set[Conn]] = {}   # job id -> conns waiting for it to end
         self.watchers: dict[int, set[Conn]] = {}  # uid -> conns watching that user's jobs
@@ -87,16 +105,18 @@ class Streams:
             return   # counted; a submitter already knows (and a watch streams starts and ends)
         if kind == "finished":
             for conn in list(self.waiters.pop(job_id, ())):
-                conn.wait_left -= 1   # a count, not a rescan: a wait on n jobs costs O(n) over all their ends
-                if conn.wait_left <= 0:
+                st = self.states[conn]
+                st.wait_left -= 1   # a count, not a rescan: a wait on n jobs costs O(n) over all their ends
+                if st.wait_left <= 0:
                     self.answer_wait(conn)
         self._tell_watchers(job_id)
         for conn in list(self.attached.get(job_id, ())):
             if kind == "started":
                 self._open_stream(conn)
             elif kind == "finished":
-                assert conn.attach is not None  # every conn in attached streams
-                conn.attach.ending = True
+                attach = self.states[conn].attach
+                assert attach is not None  # every conn in attached streams
+                attach.ending = True
             self.pump(conn)
 
     def on_inotify(self) -> None:
@@ -118,17 +138,40 @@ class Streams:
                 for conn in list(conns):
                     self.pump(conn)
 
-    def forget(self, conn: "Conn") -> None:
+    def held(self, conn: Conn) -> bool:
+        """An attach, a wait or a watch: a connection that stays open for the daemon to speak next."""
+        return conn in self.states
+
+    def attach_of(self, conn: Conn) -> AttachState | None:
+        """Where *conn*'s attach stream stands, or None if it streams no output."""
+        st = self.states.get(conn)
+        return st.attach if st is not None else None
+
+    def waits(self, conn: Conn) -> bool:
+        """True for a dispatch wait's connection (answered by this object, not by a handler)."""
+        st = self.states.get(conn)
+        return st is not None and st.waiting is not None
+
+    def resume(self, conn: Conn) -> None:
+        """A wait held back while its user was over the reply budget: answered now if its jobs ended."""
+        if self.states[conn].wait_left <= 0 and not conn.closing:
+            self.answer_wait(conn)
+
+    def forget(self, conn: Conn) -> None:
         """A connection closed: it streams, waits for and watches nothing any more."""
-        if conn.attach is not None:
+        st = self.states.get(conn)
+        if st is None:
+            return
+        if st.attach is not None:
             self._detach(conn)
-        for job_id in conn.waiting or ():
+        del self.states[conn]
+        for job_id in st.waiting or ():
             waiters = self.waiters.get(job_id)
             if waiters is not None:
                 waiters.discard(conn)
                 if not waiters:
                     del self.waiters[job_id]
-        if conn.watching:
+        if st.watching:
             watchers = self.watchers.get(conn.caller.uid)
             if watchers is not None:
                 watchers.discard(conn)
@@ -136,13 +179,12 @@ class Streams:
                     del self.watchers[conn.caller.uid]
 
     # -- wait ---------------------------------------------------------------------
-    def wait(self, conn: "Conn", req: protocol.WaitJobs, now: float) -> None:
+    def wait(self, conn: Conn, req: protocol.WaitJobs, now: float) -> None:
         """dispatch wait: answer once every named job has ended; woken by their ends, never by polling.
 
         A job the daemon no longer holds (past --keep-finished) has ended: the history archive
         answers for it, on its reader thread (:meth:`archived_wait`).
         """
-        assert self.engine is not None
         # Each distinct ref is resolved once (100,000 copies of one name are one lookup), then
         # each distinct job counted once: the wait is answered when the count of those
         # still to end reaches 0, so its cost is O(refs) in all, never refs x ends.
@@ -163,17 +205,18 @@ class Streams:
                 plan.append(job_id)
         if not req.paged and len(plan) > protocol.WAIT_PAGE_JOBS:
             raise Refused(_UNPAGED.format(f"{len(plan)} jobs"))
-        conn.wait_paged = req.paged
-        conn.wait_rest = gone if req.rest else None
-        conn.waiting = [x for x in plan if isinstance(x, int)]
-        conn.wait_plan = plan if gone else None
-        conn.wait_archived = None
+        st = self.states.setdefault(conn, StreamState())
+        st.wait_paged = req.paged
+        st.wait_rest = gone if req.rest else None
+        st.waiting = [x for x in plan if isinstance(x, int)]
+        st.wait_plan = plan if gone else None
+        st.wait_archived = None
         left = 0
-        for job_id in conn.waiting:
+        for job_id in st.waiting:
             if self.engine.jobs[job_id].state != FINISHED:
                 self.waiters.setdefault(job_id, set()).add(conn)
                 left += 1
-        conn.wait_left = left
+        st.wait_left = left
         if gone:
             busy = self.ask_archive(conn, self.engine.archive_query(conn.caller, "wait", None, now, refs=tuple(gone)))
             if busy is not None:
@@ -182,40 +225,42 @@ class Streams:
         if left == 0:
             self.answer_wait(conn)
 
-    def archived_wait(self, conn: "Conn", answer: dict[str, Any]) -> None:
+    def archived_wait(self, conn: Conn, answer: dict[str, Any]) -> None:
         """The archive's entries for the jobs of a wait it no longer holds (or why it cannot say)."""
+        st = self.states[conn]
         if answer.get("ok"):
-            conn.wait_archived = answer["result"]["jobs"]
-        elif conn.wait_rest is not None:
+            st.wait_archived = answer["result"]["jobs"]
+        elif st.wait_rest is not None:
             # Each of them had ended when the first page was sent, and a single answer would have
             # said what it knew then of one forgotten since: unknown. The wait is not refused for it.
-            conn.wait_archived = [views.wait_entry(job_id, None) for job_id in conn.wait_rest]
+            st.wait_archived = [views.wait_entry(job_id, None) for job_id in st.wait_rest]
         else:
             self.reply(conn, answer, close=True)
             return
-        if conn.wait_left <= 0:
+        if st.wait_left <= 0:
             self.answer_wait(conn)
 
-    def answer_wait(self, conn: "Conn") -> None:
+    def answer_wait(self, conn: Conn) -> None:
         """Reply to a wait whose jobs have all ended (or wait for its user's replies to drain)."""
-        assert self.engine is not None and conn.waiting is not None
-        if conn.wait_plan is not None and conn.wait_archived is None:
+        st = self.states[conn]
+        assert st.waiting is not None
+        if st.wait_plan is not None and st.wait_archived is None:
             return   # the archive's part is still to come: archived_wait answers
         if self.held_back(conn):
             return   # answered when its user's unread replies drop below the budget
         conn.last = time.monotonic()   # the idle clock for reading the answer starts now
         # A job forgotten (--keep-finished) while we waited is None: its entry says so rather than guess.
         jobs = self.engine.jobs
-        archived = conn.wait_archived or []
-        plan = conn.waiting if conn.wait_plan is None else conn.wait_plan
+        archived = st.wait_archived or []
+        plan = st.waiting if st.wait_plan is None else st.wait_plan
 
         def entry(x: Any) -> dict[str, Any]:
             return views.wait_entry(x, jobs.get(x)) if isinstance(x, int) else archived[x[1]]
         done, n = waitpages.cut(plan, entry, protocol.WAIT_PAGE_JOBS, protocol.WAIT_PAGE_BYTES)
         if n == len(plan):
-            self.reply(conn, protocol.ok(jobs=done, more=None) if conn.wait_paged else protocol.ok(jobs=done),
+            self.reply(conn, protocol.ok(jobs=done, more=None) if st.wait_paged else protocol.ok(jobs=done),
                        close=True)
-        elif not conn.wait_paged:
+        elif not st.wait_paged:
             self.reply(conn, protocol.error(_UNPAGED.format(f"more than {protocol.WAIT_PAGE_BYTES >> 20} MiB")),
                        close=True)
         else:
@@ -224,7 +269,7 @@ class Streams:
             self.reply(conn, protocol.ok(jobs=done, more=rest), close=True)
 
     # -- watch --------------------------------------------------------------------
-    def watch(self, conn: "Conn") -> None:
+    def watch(self, conn: Conn, req: Any, now: float) -> None:
         """A stream of the caller's job changes: "watching" at once, then one "job" event per change.
 
         A client learns of a start and an end as they happen, over one
@@ -232,12 +277,11 @@ class Streams:
         again. Only changes are sent: a client that (re)connects reads the
         current state with show or list.
         """
-        conn.watching = True
+        self.states.setdefault(conn, StreamState()).watching = True
         self.watchers.setdefault(conn.caller.uid, set()).add(conn)
         self.reply(conn, protocol.event("watching"))
 
     def _tell_watchers(self, job_id: int) -> None:
-        assert self.engine is not None
         job = self.engine.jobs.get(job_id)
         conns = self.watchers.get(job.uid) if job is not None else None
         if job is None or not conns:
@@ -254,9 +298,8 @@ class Streams:
             self.flush(conn)
 
     # -- attach -----------------------------------------------------------------
-    def attach(self, conn: "Conn", req: protocol.Attach, now: float) -> None:
+    def attach(self, conn: Conn, req: protocol.Attach, now: float) -> None:
         """dispatch attach: the job's output so far, then as it comes, then its end."""
-        assert self.engine is not None  # start() first
         job = self.engine.lookup(conn.caller, req.id)
         kept = joboutput.has_kept_buffer(job, self.engine.store.job_dir(job.id))
         if job.state == FINISHED and not kept:
@@ -264,16 +307,17 @@ class Streams:
             return
         # A finished job's kept buffer (its delivery failed) is streamed like a running job's
         # rest: what the client has not yet seen, then the end.
-        conn.attach = AttachState(job=job.id, fd=None, offset=req.offset, ending=kept)
+        self.states.setdefault(conn, StreamState()).attach = AttachState(job=job.id, fd=None, offset=req.offset,
+                                                                          ending=kept)
         self.attached.setdefault(job.id, set()).add(conn)
         self.reply(conn, protocol.event("attached", id=job.id, state=job.state))
         if job.state not in (QUEUED, WAITING):
             self._open_stream(conn)
             self.pump(conn)
 
-    def _open_stream(self, conn: "Conn") -> None:
-        st = conn.attach
-        assert st is not None and self.engine is not None  # only for an attached conn, after start()
+    def _open_stream(self, conn: Conn) -> None:
+        st = self.states[conn].attach
+        assert st is not None  # only for an attached conn
         if st.fd is not None:
             return
         path = joboutput.buffer_path(self.engine.store.job_dir(st.job))
@@ -288,9 +332,9 @@ class Streams:
             except OSError:
                 pass
 
-    def pump(self, conn: "Conn") -> None:
+    def pump(self, conn: Conn) -> None:
         """Send what the job wrote since the last look; finish the stream at job end."""
-        st = conn.attach
+        st = self.attach_of(conn)
         if st is None or st.done:
             return
         if st.fd is not None:
@@ -308,7 +352,6 @@ class Streams:
                 self.flush(conn)  # the client is behind: continue when it drains
                 return
         if st.ending:
-            assert self.engine is not None  # start() first
             job = self.engine.jobs.get(st.job)
             # A job forgotten (--keep-finished) while a slow client read the rest: as wait says it.
             end = protocol.event("end", **views.forgotten_end(st.job)) if job is None else self._end_event(job)
@@ -320,8 +363,8 @@ class Streams:
     def _end_event(self, job: Job) -> dict[str, Any]:
         return protocol.event("end", **views.end_fields(job))
 
-    def _detach(self, conn: "Conn") -> None:
-        st = conn.attach
+    def _detach(self, conn: Conn) -> None:
+        st = self.states[conn].attach
         assert st is not None  # called only for an attached conn
         conns = self.attached.get(st.job)
         if conns is not None:
@@ -336,3 +379,9 @@ class Streams:
         if st.fd is not None:
             os.close(st.fd)
             st.fd = None
+
+
+# The verbs whose connection stays open for the daemon to speak next: verb -> how it begins
+# (streams, conn, validated payload, now); the server's other verbs are handlers.HANDLERS.
+STREAMING: dict[str, Callable[[Streams, Conn, Any, float], None]] = {
+    "attach": Streams.attach, "wait": Streams.wait, "watch": Streams.watch}

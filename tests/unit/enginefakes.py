@@ -10,9 +10,11 @@ import os
 import pwd
 import shutil
 import types
+from typing import TYPE_CHECKING, Any
 
 from hpc_batch.core import jobs, resources
 from hpc_batch.daemon import bulks, launcher
+from hpc_batch.daemon import engineparts as parts
 from hpc_batch.daemon.access import Caller
 from hpc_batch.daemon.engine import Engine
 from hpc_batch.daemon.main import Config
@@ -24,10 +26,11 @@ T0 = 1_800_000_000.0
 
 def make_config(state_dir, **overrides) -> Config:
     """A Config for an engine without cgroups, dev dir or socket (what the unit tests change, as keywords)."""
-    settings = dict(socket="/x", state_dir=str(state_dir), dev_dir=None, max_lifetime=3600, reserve_cpu=0,
-                    reserve_mem=0, min_job_mem=1 << 20, keep_finished=50, list_is_public=False,
-                    admin_group="root", schedule="fifo-strict", cgroups=False, max_queued_per_user=3,
-                    max_job_size=1 << 16, user_name="root", admin_gid=0)
+    settings: dict[str, Any] = dict(
+        socket="/x", state_dir=str(state_dir), dev_dir=None, max_lifetime=3600, reserve_cpu=0,
+        reserve_mem=0, min_job_mem=1 << 20, keep_finished=50, list_is_public=False,
+        admin_group="root", schedule="fifo-strict", cgroups=False, max_queued_per_user=3,
+        max_job_size=1 << 16, user_name="root", admin_gid=0)
     settings.update(overrides)
     return Config(**settings)
 
@@ -61,19 +64,21 @@ class InstantArchive:
         pass
 
 
+def _turn(name: str):
+    """Engine.*name*, then the end of the turn (as the server's loop does)."""
+    def call(self, *args, **kw):
+        result = getattr(Engine, name)(self, *args, **kw)
+        self.end_turn(T0)
+        return result
+    return call
+
+
 class TurnEngine(Engine):
-    """The engine as the server's loop drives it: each call below is a turn, ended by flush()."""
+    """The engine as the server's loop drives it: each call below is a turn, ended by end_turn()."""
 
     def __init__(self, *args, **kw):
         kw.setdefault("history", InstantArchive())
         super().__init__(*args, **kw)
-
-    def _turn(name):
-        def call(self, *args, **kw):
-            result = getattr(Engine, name)(self, *args, **kw)
-            self.flush(T0)
-            return result
-        return call
 
     tick = _turn("tick")
     run_pending = _turn("run_pending")
@@ -174,6 +179,13 @@ class MemoryStore:
 
     def unstart(self, job, env):
         self.env[job.id] = {"forward": env}
+
+    def release(self, job_id, keep_output):
+        for name in (records.INFO, records.LAUNCH) + (() if keep_output else (records.OUTPUT,)):
+            try:
+                os.unlink(os.path.join(self.job_dir(job_id), name))
+            except OSError:
+                pass
 
     def remove_job(self, job_id):
         # As the real store: the directory goes with the record, so a later job may take the id.
@@ -279,10 +291,17 @@ def answered(eng, out, now):
     if not isinstance(out, bulks.Storing):
         return out
     out.bulk.token = out
-    while out.bulk in eng.storing:
+    while out.bulk in eng.turn.bulks:
         eng.store_bulks(now)
         eng.commit_turn(now)
     [reply] = [r for token, r in eng.take_bulk_replies() if token is out]
     if isinstance(reply, Exception):
         raise reply
     return reply
+
+
+if TYPE_CHECKING:   # the stand-ins meet what the engine asks of the real parts (mypy enginefakes.py)
+    _store: parts.Store = MemoryStore("")
+    _launcher: parts.Launcher = FakeLauncher()
+    _hooks: parts.Hooks = Hooks()
+    _passwd: parts.Passwd = FakePasswd([])

@@ -10,6 +10,7 @@ job's trouble ends that job only.
 
 import os
 import pwd
+import types
 
 import pytest
 from enginefakes import ROOT, T0, FakeLauncher, Hooks, MemoryStore, TurnEngine, answered
@@ -27,9 +28,8 @@ from shepherd.base import records
 
 
 @pytest.fixture
-def world(tmp_path, monkeypatch):
+def world(tmp_path):
     fake = FakeLauncher()
-    monkeypatch.setattr(engine_mod, "launcher", fake)
     store = MemoryStore(tmp_path)
     cfg = Config(socket="/x", state_dir=str(tmp_path), dev_dir=None, max_lifetime=3600, reserve_cpu=0,
                  reserve_mem=0, min_job_mem=1 << 20, keep_finished=50, list_is_public=False,
@@ -38,7 +38,7 @@ def world(tmp_path, monkeypatch):
     machine = resources.Machine(nodes=(resources.Node(0, (0, 1), 8 << 30),))
     limits = resources.Limits(reserve_cpu=0, reserve_mem=0, min_job_mem=1 << 20, per_node_memory=False)
     hooks = Hooks()
-    eng = TurnEngine(cfg, store, machine, limits, devdir.DevDir(None, 0), hooks)
+    eng = TurnEngine(cfg, store, machine, limits, devdir.DevDir(None, 0), hooks, launcher=fake)
     eng.root_mode = True
     return eng, store, fake, hooks
 
@@ -83,7 +83,7 @@ def test_an_end_and_the_start_it_makes_room_for_share_one_turn(world):
     assert b["state"] == "queued"
     records.write_json(os.path.join(store.job_dir(a["id"]), records.EXIT), {"ended": T0 + 1, "code": 0})
     Engine.shepherd_exited(eng, a["id"])       # the event, its turn not ended yet
-    assert eng.jobs[b["id"]].state == jobs.QUEUED and eng.resched
+    assert eng.jobs[b["id"]].state == jobs.QUEUED and eng.turn.resched
     eng.reschedule(T0 + 1)                     # as the server does before the turn's commit
     assert eng.jobs[b["id"]].state == jobs.RUNNING and fake.spawned == [a["id"], b["id"]]
 
@@ -187,7 +187,7 @@ def test_a_dead_shepherd_ends_its_job_and_keeps_the_output(world):
     assert "kept at" in done.output_error
     assert os.path.exists(os.path.join(store.job_dir(job), records.OUTPUT))
     # Counted against its owner's share from its end (G1), though still in its directory.
-    assert eng.undelivered.held.owned[done.user] == len("partial\n")
+    assert eng.finished.undelivered.held.owned[done.user] == len("partial\n")
 
 
 def test_a_job_that_cannot_start_fails_alone(world):
@@ -220,7 +220,7 @@ def test_a_full_disk_at_start_requeues(world):
     submit(eng, cpus=1)
     store.fail_writes = True
     start_pending(eng)
-    assert fake.spawned == [] and list(eng.table.queued) == [1] and eng.retry_at == T0 + 2.0
+    assert fake.spawned == [] and list(eng.table.queued) == [1] and eng.turn.retry_at == T0 + 2.0
     store.fail_writes = False
     eng.tick(T0 + 2.5)
     assert fake.spawned == [1]
@@ -297,7 +297,7 @@ def test_strict_backfill_reservation_is_worked_out_afresh(world):
     start_pending(eng)
     eng.policy_state = {"policy": "strict-backfill", "head": 9, "start": T0 + 600}
     eng.job_setting(ROOT, NewJobSetting(job, "add", 600), T0)
-    assert eng.policy_state == {} and eng.resched
+    assert eng.policy_state == {} and eng.turn.resched
 
 
 def NewJobSetting(job_id, action, seconds=None):
@@ -310,15 +310,15 @@ def test_a_failed_commit_refuses_the_turns_submits_and_holds_back_its_starts(wor
     a = submit(eng, cpus=2)["id"]
     start_pending(eng)
     queued = submit(eng, cpus=2)["id"]              # waits for a; committed in a turn that worked
-    eng.flush(T0)
+    eng.end_turn(T0)
     store.commit_error = OSError(28, "No space left on device")
     new = submit(eng, cpus=1)["id"]
     records.write_json(os.path.join(store.job_dir(a), records.EXIT), {"ended": T0 + 1, "code": 0})
     Engine.shepherd_exited(eng, a)                  # a ends: queued would start in this same turn
-    assert eng.flush(T0 + 1) == {new}               # the submit is refused: its reply says so
+    assert eng.end_turn(T0 + 1) == {new}               # the submit is refused: its reply says so
     assert new not in eng.jobs and new not in eng.table.queued
     assert eng.jobs[queued].state == jobs.QUEUED and fake.spawned == [a]   # its start waits
-    assert eng.retry_at == T0 + 3
+    assert eng.turn.retry_at == T0 + 3
     store.commit_error = None
     eng.tick(T0 + 3)                                # the retry: committed, then spawned
     assert eng.jobs[queued].state == jobs.RUNNING and fake.spawned == [a, queued]
@@ -344,16 +344,15 @@ BOB = Caller(uid=1002, gid=1002, pid=3, name="bob", is_admin=False)
 
 
 @pytest.fixture
-def users(monkeypatch):
-    """Passwd entries for alice and bob (the engine looks the submitter up by uid)."""
-    real = pwd.getpwuid
+def users(world):
+    """Passwd entries for alice and bob (the engine looks the submitter up by uid), given to the engine."""
     fake = {1001: "alice", 1002: "bob"}
 
     def getpwuid(uid):
         if uid in fake:
             return pwd.struct_passwd((fake[uid], "x", uid, uid, "", "/tmp", "/bin/sh"))
-        return real(uid)
-    monkeypatch.setattr(pwd, "getpwuid", getpwuid)
+        return pwd.getpwuid(uid)
+    world[0].passwd = types.SimpleNamespace(getpwuid=getpwuid)
 
 
 def settle(eng, now=T0 + 2):
@@ -398,7 +397,7 @@ def test_a_restart_with_thousands_of_doomed_dependents_serves_and_fails_them(wor
     bulk = submit(eng, after=(prep,), after_ok=True, array=tuple(range(1, 2001)))
     # The prep ends as failed while no daemon watches: the records say so.
     store.records[prep].update(state="finished", ended=T0 + 1, result={"kind": "exited", "code": 1})
-    again = TurnEngine(eng.cfg, store, eng.machine, eng.limits, devdir.DevDir(None, 0), hooks)
+    again = TurnEngine(eng.cfg, store, eng.machine, eng.limits, devdir.DevDir(None, 0), hooks, launcher=eng.launcher)
     again.root_mode = True
     again.recover()
     settle(again)
@@ -570,7 +569,7 @@ def test_a_running_job_from_a_daemon_that_did_not_know_cores_is_readopted_and_it
     store.records[5] = old.to_dict()
     os.mkdir(store.job_dir(5))
     fake.adoptable = (4242, os.open(os.devnull, os.O_RDONLY))
-    again = TurnEngine(eng.cfg, store, machine, eng.limits, devdir.DevDir(None, 0), hooks)
+    again = TurnEngine(eng.cfg, store, machine, eng.limits, devdir.DevDir(None, 0), hooks, launcher=eng.launcher)
     again.root_mode = True
     again.recover()
     assert 5 in again.table.running and again.jobs[5].state == jobs.RUNNING

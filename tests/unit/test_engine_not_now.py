@@ -25,7 +25,7 @@ def test_a_spawn_out_of_pids_puts_the_job_back_with_its_environment(world):  # n
     assert eng.jobs[job].state == jobs.QUEUED and fake.spawned == []
     assert store.env[job]["forward"]["SECRET"] == "s"                # the environment it was to get, kept
     assert (job, "finished") not in hooks.events
-    assert eng.retry_at == T0 + defaults.START_RETRY
+    assert eng.turn.retry_at == T0 + defaults.START_RETRY
     fake.spawn_error = None                                          # pids free again
     eng.tick(T0 + defaults.START_RETRY)
     assert fake.spawned == [job] and eng.jobs[job].state == jobs.RUNNING

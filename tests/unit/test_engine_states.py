@@ -78,8 +78,7 @@ from hpc_batch.core.jobs import (
     TIMEOUT,
     WAITING,
 )
-from hpc_batch.daemon import devdir
-from hpc_batch.daemon import engine as engine_mod
+from hpc_batch.daemon import bulks, devdir
 from hpc_batch.daemon.access import Caller
 from hpc_batch.daemon.engine import Engine
 from hpc_batch.daemon.refusal import Refused
@@ -144,7 +143,7 @@ def indexes(eng: Engine) -> Indexes:
 
 def has_work(eng: Engine) -> bool:
     """Whether the loop turns again at once: something to schedule, spawn, or waiting jobs to look at."""
-    return bool(eng.resched or eng.to_spawn or eng.unsettled)
+    return bool(eng.turn.resched or eng.turn.to_spawn or eng.unsettled)
 
 
 def caps(cfg) -> list:
@@ -255,7 +254,6 @@ class EngineStates(RuleBasedStateMachine):
         self.dir = tempfile.mkdtemp(prefix="hpcb-states-")
         self.store = Store(self.dir)
         self.shepherds = Shepherds(self.store)
-        engine_mod.launcher = self.shepherds
         self.swallowed = Swallowed()
         logging.getLogger("hpc-batchd").addHandler(self.swallowed)
         self.eng: Engine | None = None
@@ -279,7 +277,7 @@ class EngineStates(RuleBasedStateMachine):
         """A daemon start: a fresh Engine on the same store recovers, schedules and commits (daemon.build)."""
         self.watcher = Watcher()
         self.eng = Engine(self.cfg, self.store, self.machine, self.limits, devdir.DevDir(None, 0), self.watcher,
-                          history=InstantArchive())
+                          history=InstantArchive(), launcher=self.shepherds, passwd=PASSWD)
         self.watcher.eng = self.eng
         self.eng.root_mode = True
         self.eng.recover()
@@ -396,6 +394,8 @@ class EngineStates(RuleBasedStateMachine):
                 why.add("queue_full")
         if caller.uid not in PASSWD.by_uid:
             why.add("refused")
+        if self.fail_commit and n > bulks.SLICE:
+            why.add("busy")   # a bulk is stored over turns: a failed commit refuses it, not its reply
         resolved = []
         for ref in after:
             job_id, codes = self._resolve(caller, ref)
@@ -583,9 +583,9 @@ class EngineStates(RuleBasedStateMachine):
                     followers[dep] = followers.get(dep, 0) + 1
             if job.name is not None:
                 named.setdefault((uid, job.name), []).append(job_id)
-            # The store holds what the engine holds (a record whose write failed is retried: eng.unsaved).
+            # The store holds what the engine holds (a record whose write failed is retried: eng.turn.unsaved).
             assert job_id in records, f"job {job_id} has no record in the store"
-            assert records[job_id]["state"] == state or job_id in eng.unsaved, f"job {job_id}'s record is stale"
+            assert records[job_id]["state"] == state or job_id in eng.turn.unsaved, f"job {job_id}'s record is stale"
             # No job lost, none counted twice: every job was accepted once, and is finished iff it ended once.
             k = self.known.get(job_id)
             assert k is not None, f"job {job_id} was never accepted"
@@ -623,7 +623,7 @@ class EngineStates(RuleBasedStateMachine):
                         assert job_id in ix.dependents.get(dep, ()), f"job {job_id} is not among job {dep}'s dependents"
             stale = [d for d in ix.dependents if d not in eng.jobs or eng.jobs[d].state == FINISHED]
             assert not stale, f"ended or forgotten jobs keep dependents: {stale}"
-        assert not eng.to_spawn and not eng.batch_new, "a turn ended with work left in it"
+        assert not eng.turn.to_spawn and not eng.turn.submitted, "a turn ended with work left in it"
         for (states, limit), n in zip(cfg_caps, held):
             over = {uid: c for uid, c in n.items() if c > limit}
             assert not over, f"users hold more {'+'.join(states)} jobs than the cap of {limit}: {over}"
@@ -676,7 +676,7 @@ class EngineStates(RuleBasedStateMachine):
     def nothing_left_startable(self):
         """With no retry pending, the last turn started whatever could start (no stall with CPUs free)."""
         eng = self.eng
-        if eng.retry_at is not None or eng.resched:
+        if eng.turn.retry_at is not None or eng.turn.resched:
             return
         decision = eng.plan(self.now)
         starts = decision.starts if decision is not None else []
@@ -694,9 +694,7 @@ def _settings() -> settings:
 
 @pytest.fixture
 def fakes(monkeypatch):
-    """The engine's launcher, passwd and dev-dir files faked for the duration of a test."""
-    monkeypatch.setattr(engine_mod, "launcher", engine_mod.launcher)   # each machine puts its own; undone after
-    monkeypatch.setattr(engine_mod, "pwd", PASSWD)
+    """The engine's dev-dir files faked for the duration of a test (its launcher and passwd: given to it)."""
     for name in ("create_output", "write_info"):   # a user's view of the job dir: not what is tested here
         monkeypatch.setattr(devdir, name, lambda *args: None)
 
@@ -735,6 +733,12 @@ def test_a_submit_refused_by_its_commit_leaves_no_finished_job_behind(machine):
     steps(machine, ("end", dict(pick=0, how="exit 3")), ("fail_next_commit", {}),
           new(after=[1], after_ok=True),
           *[step for _ in range(4) for step in (new(), ("end", dict(pick=1, how="exit 0")))])
+
+
+def test_a_bulk_submit_that_meets_a_failed_commit_is_refused_whole(machine):
+    """A bulk is stored a slice per turn, so the commit that fails refuses the submit itself (busy)."""
+    machine.boot(cap=2000, keep=3, policy="fifo-strict", cpus=2)
+    steps(machine, ("fail_next_commit", {}), ("fan_out", dict(user="alice", on=1, after_ok=False, limit=None)))
 
 
 def test_an_after_ok_job_that_exited_0_still_counts_once_evicted(machine):

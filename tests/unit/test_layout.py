@@ -223,7 +223,8 @@ def test_the_stores_rooms_are_reached_only_through_the_store():
 # The rooms engine.py split into (docs/architecture.md): Engine composes them, and none reaches back
 # into it or into what drives it, so each is read, and tested, alone.
 ENGINE_ROOMS = {f"hpc_batch.daemon.{name}" for name in (
-    "refusal", "outcome", "launchspec", "admission", "queries", "benchcores")}
+    "refusal", "outcome", "launchspec", "admission", "queries", "benchcores",
+    "turn", "bulks", "finished", "engineparts", "recovery")}
 ENGINE_DRIVERS = {f"hpc_batch.daemon.{name}" for name in ("engine", "server", "handlers", "streams", "main")}
 # The pure ones: of the daemon they import only the refusal (the rest is core, wire, the leaves and
 # the shepherd's base); the engine reads the files and the clock for them.
@@ -239,4 +240,23 @@ def test_the_engines_rooms_never_reach_back_into_the_engine():
         if room in ENGINE_PURE_ROOMS:
             broken += [f"{room} (pure) imports {t}" for t in sorted(targets)
                        if t.startswith("hpc_batch.daemon") and t != "hpc_batch.daemon.refusal"]
+    assert not broken, "\n".join(broken)
+
+
+# The loop's one direction (docs/architecture.md): the server drives the engine and streams; the engine
+# tells the loop through hooks built before both; a connection and the hooks know neither side.
+LOOP_LEAVES = {f"hpc_batch.daemon.{name}": {"hpc_batch.daemon.access"} for name in ("conn", "hooks")}
+
+
+def test_the_loop_runs_one_way():
+    broken = []
+    for room, may in sorted(LOOP_LEAVES.items()):
+        path = PACKAGE / "daemon" / (room.rpartition(".")[2] + ".py")
+        broken += [f"{room} imports {t}" for t in sorted(_imports(path))
+                   if t.startswith("hpc_batch.daemon") and t not in may]
+    for room in ("engine", "streams", "handlers"):   # driven by the server: none imports it
+        if "hpc_batch.daemon.server" in _imports(PACKAGE / "daemon" / f"{room}.py"):
+            broken.append(f"hpc_batch.daemon.{room} imports the server that drives it")
+    if "hpc_batch.daemon.streams" in _imports(PACKAGE / "daemon" / "engine.py"):
+        broken.append("the engine imports streams (it tells them of job events through its hooks)")
     assert not broken, "\n".join(broken)

@@ -9,6 +9,7 @@ import pytest
 from hpc_batch import bounds
 from hpc_batch.client import cli
 from hpc_batch.daemon.handlers import HANDLERS
+from hpc_batch.daemon.streams import STREAMING
 from hpc_batch.wire import protocol
 
 NEW = {"argv": ["true"], "cwd": "/tmp"}
@@ -164,6 +165,6 @@ def test_verbs_agree_between_cli_protocol_and_daemon():
     # ping is the protocol's own liveness probe and watch is the event stream
     # programs read (the PSI/J executor), neither a command of their own;
     # report is history's rows set side by side, so it sends history.
-    assert set(protocol.REQUESTS) == set(HANDLERS) | {"attach", "wait", "watch"}
+    assert set(protocol.REQUESTS) == set(HANDLERS) | set(STREAMING)
     assert set(cli.COMMANDS) == set(protocol.REQUESTS) - {"ping", "watch"} | {"report"}
     assert set(cli.SUBCOMMANDS) == set(cli.COMMANDS)

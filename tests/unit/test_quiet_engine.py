@@ -39,7 +39,7 @@ def _submit(eng, benchmark=True, exclusive=False):
 
 def _restarted(eng, store):
     """A new daemon over the same state (the old one was killed)."""
-    new = TurnEngine(eng.cfg, store, eng.machine, eng.limits, devdir.DevDir(None, 0), Hooks())
+    new = TurnEngine(eng.cfg, store, eng.machine, eng.limits, devdir.DevDir(None, 0), Hooks(), launcher=eng.launcher)
     new.bench.quiet = eng.bench.quiet
     return new
 

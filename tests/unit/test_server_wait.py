@@ -12,8 +12,10 @@ import types
 from hpc_batch.core import waitpages
 from hpc_batch.core.jobs import FINISHED, RUNNING
 from hpc_batch.daemon import access
+from hpc_batch.daemon.conn import Conn
+from hpc_batch.daemon.hooks import Hooks
 from hpc_batch.daemon.main import Config
-from hpc_batch.daemon.server import Conn, Server
+from hpc_batch.daemon.server import Server
 from hpc_batch.wire import framing, protocol
 
 
@@ -23,8 +25,7 @@ class FakeEngine:
                                               output_error=None, get_result=lambda: None)
                      for i in range(1, n + 1)}
         self.lookups = 0
-        self.store = types.SimpleNamespace(has_pending=False)
-        self.to_spawn = []
+        self.turn = types.SimpleNamespace(holds_replies=False)   # nothing waits for a commit here
 
     def lookup(self, caller, ref):
         self.lookups += 1
@@ -40,8 +41,7 @@ def server(n, budget=32 << 20):
     cfg = Config(socket="/x", state_dir="/x", dev_dir=None, max_lifetime=60, reserve_cpu=0, reserve_mem=0,
                  min_job_mem=0, keep_finished=1, list_is_public=False, admin_group="root", schedule="fifo-strict",
                  cgroups=False, max_reply_bytes_per_user=budget)
-    srv = Server(cfg, socket.socket(socket.AF_UNIX))
-    srv.engine = srv.streams.engine = FakeEngine(n)   # type: ignore[assignment]
+    srv = Server(cfg, socket.socket(socket.AF_UNIX), FakeEngine(n), Hooks())   # type: ignore[arg-type]
     return srv
 
 
@@ -74,7 +74,7 @@ def test_a_wait_resolves_each_distinct_ref_once_and_counts_down():
     srv.streams.answer_wait = lambda c: (answers.append(c), real(c))
     srv.streams.wait(conn, protocol.WaitJobs(ids=("j7",) * 100_000 + tuple(range(1, n + 1)), paged=True), 0.0)
     assert srv.engine.lookups == n + 1          # 100,000 copies of a name: one lookup
-    assert conn.wait_left == n and answers == []
+    assert srv.streams.states[conn].wait_left == n and answers == []
     for i in range(1, n + 1):                   # each end: a count down, no rescan
         srv.engine.jobs[i].state = FINISHED
         srv.job_event(i, "finished")

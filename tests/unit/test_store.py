@@ -9,6 +9,7 @@ import pytest
 from hpc_batch.core import jobs
 from hpc_batch.daemon import journal
 from hpc_batch.daemon.store import Store
+from shepherd.base import records
 
 
 def _job(job_id, state=jobs.QUEUED, argv=None, first=None):
@@ -565,3 +566,18 @@ def test_an_aborted_bulk_drops_what_it_stored(tmp_path):
     s.abort_bulk(sh, range(1, 7))
     s.commit()
     assert _reopen(tmp_path, s).load_jobs() == []
+
+
+@pytest.mark.parametrize("keep_output", [False, True])
+def test_release_removes_an_ended_jobs_run_files_and_its_buffer_unless_kept(tmp_path, keep_output):
+    s = _open(tmp_path)
+    _add(s, 1)
+    jdir = s.job_dir(1)
+    names = (records.INFO, records.LAUNCH, records.OUTPUT, records.EXIT)
+    for name in names:
+        with open(os.path.join(jdir, name), "w") as f:
+            f.write("x")
+    s.release(1, keep_output)
+    left = {n for n in names if os.path.exists(os.path.join(jdir, n))}
+    assert left == ({records.EXIT, records.OUTPUT} if keep_output else {records.EXIT})
+    s.release(1, keep_output)   # once more: what is gone already is no error

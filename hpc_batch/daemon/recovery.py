@@ -1,0 +1,140 @@
+"""Start-up: the state directory read back, and the jobs it says are running re-adopted.
+
+``load`` puts the stored jobs into the job table (and the queued ones'
+/dev entries) and says where the ids go on; ``readopt`` finds each running
+job's shepherd again (its pidfile, checked against its start time), or its
+end, or looks again shortly (``recheck``, from the engine's tick) when its
+shepherd may be starting right now. These are functions over the parts
+they use, given as ``Parts``; what ends or requeues a job is the engine's,
+given to them as ``Ends`` (its own methods), so nothing here holds the engine.
+"""
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shepherd.base import records
+
+from .. import defaults
+from ..core import resources
+from ..core.jobs import LOST, QUEUED, WAITING, Job
+from ..core.jobtable import JobTable, Running
+from . import devdir
+from . import engineparts as parts
+from .benchcores import BenchCores
+
+
+@dataclass
+class Ends:
+    """What recovery asks of the engine for a running job it does not simply re-adopt."""
+
+    collect: Callable[..., None]                        # (job_id, shepherd_gone=None, kind=KILLED): its end
+    not_now: Callable[[Job, Any, str, float], None]     # (job, cgroup, why, now): back to the queue
+    send_deadline: Callable[[Job, float], None]         # (job, now): its max time to its shepherd
+
+
+@dataclass
+class Parts:
+    """What recovery reads and acts on."""
+
+    cfg: Any
+    store: parts.Store
+    table: JobTable
+    launcher: parts.Launcher
+    cgroups: parts.Cgroups
+    hooks: parts.Hooks
+    bench: BenchCores
+    ends: Ends
+
+
+@dataclass
+class Loaded:
+    """What ``load`` read: the jobs, notes for the log, and the engine's counters."""
+
+    jobs: list[Job]
+    notes: list[str]
+    policy_state: dict
+    saved_floor: int      # the next_id daemon.json holds: ids below it are never reused
+    next_id: int
+
+
+def load(store: parts.Store, table: JobTable, dev: devdir.DevDir) -> Loaded:
+    """Load the state dir into *table* (queued and waiting jobs get their /dev entries)."""
+    meta = store.load_meta()
+    jobs = store.load_jobs()
+    saved_floor = int(meta.get("next_id", 1))
+    top = max([j.id for j in jobs] + [store.highest_quarantined_id()])
+    notes = list(store.notes)
+    for job in jobs:
+        table.add(job)
+        if job.state in (QUEUED, WAITING):
+            dev.add(job.id, job.uid, store.job_dir(job.id))
+    return Loaded(jobs, notes, meta.get("policy_state", {}) or {}, saved_floor, max(saved_floor, top + 1))
+
+
+def readopt(p: Parts, job: Job) -> str:
+    """Re-adopt a job the state directory says is running: its shepherd, its end, or a second look."""
+    jdir = p.store.job_dir(job.id)
+    assert job.alloc is not None  # Job.check: a running job has its allocation
+    alloc = resources.Allocation.from_dict(job.alloc)
+    found = p.launcher.adopt(jdir)
+    cg = p.cgroups.job_path(p.cfg.cgroup_root, job.id) if p.cfg.cgroups else None
+    if found:
+        pid, fd = found
+        p.table.attach(job, Running(alloc, cgroup=cg, pid=pid, pidfd=fd))
+        p.hooks.watch_pidfd(fd, job.id)
+        p.bench.readopt(job)
+        # A change of max time the last daemon could not pass on before it died.
+        p.ends.send_deadline(job, time.time())
+        return f"job {job.id}: re-adopted shepherd pid {pid}"
+    running = Running(alloc, cgroup=cg)
+    p.table.attach(job, running)
+    if os.path.exists(os.path.join(jdir, records.EXIT)):
+        p.ends.collect(job.id)
+        return f"job {job.id}: ended while the daemon was down; collected its exit record"
+    if records.read_pidfile(jdir) is None and os.path.exists(os.path.join(jdir, records.LAUNCH)):
+        # Its launch spec is unread: either the shepherd never started, or it
+        # is starting right now. Look again shortly before deciding, so a
+        # second shepherd is never started beside a first.
+        running.recheck_at = time.time() + defaults.SHEPHERD_START_GRACE
+        return f"job {job.id}: its shepherd has not started yet; checking again shortly"
+    return lost(p, job, p.launcher.vanished(jdir))
+
+
+def recheck(p: Parts, job_id: int) -> None:
+    """Second look at a running job whose shepherd had not started at recovery."""
+    job = p.table.jobs[job_id]
+    jdir = p.store.job_dir(job_id)
+    running = p.table.running[job_id]
+    running.recheck_at = None
+    found = p.launcher.adopt(jdir)
+    if found:
+        running.pid, running.pidfd = found
+        p.hooks.watch_pidfd(found[1], job_id)
+    elif os.path.exists(os.path.join(jdir, records.EXIT)):
+        p.ends.collect(job_id)
+    elif p.launcher.shepherd_alive(jdir):   # its lock taken, its pidfile not written yet: look again
+        running.recheck_at = time.time() + defaults.START_RETRY
+    elif records.read_pidfile(jdir) is None and os.path.exists(launch := os.path.join(jdir, records.LAUNCH)):
+        if records.read_record(launch, records.LaunchSpec) is None:
+            # Fsynced before the start's commit (launcher.write_launch), so only a damaged disk (or a spec
+            # written by an older daemon, cut by a power cut) leaves it unreadable: a shepherd
+            # started now could only fail on it, and its stored environment is gone.
+            lost(p, job, f"its launch spec {launch} did not survive a crash of the machine before "
+                         f"its shepherd read it; it is not known to have started")
+            return
+        # The command cannot have run (the pidfile is durable before it may): it starts afresh
+        # from the queue, as after a fork that failed, since after a reboot the spec's cgroup and
+        # quieted cores are gone.
+        p.ends.not_now(job, running.cgroup, "its shepherd had not started when the last daemon stopped",
+                       time.time())
+    else:
+        lost(p, job, p.launcher.vanished(jdir))
+
+
+def lost(p: Parts, job: Job, why: str) -> str:
+    """End a running job whose shepherd is gone as ``lost``; the note for the log."""
+    p.ends.collect(job.id, shepherd_gone=why, kind=LOST)
+    return f"job {job.id}: {why}"
