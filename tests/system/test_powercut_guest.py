@@ -526,6 +526,13 @@ class PowerCuts:
         which = "the new version" if version == after else "the old version"
         return f"came up on {version} ({which}) from {real}; {len(info['venvs'])} venvs under {PREFIX}.versions"
 
+    def verdict(self, during):
+        """The end of a run of cuts: the jobs that never ran named, then every broken guarantee."""
+        for job, why in sorted(self.never_ran.items()):
+            self.say(f"acknowledged job {job} never ran: {why}")
+        assert not self.faults, f"broken after power cuts{during} (seed {SEED}):\n" + "\n".join(
+            f"cut {n}: {what}" for what, n in self.faults.items())
+
     def repair_package(self, to):
         """After a cut during ``dpkg -i``: what an admin does (``dpkg --configure -a``, and the
         ``dpkg -i`` again when dpkg had not unpacked it) must end installed at *to*, serving."""
@@ -630,10 +637,7 @@ def test_power_cuts(guest_image, project_wheel, tmp_path, request):
                     + f" ({time.monotonic() - started:.0f} s)")
             pc.results.append(line)
             say(line)
-        for job, why in sorted(pc.never_ran.items()):
-            say(f"acknowledged job {job} never ran: {why}")
-        assert not pc.faults, "broken after power cuts (seed %d):\n" % SEED + "\n".join(
-            f"cut {n}: {what}" for what, n in pc.faults.items())
+        pc.verdict("")
     finally:
         pc.close()
 
@@ -678,9 +682,6 @@ def test_power_cuts_during_deb_upgrades(guest_image, tmp_path, request):
                     f"({time.monotonic() - started:.0f} s)")
             pc.results.append(line)
             say(line)
-        for job, why in sorted(pc.never_ran.items()):
-            say(f"acknowledged job {job} never ran: {why}")
-        assert not pc.faults, "broken after power cuts during dpkg -i (seed %d):\n" % SEED + "\n".join(
-            f"cut {n}: {what}" for what, n in pc.faults.items())
+        pc.verdict(" during dpkg -i")
     finally:
         pc.close()
