@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from hpc_batch.daemon import probe as hpc_probe
-from hpc_batch.daemon import quiet
+from hpc_batch.daemon.benchmode import quiet
 
 from . import probe
 from .client import submit_to_stamp

@@ -4,7 +4,7 @@
 records: the watch over the machine while a ``--benchmark=strict`` job waits
 (swap, throttling), the admin's quiet-core settings, the CPUs each running
 benchmark job holds with changes to undo, and the CPUs irqbalance was told to
-keep interrupts off. It acts on the machine (daemon/quiet.py) and returns
+keep interrupts off. It acts on the machine (daemon/benchmode/quiet.py) and returns
 what a job's record is to keep; the engine writes the record. It never moves
 a job's state.
 """
@@ -16,7 +16,8 @@ from typing import Any
 from .. import defaults
 from ..core import benchmark, resources
 from ..core.jobs import Job
-from . import probe, quiet
+from . import probe
+from .benchmode import quiet
 
 log = logging.getLogger("hpc-batchd")
 

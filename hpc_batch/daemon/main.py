@@ -25,19 +25,8 @@ from ..core.durations import DurationError, parse_duration
 from ..core.scheduler import POLICIES
 from ..core.sizes import SizeError, parse_size
 from ..usage import _WORD
-from . import (
-    access,
-    cgroups,
-    devdir,
-    devmask,
-    discovery,
-    housekeeping,
-    launcher,
-    metrics_file,
-    reload_args,
-    sdnotify,
-    shepherdcpus,
-)
+from . import access, cgroups, devdir, devmask, discovery, launcher, metrics_file, reload_args, sdnotify
+from .benchmode import housekeeping, shepherdcpus
 from .engine import Engine
 from .hooks import Hooks
 from .jobrecord import ThresholdError, parse_thresholds

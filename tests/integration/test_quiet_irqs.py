@@ -30,7 +30,7 @@ from ci_host import require
 from conftest import exit_of, wait_for
 
 from hpc_batch.core.cputopo import parse_cpulist
-from hpc_batch.daemon import irqsteer, quiet
+from hpc_batch.daemon.benchmode import irqsteer, quiet
 
 pytestmark = pytest.mark.timeout(120)
 

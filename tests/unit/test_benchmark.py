@@ -30,7 +30,8 @@ from hpc_batch.core.resources import (
     check_request,
     default_share,
 )
-from hpc_batch.daemon import housekeeping, probe
+from hpc_batch.daemon import probe
+from hpc_batch.daemon.benchmode import housekeeping
 from hpc_batch.daemon.discovery import read_cpu_topology, read_numa
 from hpc_batch.wire.protocol import NewJob, ProtocolError
 

@@ -260,3 +260,17 @@ def test_the_loop_runs_one_way():
     if "hpc_batch.daemon.streams" in _imports(PACKAGE / "daemon" / "engine.py"):
         broken.append("the engine imports streams (it tells them of job events through its hooks)")
     assert not broken, "\n".join(broken)
+
+
+def test_benchmark_modes_machine_side_stands_below_the_engine():
+    """daemon/benchmode/ changes the machine for benchmark jobs; of the daemon it may use only itself
+    and the cgroup helpers, so the engine's rooms call it and never the other way round."""
+    folder = PACKAGE / "daemon" / "benchmode"
+    allowed = {"hpc_batch.daemon", "hpc_batch.daemon.cgroups"}
+    broken = []
+    for path in sorted(folder.glob("*.py")):
+        for target in sorted(_imports(path)):
+            if (target.startswith("hpc_batch.daemon") and not target.startswith("hpc_batch.daemon.benchmode")
+                    and target not in allowed):
+                broken.append(f"{_module_name(path)} imports {target}")
+    assert len(list(folder.glob("*.py"))) > 1 and not broken, broken

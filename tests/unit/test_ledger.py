@@ -1,4 +1,4 @@
-"""The machine's ledger of shared settings (hpc_batch.daemon.ledger): begin and end of benchmark
+"""The machine's ledger of shared settings (hpc_batch.daemon.benchmode.ledger): begin and end of benchmark
 jobs in any order -> what is written, and the values from before hpc-batch back at the end.
 
 A fake kernel is a dict of file -> value; every step goes through the ledger's JSON form, as the
@@ -11,8 +11,8 @@ import json
 import pytest
 
 from hpc_batch.core.cputopo import format_cpulist, parse_cpulist
-from hpc_batch.daemon import irqsteer
-from hpc_batch.daemon.ledger import Ledger
+from hpc_batch.daemon.benchmode import irqsteer
+from hpc_batch.daemon.benchmode.ledger import Ledger
 
 pytestmark = pytest.mark.timeout(60)
 

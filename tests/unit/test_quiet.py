@@ -1,4 +1,4 @@
-"""Quiet cores (hpc_batch.daemon.quiet, irqsteer, cpufreq, cpupartition) over fixture trees copied to tmp dirs."""
+"""Quiet cores (daemon.benchmode: quiet, irqsteer, cpufreq, cpupartition) over fixture trees copied to tmp dirs."""
 
 import errno
 import os
@@ -12,7 +12,8 @@ import pytest
 
 from hpc_batch.client import listing
 from hpc_batch.core.cputopo import parse_cpulist
-from hpc_batch.daemon import cgroups, cpufreq, cpupartition, irqsteer, kfiles, quiet
+from hpc_batch.daemon import cgroups
+from hpc_batch.daemon.benchmode import cpufreq, cpupartition, irqsteer, kfiles, quiet
 from shepherd import record
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,7 +10,8 @@ from test_engine import ROOT, T0, Hooks, TurnEngine, end, start_pending, world  
 
 from hpc_batch.core import jobs
 from hpc_batch.core.cputopo import parse_cpulist
-from hpc_batch.daemon import cpufreq, devdir, irqsteer, kfiles, quiet
+from hpc_batch.daemon import devdir
+from hpc_batch.daemon.benchmode import cpufreq, irqsteer, kfiles, quiet
 from hpc_batch.wire.protocol import NewJob
 from shepherd import record
 from shepherd.base import records

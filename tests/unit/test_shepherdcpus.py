@@ -1,4 +1,4 @@
-"""The shepherds' cgroup under --housekeeping-cpus none (hpc_batch.daemon.shepherdcpus): the stand-in
+"""The shepherds' cgroup under --housekeeping-cpus none (hpc_batch.daemon.benchmode.shepherdcpus): the stand-in
 list while the kernel will not empty a populated cpuset, over a fixture tree of cgroup files.
 
 The kernel's side (ENOSPC for an empty list while the cgroup is populated) is played by
@@ -13,7 +13,8 @@ import pytest
 from enginefakes import Hooks, MemoryStore, TurnEngine, make_config, make_machine
 
 from hpc_batch.core.cputopo import parse_cpulist
-from hpc_batch.daemon import cgroups, cpupartition, devdir, housekeeping, kfiles, main, shepherdcpus
+from hpc_batch.daemon import cgroups, devdir, main
+from hpc_batch.daemon.benchmode import cpupartition, housekeeping, kfiles, shepherdcpus
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -26,8 +26,9 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 
-from ..core.cputopo import format_cpulist, parse_cpulist
-from . import cgroups, cpupartition, kfiles
+from ...core.cputopo import format_cpulist, parse_cpulist
+from .. import cgroups
+from . import cpupartition, kfiles
 
 log = logging.getLogger("hpc-batchd")
 

@@ -14,7 +14,7 @@ import errno
 import os
 from dataclasses import dataclass
 
-from ..core.cputopo import parse_cpulist
+from ...core.cputopo import parse_cpulist
 
 
 @dataclass

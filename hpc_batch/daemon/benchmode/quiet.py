@@ -43,7 +43,7 @@ from typing import Any
 
 from shepherd.base import records
 
-from ..core.cputopo import format_cpulist, parse_cpulist
+from ...core.cputopo import format_cpulist, parse_cpulist
 from . import cpufreq, cpupartition, irqsteer, kfiles, shepherdcpus
 from .ledger import Ledger
 

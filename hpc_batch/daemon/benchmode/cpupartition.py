@@ -19,7 +19,7 @@ The record says which.
 import os
 from typing import Any
 
-from ..core.cputopo import format_cpulist, parse_cpulist
+from ...core.cputopo import format_cpulist, parse_cpulist
 from . import kfiles
 
 PARTITION = "cpuset.cpus.partition"

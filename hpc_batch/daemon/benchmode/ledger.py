@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.cputopo import format_cpulist, parse_cpulist
+from ...core.cputopo import format_cpulist, parse_cpulist
 from .kfiles import Write, same
 
 

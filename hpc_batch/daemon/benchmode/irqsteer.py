@@ -10,7 +10,7 @@ import os
 import socket
 import struct
 
-from ..core.cputopo import format_cpulist, parse_cpulist
+from ...core.cputopo import format_cpulist, parse_cpulist
 from . import kfiles
 
 PROC_IRQ = "proc/irq"

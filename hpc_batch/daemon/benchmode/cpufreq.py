@@ -15,7 +15,7 @@ and newer kernels also have a per-policy ``boost``, which is the job's own.
 import os
 from typing import Any
 
-from ..core.cputopo import format_cpulist, parse_cpulist
+from ...core.cputopo import format_cpulist, parse_cpulist
 from . import kfiles
 
 CPU = "sys/devices/system/cpu"

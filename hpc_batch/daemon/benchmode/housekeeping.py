@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 
-from ..core.cputopo import format_cpulist, parse_cpulist
-from ..core.resources import Machine
+from ...core.cputopo import format_cpulist, parse_cpulist
+from ...core.resources import Machine
 
 ALLOWED_ENV = "HPC_BATCH_ALLOWED_CPUS"
 AUTO = "auto"
