@@ -1,6 +1,7 @@
 """dispatch log: a job's output so far, -f following it to its end; attach to a job that has ended."""
 
 import os
+import select
 import signal
 import subprocess
 
@@ -80,10 +81,14 @@ def test_log_follow_of_a_queued_job_waits_for_it_to_start(daemon_factory, users,
     r = d.dispatch("log", str(job))
     assert r.returncode == 0 and r.stdout == "" and f"job {job} is queued" in r.stderr
     p = _follow(d, job, "-f")
+    # The follower must be waiting before the blocker goes: under load the job could otherwise start
+    # and end before the client even connects, and it would rightly say "finished".
+    ready, _, _ = select.select([p.stderr], [], [], 60)
+    first = p.stderr.readline() if ready else ""
+    assert "waiting for it to start" in first, first
     open(flag, "w").close()
     out, err = p.communicate(timeout=60)
-    assert out == "started\n" and p.returncode == 0, err
-    assert "waiting for it to start" in err
+    assert out == "started\n" and p.returncode == 0, first + err
     d.wait_finished(blocker)
 
 
