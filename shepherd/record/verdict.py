@@ -279,34 +279,30 @@ class _Judge:
         for name, line in lines.items():
             kinds.setdefault(line_kind(name, line.get("desc", "")), []).append((name, line))
         device = kinds.get("device", [])
-        total = sum(line["total"] for _, line in device)
+        self._per_cpu_second("device_irqs_per_cpu_s", device, "device interrupts", True)
+        self._count("device_interrupts", device, "device interrupts", True)
+        self._count("error_interrupts", kinds.get("error", []), "thermal or machine-check interrupts", False)
+        self._per_cpu_second("ipis_per_cpu_s", kinds.get("ipi", []), "inter-processor interrupts", False)
+
+    def _lines_said(self, lines: list, what: str, irq: bool) -> str:
+        """How a finding names the lines: ``N WHAT on CPUs L (the largest lines) in S s``."""
+        total = sum(line["total"] for _, line in lines)
+        return f"{total} {what} on CPUs {self.on(lines)} ({self.named(lines, irq)}){self.during()}"
+
+    def _count(self, name: str, lines: list, what: str, irq: bool) -> None:
+        """Threshold *name* on the lines' total over the run."""
+        total = sum(line["total"] for _, line in lines)
+        if self.over(name, total):
+            self.flag(name, f"{self._lines_said(lines, what, irq)}, more than {self.limits[name]}")
+
+    def _per_cpu_second(self, name: str, lines: list, what: str, irq: bool) -> None:
+        """Threshold *name* on the lines' rate per job CPU and second of the run."""
+        total = sum(line["total"] for _, line in lines)
         if total and self.wall and self.cpus:
             rate = total / max(self.wall, RATE_SPAN) / len(self.cpus)
-            if self.over("device_irqs_per_cpu_s", rate):
-                self.flag("device_irqs_per_cpu_s",
-                          f"{total} device interrupts on CPUs {self.on(device)} ({self.named(device, True)})"
-                          f"{self.during()}: {_num(rate)} per CPU-second, more than "
-                          f"{self.limits['device_irqs_per_cpu_s']}")
-        if self.over("device_interrupts", total):
-            self.flag("device_interrupts",
-                      f"{total} device interrupts on CPUs {self.on(device)} ({self.named(device, True)})"
-                      f"{self.during()}, more than {self.limits['device_interrupts']}")
-        error = kinds.get("error", [])
-        total = sum(line["total"] for _, line in error)
-        if self.over("error_interrupts", total):
-            self.flag("error_interrupts",
-                      f"{total} thermal or machine-check interrupts on CPUs {self.on(error)} "
-                      f"({self.named(error, False)}){self.during()}, "
-                      f"more than {self.limits['error_interrupts']}")
-        ipi = kinds.get("ipi", [])
-        total = sum(line["total"] for _, line in ipi)
-        if total and self.wall and self.cpus:
-            rate = total / max(self.wall, RATE_SPAN) / len(self.cpus)
-            if self.over("ipis_per_cpu_s", rate):
-                self.flag("ipis_per_cpu_s",
-                          f"{total} inter-processor interrupts on CPUs {self.on(ipi)} "
-                          f"({self.named(ipi, False)}){self.during()}: {_num(rate)} per CPU-second, "
-                          f"more than {self.limits['ipis_per_cpu_s']}")
+            if self.over(name, rate):
+                said = self._lines_said(lines, what, irq)
+                self.flag(name, f"{said}: {_num(rate)} per CPU-second, more than {self.limits[name]}")
 
     def on(self, lines: list) -> str:
         """The job CPUs the *lines* moved on."""
