@@ -426,14 +426,17 @@ class PowerCuts:
             self.faults[what] = len(self.results) + 1
             self.say(f"FAULT after cut {self.faults[what]}: {what}")
 
+    def _serving(self):
+        """Whether the service is active and answers alice's list."""
+        g = self.g
+        return (g.run("systemctl is-active hpc-batch", timeout=60).out.strip() == "active"
+                and dispatch(g, "alice", "list", timeout=60).ok)
+
     def check(self):
         """Everything the test knows must hold, once the daemon came up alone and drained its queue."""
         g = self.g
 
-        def serving():
-            return (g.run("systemctl is-active hpc-batch", timeout=60).out.strip() == "active"
-                    and dispatch(g, "alice", "list", timeout=60).ok)
-        wait_for(serving, 300, what="hpc-batch to serve after the reboot, on its own")
+        wait_for(self._serving, 300, what="hpc-batch to serve after the reboot, on its own")
         restarts = g.run("systemctl show -p NRestarts --value hpc-batch", timeout=60).out.strip()
         if restarts != "0":
             self.fault(f"hpc-batch needed {restarts} restarts to come up\n{g.unit_report('hpc-batch')}")
@@ -555,10 +558,7 @@ class PowerCuts:
         if status() != f"install ok installed {to}":
             self.fault(f"after the repair dpkg says {status()!r}, not {to} installed")
 
-        def serving():
-            return (g.run("systemctl is-active hpc-batch", timeout=60).out.strip() == "active"
-                    and dispatch(g, "alice", "list", timeout=60).ok)
-        wait_for(serving, 300, what="hpc-batch to serve after dpkg's repair")
+        wait_for(self._serving, 300, what="hpc-batch to serve after dpkg's repair")
 
         def ready_on_to():   # a reload re-executes the daemon: done once it says it is ready again
             line = g.run("journalctl -b -u hpc-batch -o cat --no-pager | grep ' ready on ' | tail -1",
