@@ -7,8 +7,10 @@ fast path is for: ``dispatch new`` imports none of the heavy modules.
 """
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 from docopt import DocoptExit, docopt
@@ -62,17 +64,60 @@ def test_options_table_reads_defaults_from_the_usage():
     assert not table["--exclusive"].takes_value and table["--help"].names == ["-h", "--help"]
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HEAVY = ('docopt', 're', 'typing', 'json', 'socket', 'enum', 'shlex')
+
+
+def _heavy_loaded(tmp_path, args, sock):
+    """The HEAVY modules a fresh interpreter has loaded after ``main(args)`` against *sock*."""
+    # -I keeps the user's site out; this checkout goes first on the path, as the tree is what is tested.
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from hpc_batch.client.cli import main; rc = main({args!r}); "
+            f"print(' '.join(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
+    env = dict(os.environ, HPC_BATCH_SOCKET=str(sock))
+    return subprocess.run([sys.executable, "-I", "-c", code], env=env, capture_output=True, text=True,
+                          cwd=str(tmp_path), timeout=60)
+
+
 @pytest.mark.parametrize("args", [["new", "--no-output", "--", "true"], ["list"], ["list", "--all", "3"]])
 def test_dispatch_new_and_list_import_nothing_heavy(tmp_path, args):
     # Against a socket that does not exist: the parse and the connect attempt both run.
-    code = (f"import sys; from hpc_batch.client.cli import main; rc = main({args!r}); "
-            "print(' '.join(sorted(m for m in ('docopt', 're', 'typing', 'json', 'socket', 'enum', 'shlex') "
-            "if m in sys.modules)))")
-    env = dict(os.environ, HPC_BATCH_SOCKET=str(tmp_path / "none.sock"))
-    r = subprocess.run([sys.executable, "-I", "-c", code], env=env, capture_output=True, text=True,
-                       cwd=str(tmp_path), timeout=60)
+    r = _heavy_loaded(tmp_path, args, tmp_path / "none.sock")
     assert "cannot reach hpc-batchd" in r.stderr
     assert r.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("args", [["new", "--no-output", "--", "true"], ["new", "--", "true"]])
+def test_a_submit_and_its_reply_import_nothing_heavy(tmp_path, args):
+    # Against a stand-in daemon that answers the submit as hpc-batchd does: the reply's path runs too.
+    from hpc_batch.wire import framing, messages
+    result = {"id": 3, "state": "running", "mem": 1 << 30, "mem_assigned": True, "mem_enforced": True}
+    if "--no-output" not in args:
+        result["output"] = str(tmp_path / "output.3.log")
+    path = tmp_path / "d.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    server.settimeout(60)
+
+    def answer():
+        conn, _ = server.accept()
+        with conn:
+            decoder = framing.Decoder()
+            while (msg := decoder.next()) is None:
+                decoder.feed(conn.recv(1 << 16))
+            assert msg["op"] == "new"
+            conn.sendall(framing.encode(messages.ok(**result)))
+
+    daemon = threading.Thread(target=answer, daemon=True)
+    daemon.start()
+    try:
+        r = _heavy_loaded(tmp_path, args, path)
+    finally:
+        daemon.join(60)
+        server.close()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith("job 3 running; memory budget 1G (assigned by default)")
+    assert r.stdout.splitlines()[-1].strip() == ""
 
 
 LIST_CASES = [
