@@ -36,7 +36,7 @@ class Plan:
 
 
 FULL = Plan(runs=15, wait_runs=10, drain_jobs=900, drain_runs=3, submit_refs=5, shepherd_rounds=3, window=5.0,
-            queue_list=5000, queue_new=10_000, out_bytes=1 << 30, out_runs=3, restart_jobs=100, restart_runs=3,
+            queue_list=5000, queue_new=10_000, out_bytes=1 << 30, out_runs=10, restart_jobs=100, restart_runs=3,
             release_jobs=10_000, release_runs=3, release_base=2.0, history_rows=1_000_000, history_runs=5,
             bulk_jobs=100_000, bulk_runs=3)
 SMOKE = Plan(runs=3, wait_runs=2, drain_jobs=12, drain_runs=2, submit_refs=2, shepherd_rounds=1, window=1.0,

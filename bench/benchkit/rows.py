@@ -114,7 +114,8 @@ def table(plan: Plan) -> list[Figure]:
                f"Job wall time (`ended - started` of `dispatch show --json`) of `sh -c 'head -c {plan.out_bytes} "
                "/dev/zero'`, its output captured into its log (first the `--max-output-buffer` in the state "
                "directory, the rest straight to the log) against `sh -c 'head -c ... /dev/zero > FILE'`; logs "
-               "and files in the scratch directory, deleted after each run; the two alternate.",
+               "and files in the scratch directory, deleted after each run; the two alternate, and with them a bare "
+               "pipe into a file against a bare file write (no hpc-batch; see the note), the host's price of a pipe.",
                Target("<= 1.05x", "ratio", "<=", 1.05), "the same writing a file"),
         Figure("restart", f"restart with {plan.restart_jobs} jobs until it serves again",
                "The daemon holding the jobs (`sleep 3600`, as many running as it has CPUs, the rest queued) is "
