@@ -33,8 +33,8 @@ def _run(d: ScratchDaemon, outdir: str, script: str) -> tuple[float, float]:
     return float(shown["ended"]) - float(shown["started"]), waited
 
 
-def _bare(outdir: str, script: str) -> float:
-    """Wall seconds of *script* run by sh directly, in *outdir*'s disk, no daemon."""
+def _bare(script: str) -> float:
+    """Wall seconds of *script* run by sh directly, no daemon."""
     t0 = time.perf_counter()
     subprocess.run(["sh", "-c", script], check=True, stdin=subprocess.DEVNULL)
     return time.perf_counter() - t0
@@ -71,11 +71,11 @@ def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
                 shutil.rmtree(outdir)
             walls.append(wall)
             waits.append(waited)
-        for script, bare in ((f"head -c {size} /dev/zero | cat > FILE", bare_pipe),
-                             (f"head -c {size} /dev/zero > FILE", bare_file)):
+        target = os.path.join(outdir, "file")
+        for pipe, bare in ((" | cat", bare_pipe), ("", bare_file)):
             os.makedirs(outdir)
             try:
-                bare.append(_bare(outdir, script.replace("FILE", os.path.join(outdir, "file"))))
+                bare.append(_bare(f"head -c {size} /dev/zero{pipe} > {target}"))
             finally:
                 shutil.rmtree(outdir)
     figs["output"].value, figs["output"].baseline = summarize(stdout_wall, "s"), summarize(file_wall, "s")
