@@ -30,7 +30,6 @@ supervisor; the package's face is this module, as json's is its
 """
 
 import errno
-import hashlib
 import os
 import resource
 import select
@@ -38,6 +37,18 @@ import signal
 import time
 
 from . import collect, figurefile, figures, gpuquery, sentinels, verdict
+
+# The small digests (launch spec, environment, the record's own) take CPython's built-in sha256:
+# hashlib would map OpenSSL's libcrypto (3.4 MiB resident here) into the fork server and so into
+# every shepherd's share of memory. An executable's hash, a cache miss of up to HASH_CAP, still
+# takes hashlib (OpenSSL's is several times faster there), imported only when one is read.
+try:
+    from _sha256 import sha256  # built in (3.11)
+except ImportError:
+    try:
+        from _sha2 import sha256  # type: ignore[no-redef]   # 3.12 on
+    except ImportError:
+        from hashlib import sha256  # type: ignore[no-redef]
 
 try:
     from shepherd.base import acl, identity, records, sysread
@@ -104,10 +115,10 @@ def software(spec: records.LaunchSpec, env_values: bool) -> dict:
         "environment": {
             "keys": sysread.field([cap(k) for k in keys[:LIST_CAP]], "launch spec"),
             "count": sysread.field(len(keys), "launch spec"),
-            "sha256": sysread.field(hashlib.sha256(block).hexdigest(), "launch spec"),
+            "sha256": sysread.field(sha256(block).hexdigest(), "launch spec"),
             "bytes": sysread.field(len(block), "launch spec"),
             "submitted_sha256": sysread.field(
-                hashlib.sha256(env_block({k: v for k, v in env.items() if k not in PER_JOB_VARS})).hexdigest(),
+                sha256(env_block({k: v for k, v in env.items() if k not in PER_JOB_VARS})).hexdigest(),
                 "launch spec, less " + ", ".join(PER_JOB_VARS)),
         },
     }
@@ -140,7 +151,7 @@ def _rlimits() -> dict:
 def digest(record: dict) -> str:
     """``sha256:<hex>`` of the record without its digest, keys sorted, compact."""
     body = {k: v for k, v in record.items() if k != "digest"}
-    return "sha256:" + hashlib.sha256(dumps_canonical(body).encode()).hexdigest()
+    return "sha256:" + sha256(dumps_canonical(body).encode()).hexdigest()
 
 
 def bounded(record: dict, limit: int = MAX_BYTES) -> bytes:
@@ -695,6 +706,7 @@ class Recorder:
             return dict(out, sha256=sha, hash_from="cache")
         if st.st_size > HASH_CAP:
             return dict(out, error=f"larger than {HASH_CAP >> 20} MiB: not hashed")
+        import hashlib  # a cache miss only (see sha256 above)
         h = hashlib.sha256()
         offset = 0
         while True:
