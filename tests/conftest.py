@@ -159,8 +159,12 @@ class Daemon:
         except OSError:
             return ""
 
-    def dispatch(self, *args, user=None, cwd=None, env=None, timeout=60, input=None):
-        """Run the real dispatch (as *user*, a passwd name, if given)."""
+    def dispatch(self, *args, user=None, cwd=None, env=None, timeout=60, input=None, on_timeout=None):
+        """Run the real dispatch (as *user*, a passwd name, if given).
+
+        *on_timeout*, if given, is called with the client's pid when *timeout* passes, before the client
+        is killed and TimeoutExpired raised: a test can look at where it is stuck.
+        """
         full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
                     "HPC_BATCH_SOCKET": self.socket}
         full_env.update(env or {})
@@ -170,8 +174,23 @@ class Daemon:
             run_env = None
         else:
             run_env = full_env
-        return subprocess.run(argv, cwd=cwd or self.base, env=run_env, capture_output=True,
-                              text=True, timeout=timeout, input=input)
+        if on_timeout is None:
+            return subprocess.run(argv, cwd=cwd or self.base, env=run_env, capture_output=True,
+                                  text=True, timeout=timeout, input=input)
+        with subprocess.Popen(argv, cwd=cwd or self.base, env=run_env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            try:
+                out, err = proc.communicate(input, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                on_timeout(proc.pid)
+                for pid in [*descendants(proc.pid), proc.pid]:   # runuser's dispatch too, not runuser alone
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                proc.wait()
+                raise
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
     def ok(self, *args, **kw):
         """dispatch that must succeed; returns stdout."""
@@ -238,6 +257,25 @@ class Daemon:
         """SIGKILL the daemon alone (its shepherds are in their own sessions)."""
         self.proc.kill()
         self.proc.wait()
+
+
+def descendants(root: int) -> list[int]:
+    """The pids of *root*'s descendants, children first (read from /proc at one moment)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
 
 
 def exit_of(row: str) -> str:

@@ -53,7 +53,7 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import USERS, wait_for
+from conftest import USERS, descendants, wait_for
 
 MINUTES = float(os.environ.get("HPC_BATCH_SOAK_MINUTES", "3"))
 SEED = int(os.environ.get("HPC_BATCH_SOAK_SEED", "31"))
@@ -89,6 +89,50 @@ def as_user(name, argv):
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, user=pw.pw_uid,
                             group=pw.pw_gid, extra_groups=[], cwd="/",
                             env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": pw.pw_dir})
+
+
+def _read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().strip()
+    except OSError as exc:
+        return f"({exc.strerror})"
+
+
+def _task(path):
+    """One process or thread: its name, state, kernel wait channel and kernel stack."""
+    status = dict(line.split(":", 1) for line in _read(f"{path}/status").splitlines() if ":" in line)
+    return {"comm": status.get("Name", "?").strip(), "state": status.get("State", "?").strip(),
+            "wchan": _read(f"{path}/wchan"), "stack": _read(f"{path}/stack").splitlines()[:12]}
+
+
+def where_stuck(client, daemon_pid, socket_path, log):
+    """Where a client that got no answer is stuck, and what the daemon does meanwhile: its processes'
+    kernel stacks, the unix sockets they hold (ss), the daemon's threads and the end of its log."""
+    procs, inodes = {}, set()
+    for pid in [client, *descendants(client)]:
+        procs[pid] = _task(f"/proc/{pid}")
+        fds = []
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    fds.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                except OSError:
+                    pass
+        except OSError:
+            pass
+        procs[pid]["fds"] = fds
+        inodes |= {f[8:-1] for f in fds if f.startswith("socket:[")}
+    threads = {}
+    try:
+        for tid in os.listdir(f"/proc/{daemon_pid}/task"):
+            threads[tid] = _task(f"/proc/{daemon_pid}/task/{tid}")
+    except OSError as exc:
+        threads["error"] = exc.strerror
+    ss = subprocess.run(["ss", "-xanp"], capture_output=True, text=True).stdout.splitlines()
+    sockets = [line for line in ss if socket_path in line or any(f" {i} " in line for i in inodes)]
+    return {"client": procs, "daemon_threads": threads, "sockets": sockets[:40],
+            "daemon_log": log.splitlines()[-40:]}
 
 
 def at_rest(d):
@@ -274,13 +318,15 @@ class Bob:
         self.refused = {"queue_full": 0, "too_large": 0, "busy": 0}
         self.accepted_large = 0
         self.other = []           # anything else: a failure
+        self.stuck = []           # where_stuck() of each request left unanswered
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
 
     def dispatch(self, *args):
         d = self.run.d   # the socket path is the same across restarts
         try:
-            r = d.dispatch(*args, user=BOB, cwd=pwd.getpwnam(BOB).pw_dir, timeout=120)
+            r = d.dispatch(*args, user=BOB, cwd=pwd.getpwnam(BOB).pw_dir, timeout=120,
+                           on_timeout=lambda pid: self.stuck.append(where_stuck(pid, d.proc.pid, d.socket, d.log())))
         except subprocess.TimeoutExpired:
             # Neither an answer nor a closed connection in 120 s (dispatch has no timeout of its own):
             # kept as a failure, with when it began, and bob goes on.
@@ -481,7 +527,8 @@ def test_soak_mixed_load(daemon_factory, users, scratch):
         "events": {k: done.count(k) for k in ("reload", "restart", "kill9")},
         "alice": dict(alice.counts, jobs=len(alice.expected)),
         "bob": {"jobs": len(bob.expected), "refused": bob.refused, "large_accepted": bob.accepted_large,
-                "unanswered": bob.lost_answers, "extra_in_history": len(mine[BOB] - set(bob.expected))},
+                "unanswered": bob.lost_answers, "extra_in_history": len(mine[BOB] - set(bob.expected)),
+                "stuck": bob.stuck},
         "history_rows": len(history),
         "baseline": base, "end": end, "end_fresh": fresh, "peaks": peaks,
         "answers": {"n": len(samples), "answered": len(answered),
