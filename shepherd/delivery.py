@@ -10,7 +10,9 @@ FIFO or a signal to the shepherd interrupts, is killed; delivery.json says
 how it went.
 
 These functions run in the Supervisor's poll loop (shepherd/main.py), so
-the FIFO and signals are heard while a copy runs; they take it as *sup*.
+the FIFO and signals are heard while a copy runs. They take the part of
+it they use, :class:`Delivering`, as *sup*: its poll loop, its fork and
+what it knows of the job, never the supervisor's module.
 """
 
 import os
@@ -29,10 +31,32 @@ except ImportError:  # run as a file: siblings are on sys.path
 # 0.9 MB that every shepherd maps; mypy honours a plain constant of that name alike.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from shepherd.main import Supervisor
+    from collections.abc import Callable
+    from typing import Protocol
+
+    from shepherd.base.records import DeliveryRecord, LaunchSpec
+    from shepherd.output import OutputPump
+    from shepherd.record import Recorder
+
+    class Delivering(Protocol):
+        """What delivery asks of the shepherd's supervisor (shepherd/main.py's ``Supervisor``)."""
+
+        job_dir: str
+        spec: LaunchSpec
+        out: OutputPump
+        pid: int | None             # the job's, once forked
+        abandon: str | None         # why delivery stops (a "stop" on the FIFO, a signal)
+        recorder: Recorder | None   # the record's, when the job has one
+        delivery_limit: float
+
+        def watch(self, fd: int, handler: Callable[[int], None]) -> None: ...
+        def unwatch(self, fd: int) -> None: ...
+        def wait(self, until: float) -> None: ...
+        def fork_retrying(self, interrupted: Callable[[], bool], limit: float | None = None) -> int: ...
+        def record_delivery(self, rec: DeliveryRecord) -> None: ...
 
 
-def deliver(sup: "Supervisor") -> None:
+def deliver(sup: "Delivering") -> None:
     """Get the output to the user's log file (or drop it), and record the outcome."""
     path = os.path.join(sup.job_dir, records.OUTPUT)
     dest = sup.spec.output
@@ -65,7 +89,7 @@ def deliver(sup: "Supervisor") -> None:
     sup.record_delivery(rec)
 
 
-def deliver_record(sup: "Supervisor") -> str | None:
+def deliver_record(sup: "Delivering") -> str | None:
     """``dispatch new --record FILE``: copy record.json there as the user; why not, or None."""
     to = (sup.spec.record or {}).get("to")
     if not to or sup.recorder is None or sup.pid is None:
@@ -87,7 +111,7 @@ def deliver_record(sup: "Supervisor") -> str | None:
     return None if ok else f"the record was not written: {why}"
 
 
-def await_child(sup: "Supervisor", pid: int, pidfd: int, report: int):
+def await_child(sup: "Delivering", pid: int, pidfd: int, report: int):
     """Wait for a delivery child within the time limit; ``(ok, why)``.
 
     The child runs as the user, who can stop it; a "stop" on the FIFO or a
