@@ -54,6 +54,7 @@ rlog = RateLimited(log)
 IDLE_TIMEOUT = 60.0          # a connection that sends no request is dropped
 FRAME_DEADLINE = 10.0        # a frame once begun must be complete within this
 ACCEPT_PAUSE = 1.0           # out of descriptors: stop accepting for this long
+SLOW_TURN = 0.1              # a turn of the loop longer than this is logged, with where it went
 PENDING_PER_USER = 2 * framing.MAX_FRAME   # unfinished frame bytes one user may hold in the daemon
 _CRED = struct.Struct("3i")
 
@@ -113,8 +114,12 @@ class Server:
     # -- the loop ---------------------------------------------------------------
     def run(self) -> str:
         """Serve until SIGHUP (returns "reload") or SIGTERM/SIGINT ("terminate")."""
+        busy = None   # when the select of this turn returned; None before the first
+        kinds: dict[str, int] = {}
+        events_s = end_s = 0.0
         while self.stop_reason is None:
             now = time.time()
+            tick_from = time.monotonic()
             resume, self.resume = self.resume, []
             for conn in resume:
                 if not conn.open() or conn.stalled:
@@ -126,8 +131,14 @@ class Server:
             wake = self.engine.tick(now)
             self._end_turn()   # what the tick did (starts, ends) is made durable and spawned before we sleep
             timeout = self._timeout(wake, now)
-            for key, mask in self.sel.select(timeout):
+            if busy is not None:
+                self._slow_turn(busy, kinds, events_s, end_s, time.monotonic() - tick_from)
+            ready = self.sel.select(timeout)
+            busy = time.monotonic()
+            kinds = {}
+            for key, mask in ready:
                 kind, arg = key.data
+                kinds[kind] = kinds.get(kind, 0) + 1
                 try:
                     if kind == "listen":
                         self._accept()
@@ -147,11 +158,26 @@ class Server:
                     rlog.exception(f"event-{kind}", "error handling %s event", kind)
                     if kind == "conn":
                         self._close(arg)
+            handled = time.monotonic()
+            events_s = handled - busy
             self.streams.poll()
             self._end_turn(bulks=True)   # one slice of a bulk a turn of the loop, answers in between
             self._expire_idle()
             self._resume_accepting()
+            end_s = time.monotonic() - handled
         return self.stop_reason
+
+    @staticmethod
+    def _slow_turn(busy: float, kinds: dict[str, int], events_s: float, end_s: float, tick_s: float) -> None:
+        """Log a turn that kept every client waiting longer than SLOW_TURN, with where its time went:
+        the events the select returned (each kind counted), the commit and spawns after them, and the
+        timers with their commit before the next select."""
+        took = time.monotonic() - busy
+        if took > SLOW_TURN:
+            what = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"
+            rlog.warning("slow-turn", "a turn of the loop took %.0f ms: %.0f ms on its events (%s), %.0f ms "
+                         "committing and spawning after them, %.0f ms on timers before the next wait",
+                         took * 1e3, events_s * 1e3, what, end_s * 1e3, tick_s * 1e3)
 
     def _end_turn(self, bulks: bool = False) -> None:
         """The engine ends the turn (Engine.end_turn), sending the replies that waited on its commit

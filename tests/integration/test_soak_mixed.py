@@ -530,6 +530,8 @@ def test_soak_mixed_load(daemon_factory, users, scratch):
                 "unanswered": bob.lost_answers, "extra_in_history": len(mine[BOB] - set(bob.expected)),
                 "stuck": bob.stuck},
         "history_rows": len(history),
+        # The daemon's own account of its slow turns (server.SLOW_TURN; at most one line per 10 s).
+        "slow_turns": [line for line in run.d.log().splitlines() if "a turn of the loop took" in line][-50:],
         "baseline": base, "end": end, "end_fresh": fresh, "peaks": peaks,
         "answers": {"n": len(samples), "answered": len(answered),
                     "steady": {"n": len(steady), "p50": pct(steady, 50), "p99": pct(steady, 99),

@@ -39,3 +39,17 @@ def test_replies_wait_while_the_store_has_staged_changes_or_shepherds_are_to_spa
 def test_soonest_leaves_out_the_sources_with_nothing_to_wait_for():
     assert soonest() is None and soonest(None, None) is None
     assert soonest(None, 3.0, 2.0, None) == 2.0
+
+
+def test_a_slow_turn_is_logged_with_where_its_time_went(monkeypatch, caplog):
+    from hpc_batch.daemon import server
+    monkeypatch.setattr(server, "rlog", server.RateLimited(server.log))   # nothing suppressed by earlier tests
+    kinds = {"conn": 3, "pidfd": 1}
+    with caplog.at_level("WARNING", logger="hpc-batchd"):
+        server.Server._slow_turn(server.time.monotonic() - 0.01, kinds, 0.004, 0.003, 0.002)
+        assert not caplog.records, "a quick turn is not logged"
+        server.Server._slow_turn(server.time.monotonic() - 0.25, kinds, 0.2, 0.03, 0.015)
+    (rec,) = caplog.records
+    assert rec.getMessage().startswith("a turn of the loop took 25")
+    assert "200 ms on its events (3 conn, 1 pidfd), 30 ms committing and spawning after them, 15 ms on timers" \
+        in rec.getMessage()
