@@ -23,7 +23,7 @@ blocking the queue. Policy state is a JSON-safe dict returned in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +66,7 @@ Hold = tuple[float, Allocation]
 
 def schedule(
     policy: str,
-    queue: Sequence[QueuedJob],
+    queue: Iterable[QueuedJob],
     running: Sequence[RunningJob],
     machine: Machine,
     limits: Limits,
@@ -78,6 +78,12 @@ def schedule(
     ``queue`` is in submission order, ``state`` is the ``Decision.state``
     of the previous call (``{}`` the first time). Raises ValueError for an
     unknown policy.
+
+    ``queue`` may be any iterable, read in order: ``fifo-strict`` reads it
+    only up to its blocked head, so a pass behind a blocked head costs the
+    same with 10 or 100,000 jobs queued (the caller need not copy its
+    queue for it); the backfill policies look behind the head, and take
+    the whole queue as a list.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
@@ -85,8 +91,12 @@ def schedule(
     free = Free.of(capacity(machine, limits), (r.alloc for r in running))
     starts: list[tuple[int, Allocation]] = []
     failures: list[tuple[int, str]] = []
+    if policy == "fifo-strict":
+        _start_in_order(queue, free, machine, limits, starts, failures)
+        return Decision(starts, failures, {})
+    queue = queue if isinstance(queue, Sequence) else list(queue)
     head = _start_in_order(queue, free, machine, limits, starts, failures)
-    if head == len(queue) or policy == "fifo-strict":
+    if head == len(queue):
         return Decision(starts, failures, {})
     if policy == "easy-backfill":
         new_state = _easy_backfill(queue, head, free, state, starts)
@@ -99,23 +109,26 @@ def schedule(
     return Decision(starts, failures, new_state)
 
 
-def _start_in_order(queue: Sequence[QueuedJob], free: Free, machine: Machine, limits: Limits,
+def _start_in_order(queue: Iterable[QueuedJob], free: Free, machine: Machine, limits: Limits,
                     starts: list[tuple[int, Allocation]], failures: list[tuple[int, str]]) -> int:
-    """Start jobs from the front while they fit; return the blocked head's index.
+    """Start jobs from the front while they fit; return the blocked head's index (the number
+    of jobs read when none blocked). Reads *queue* no further than its blocked head.
 
     Heads that can never fit are failed and skipped.
     """
-    for i, job in enumerate(queue):
+    read = 0
+    for job in queue:
         alloc = free.fit(job.request, job.budget)
         if alloc is not None:
             starts.append((job.id, alloc))
             free.take(alloc)
-            continue
-        reason = why_never_fits(job.request, job.budget, machine, limits)
-        if reason is None:
-            return i
-        failures.append((job.id, reason))
-    return len(queue)
+        else:
+            reason = why_never_fits(job.request, job.budget, machine, limits)
+            if reason is None:
+                return read
+            failures.append((job.id, reason))
+        read += 1
+    return read
 
 
 def _easy_backfill(queue: Sequence[QueuedJob], head: int, free: Free, state: dict[str, Any],

@@ -338,3 +338,24 @@ def test_pass_over_many_blocked_jobs_stays_cheap(policy):
     d = schedule(policy, q, running, GPU4, LIMITS, {}, 0.0)
     assert time.perf_counter() - t0 < 1.0
     assert d.starts == []
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_queue_given_as_an_iterator_is_scheduled_as_the_same_list_is(policy):
+    jobs = [queued(Job(i, Request(cpus=c))) for i, c in enumerate([4, 8, 8, 2, 4, 1], 1)]
+    running = [RunningJob(99, Allocation(tuple(range(6)), ((0, 8 * GiB),), (), False), 50.0)]
+    as_list = schedule(policy, jobs, running, GPU4, LIMITS, {}, 0.0)
+    as_iter = schedule(policy, iter(jobs), running, GPU4, LIMITS, {}, 0.0)
+    assert as_iter == as_list and as_list.starts   # something started, and the same
+
+
+def test_fifo_strict_reads_the_queue_no_further_than_its_blocked_head():
+    read = []
+
+    def queue():   # 3 start, the 4th blocks; a 5th read would be a read of all 100,000
+        for i in range(1, 100_001):
+            read.append(i)
+            yield queued(Job(i, Request(cpus=16 if i == 4 else 4)))
+
+    d = schedule("fifo-strict", queue(), [], GPU4, LIMITS, {}, 0.0)
+    assert [jid for jid, _ in d.starts] == [1, 2, 3] and read == [1, 2, 3, 4]
