@@ -296,8 +296,24 @@ def _units(machine: Machine, whole_cores: bool) -> dict[int, tuple[int, ...]]:
     return units
 
 
+# capacity()'s last answer: it is asked several times a submit and a scheduling pass (and costs a
+# walk of every CPU), always of the daemon's one machine and limits, which are frozen.
+_capacity_of: tuple[Machine, Limits, Capacity] | None = None
+
+
 def capacity(machine: Machine, limits: Limits) -> Capacity:
-    """Return what jobs may use once the reserves are taken out."""
+    """Return what jobs may use once the reserves are taken out (the same object as long as
+    *machine* and *limits* are: no caller changes it)."""
+    global _capacity_of
+    last = _capacity_of
+    if last is not None and last[0] is machine and last[1] is limits:
+        return last[2]
+    cap = _capacity(machine, limits)
+    _capacity_of = (machine, limits, cap)
+    return cap
+
+
+def _capacity(machine: Machine, limits: Limits) -> Capacity:
     nodes = sorted(machine.nodes, key=lambda n: n.id)
     home = next((n for n in nodes if n.cpus), None)
     units = _units(machine, limits.whole_cores)
