@@ -13,7 +13,11 @@ it: ``admission`` (a submit's checks and jobs), ``queries`` (the read
 models), ``launchspec`` (a job's environment and launch spec), ``outcome``
 (how a job ended, from its shepherd's records), ``benchcores`` (benchmark
 mode's watch and quiet cores), ``bulks`` (bulk submits stored a slice per
-turn), ``finished`` (the history archive and undelivered output) and
+turn), ``finished`` (the history archive and undelivered output),
+``startparts`` (a start's side parts: launch spec, quiet cores, cgroup
+dropping, pidfd watching), ``deadlines`` (max times, deadlines and stop
+requests, and the tick's check of each running job), ``eviction``
+(finished jobs past --keep-finished, records whose write failed) and
 ``recovery`` (start-up, given the engine's own ending methods as
 callbacks); every verb refuses with ``refusal.Refused``. What a turn of
 the loop changed is kept in its ``Turn`` (turn.py), which is all the
@@ -30,7 +34,6 @@ job ends that job (as ``error``, with the reason), never the daemon.
 import logging
 import os
 import pwd
-import shutil
 import time
 from collections import deque
 from collections.abc import Callable
@@ -38,9 +41,8 @@ from typing import Any
 
 from shepherd.base import records
 
-from .. import bounds, defaults
+from .. import defaults
 from ..core import dependencies, scheduler, views
-from ..core.durations import format_duration
 from ..core.jobs import (
     CANCELLED,
     DEPENDENCY_FAILED,
@@ -50,7 +52,6 @@ from ..core.jobs import (
     OOM,
     QUEUED,
     RUNNING,
-    TIMEOUT,
     WAITING,
     Job,
     Result,
@@ -64,19 +65,19 @@ from . import (
     bulks,
     cgroups,
     devdir,
-    jobrecord,
     launcher,
-    launchspec,
     outcome,
-    probe,
     queries,
     recovery,
 )
 from . import engineparts as parts
 from .access import Caller
 from .benchcores import BenchCores
+from .deadlines import Deadlines
+from .eviction import Eviction
 from .finished import Finished
 from .refusal import Refused
+from .startparts import StartParts
 from .store import is_disk_full
 from .turn import Turn
 
@@ -103,7 +104,6 @@ class Engine:
         # per-user counts, names, dependencies): changed only through the table (core/jobtable.py).
         self.table = JobTable()
         self.jobs = self.table.jobs         # read here; in id order, all and per user, for list pages
-        self.stale_cgroups: set[str] = set()  # job cgroups still busy when their job ended
         # Waiting jobs to look at again, and ended jobs whose dependents are still to be looked at:
         # settled a bounded number per turn, so releasing 10,000 dependents never stalls the loop.
         self.to_settle: deque[int] = deque()
@@ -120,11 +120,18 @@ class Engine:
         self.saved_floor = 1                # the next_id daemon.json holds: ids below it are never reused
         self.pending: scheduler.Decision | None = None  # a Decision to carry out after a reply
         self.root_mode = os.geteuid() == 0
+        # A start's side parts (startparts.py): launch spec, quiet cores, cgroup, pidfd.
+        self.start_parts = StartParts(cfg, store, machine, self.table, self.turn, self.bench, launcher, cgroups,
+                                      passwd, hooks, self._collect)
+        # Max times, deadlines and stop requests (deadlines.py); its recheck is recovery's, below.
+        self.deadlines = Deadlines(cfg, store, self.table, self.turn, launcher, self._reset_policy,
+                                   lambda job_id: recovery.recheck(self.recovery, job_id))
+        # Finished jobs past --keep-finished, and records whose write failed (eviction.py).
+        self.eviction = Eviction(cfg, store, self.table, self.turn, self.finished, self.to_settle,
+                                 lambda: self.saved_floor, self.save_meta)
         # Start-up and the second look at a shepherd that was starting (recovery.py), given what they act on.
         self.recovery = recovery.Parts(cfg, store, self.table, launcher, cgroups, hooks, self.bench,
-                                       recovery.Ends(self._collect, self._not_now, self._send_deadline))
-        # The GPU query of a job's record runs the nvidia-smi the daemon found (its PATH, not a user's).
-        self.nvidia_smi = shutil.which("nvidia-smi") if machine.gpus else None
+                                       recovery.Ends(self._collect, self._not_now, self.deadlines.send))
 
     # -- start-up -------------------------------------------------------------
     def recover(self) -> list:
@@ -367,6 +374,9 @@ class Engine:
             eligible.append(q)
         return eligible
 
+    def _reset_policy(self) -> None:
+        self.policy_state = {}
+
     def save_meta(self) -> bool:
         """Persist the id floor and policy state; on failure retry from the tick."""
         try:
@@ -379,16 +389,6 @@ class Engine:
             log.error("cannot write daemon.json (%s); will retry", exc)
             self.turn.meta_dirty = True
             return False
-
-    def _job_env(self, job: Job) -> dict:
-        """The job's environment (launchspec.environment), from its stored one and its user's passwd entry."""
-        stored = self.store.load_env(job)   # {} (a clean environment) when it cannot be read
-        try:
-            pw = self.passwd.getpwuid(job.uid)
-            home, shell = pw.pw_dir, pw.pw_shell or "/bin/sh"
-        except KeyError:
-            home, shell = "/", "/bin/sh"
-        return launchspec.environment(job, stored, home, shell, self.cfg.mask_gpus, self.machine.gpu_uuids)
 
     def _start(self, job: Job, alloc, now: float) -> None:
         # Order matters for crash safety: the launch spec (with the environment,
@@ -411,7 +411,7 @@ class Engine:
                 cg = self.cgroups.create_job(self.cfg.cgroup_root, job.id, alloc.cpus, alloc.mems, alloc.mem,
                                         self.cfg.max_pids, minors)
                 running.cgroup = cg
-            self.launcher.write_launch(jdir, self._launch_spec(job, alloc, cg))
+            self.launcher.write_launch(jdir, self.start_parts.launch_spec(job, alloc, cg))
         except OSError as exc:
             self._requeue(job, cg, exc, now)
             return
@@ -525,9 +525,9 @@ class Engine:
         self.store.forget(refused)
         for job, cg in self.turn.to_spawn:
             if job.id in refused:
-                self._drop_cgroup(cg)
+                self.start_parts.drop_cgroup(cg)
                 continue
-            self._drop_cgroup(cg)
+            self.start_parts.drop_cgroup(cg)
             self._move(job, QUEUED, now)
             try:
                 os.unlink(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
@@ -541,7 +541,7 @@ class Engine:
     def _spawn(self, job: Job, cg, now: float, before=None) -> None:
         jdir = self.store.job_dir(job.id)
         if job.request.get("benchmark"):
-            self._quiet(job, jdir, cg)
+            self.start_parts.quiet(job, jdir, cg)
 
         def info() -> None:   # needs no pid: done while the fork server forks
             if before is not None:
@@ -560,51 +560,17 @@ class Engine:
                 self._not_now(job, cg, f"cannot start its shepherd yet ({exc.strerror or exc})", now)
                 return
             log.error("job %d cannot start: %s", job.id, exc)
-            self._drop_cgroup(cg)
+            self.start_parts.drop_cgroup(cg)
             self._finish(job, Result(ERROR, note=f"cannot start its shepherd: {exc}"), now)
             return
-        self._watch(job.id, pid, start)
+        self.start_parts.watch(job.id, pid, start)
         alloc = self.table.running[job.id].alloc
         log.info("job %d started: cpus %s, mem %d, gpus %s", job.id, list(alloc.cpus), alloc.mem, list(alloc.gpus))
         self.hooks.job_event(job.id, "started")
 
-    def _quiet(self, job: Job, jdir: str, cg) -> None:
-        """Quiet a benchmark job's CPUs (its record is durable as running, so any later daemon
-        undoes this when the job ends). A shortfall is recorded, never a reason not to run."""
-        job.quiet = self.bench.quiet_cores(job.id, jdir, self.table.running[job.id].alloc, cg,
-                                           len(self.table.running))
-        try:
-            # The cache only: no journal commit (an fdatasync) more per start. What must be undone
-            # is in quiet.json; this is what `show` reports, and the job's next durable save keeps it.
-            self.store.save_job(job, durable=False)
-        except OSError:
-            self.turn.unsaved.add(job.id)
-
-    def _unquiet(self, job: Job) -> None:
-        """Undo what :meth:`_quiet` changed (BenchCores.unquiet); the record keeps what was undone."""
-        undone = self.bench.unquiet(job.id, self.store.job_dir)
-        if undone is not None and job.quiet is not None:
-            job.quiet["undone"] = undone
-
-    def _launch_spec(self, job: Job, alloc, cg) -> records.LaunchSpec:
-        """What the shepherd needs (launchspec.build), with what only the daemon can read."""
-        return launchspec.build(
-            job, alloc, self._job_env(job), cgroup=cg,
-            shepherd_cgroup=self.cgroups.shepherds_path(self.cfg.cgroup_root) if self.cfg.cgroups else None,
-            use_cgroups=self.cfg.cgroups, admin_gid=self.cfg.admin_gid, max_output_buffer=self.cfg.max_output_buffer,
-            record=self._record_spec(job, alloc) if self.cfg.records == "all" else None)
-
-    def _record_spec(self, job: Job, alloc) -> dict:
-        """What the shepherd needs from the daemon for the job's reproducibility record."""
-        return jobrecord.spec(
-            job, alloc, self.machine, {i: r.alloc for i, r in self.table.running.items()},
-            housekeeping=self.bench.housekeeping(),
-            thresholds=self.cfg.record_thresholds, nvidia_smi=self.nvidia_smi, root=probe.root(),
-            cgroups=self.cfg.cgroups, cpu_unit=self.cfg.cpu_unit)
-
     def _requeue(self, job: Job, cg, exc: OSError, now: float) -> None:
         """A start that could not be written: with a full disk back to the queue, retried soon."""
-        self._drop_cgroup(cg)
+        self.start_parts.drop_cgroup(cg)
         if not is_disk_full(exc):
             log.error("job %d cannot start: %s", job.id, exc)
             self._finish(job, Result(ERROR, note=f"cannot start: {exc}"), now)
@@ -624,12 +590,12 @@ class Engine:
         spec = records.read_record(os.path.join(self.store.job_dir(job.id), records.LAUNCH), records.LaunchSpec)
         env = spec.env if spec is not None else None
         if env is None:
-            self._drop_cgroup(cg)
+            self.start_parts.drop_cgroup(cg)
             self._finish(job, Result(ERROR, note=f"{why}, and its launch spec is gone"), now)
             return
-        self._drop_cgroup(cg)
+        self.start_parts.drop_cgroup(cg)
         if job.id in self.bench.held:
-            self._unquiet(job)     # its cores are quieted afresh at its next start
+            self.start_parts.unquiet(job)     # its cores are quieted afresh at its next start
         log.warning("job %d: %s; it is queued again", job.id, why)
         self._move(job, QUEUED, now)
         try:
@@ -642,21 +608,6 @@ class Engine:
         except OSError:
             pass
         self.turn.retry_at = now + defaults.START_RETRY
-
-    def _drop_cgroup(self, cg) -> None:
-        """Kill and remove a job's cgroup without waiting; a busy one is retried from the tick."""
-        if cg and not self.cgroups.discard(cg):
-            self.stale_cgroups.add(cg)
-
-    def _watch(self, job_id: int, pid: int, start: int | None = None) -> None:
-        # A forked shepherd is not our child: its start time guards the pid against reuse.
-        fd = self.launcher.open_pidfd(pid, start)
-        running = self.table.running[job_id]
-        running.pid, running.pidfd = pid, fd
-        if fd is None:  # already gone and reaped: collect at once
-            self._collect(job_id)
-        else:
-            self.hooks.watch_pidfd(fd, job_id)
 
     # -- ending ---------------------------------------------------------------
     def shepherd_exited(self, job_id: int) -> None:
@@ -697,7 +648,7 @@ class Engine:
             # The shepherd died without an exit record: end what is left of the job.
             oom = bool(cg and self.cgroups.oom_killed(cg))
             if cg:
-                self._drop_cgroup(cg)
+                self.start_parts.drop_cgroup(cg)
             else:
                 self.launcher.kill_orphaned_job(jdir)
             if job.output is not None and os.path.exists(kept):
@@ -706,7 +657,7 @@ class Engine:
             self._finish(job, Result(OOM if oom else kind, note=note), now)
             return
         if rec.not_started is not None and job.stop_reason:   # asked to stop while its shepherd retried
-            self._drop_cgroup(cg)
+            self.start_parts.drop_cgroup(cg)
             self._finish(job, Result(job.stop_reason, note=f"stopped before it could start: {rec.error}"), now)
             return
         if rec.not_started in records.NOT_NOW_NAMES:
@@ -714,7 +665,7 @@ class Engine:
             self._not_now(job, cg, rec.error or f"its shepherd could not fork it ({rec.not_started})", now)
             return
         if cg and os.path.isdir(cg):
-            self._drop_cgroup(cg)
+            self.start_parts.drop_cgroup(cg)
         job.stats.update(outcome.stats_of(rec))
         self._finish(job, outcome.result_of(job, rec), rec.ended if rec.ended is not None else now)
 
@@ -747,7 +698,7 @@ class Engine:
                 job.shortfalls = shortfalls
         handle = self._move(job, FINISHED, now, result)
         if handle is not None:
-            self._unquiet(job)
+            self.start_parts.unquiet(job)
         try:
             # Durable only when no exit record stands behind it (errors decided here).
             has_record = os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT))
@@ -763,7 +714,7 @@ class Engine:
                  f" ({result.note})" if result.note else "")
         self.finished.put(job)
         self.hooks.job_event(job.id, "finished")
-        self._evict(job.uid)
+        self.eviction.evict(job.uid)
         if handle is not None:
             self.turn.resched = True  # freed resources: the next tick schedules (never re-entrantly)
 
@@ -821,7 +772,7 @@ class Engine:
         if job.state == RUNNING:
             try:  # best effort: whatever failed may fail again here
                 self.launcher.request_stop(self.store.job_dir(job.id), KILLED)
-                self._drop_cgroup(handle.cgroup if handle is not None else None)
+                self.start_parts.drop_cgroup(handle.cgroup if handle is not None else None)
             except Exception:
                 log.exception("job %d: cannot stop it after an error; its shepherd may run on", job.id)
         try:
@@ -830,63 +781,11 @@ class Engine:
             log.exception("job %d: cannot even record its failure", job.id)
             self.table.detach(job.id)
 
-    def retry_unsaved(self) -> None:
-        """Retry records whose write failed (a full disk)."""
-        for job_id in list(self.turn.unsaved):
-            if job_id not in self.jobs:
-                self.turn.unsaved.discard(job_id)
-                continue
-            try:
-                self.store.save_job(self.jobs[job_id])
-                self.turn.unsaved.discard(job_id)
-            except OSError:
-                pass
-        if self.turn.meta_dirty:
-            self.save_meta()
-
-    def _evict(self, uid: int) -> None:
-        """Forget the user's oldest finished jobs past --keep-finished (a heap: no scan of all jobs);
-        one whose archive row is not durable yet goes once it is (:meth:`archived`)."""
-        ids = self.table.take_evictable(uid, self.cfg.keep_finished)
-        if not ids:
-            return
-        # The persisted id floor must outlive the records it replaces; it usually already does.
-        if max(ids) >= self.saved_floor and not self.save_meta():
-            self.table.put_back(uid, ids)
-            return
-        for job in [self.jobs[i] for i in ids]:
-            if not self.finished.evict_later(job.id, uid):
-                self._forget(job)
-
-    def _forget(self, job: Job) -> None:
-        """Evict one finished job: its files go, and each waiting job that names it keeps how it
-        ended (in the same batch as the drop), so no waiting job holds it past --keep-finished."""
-        waiting = self.table.followers.get(job.id, ())
-        if waiting:
-            entry = dependencies.ended_entry(job)
-            try:
-                for wid in sorted(waiting):
-                    w = self.jobs[wid]
-                    if not any(e[0] == job.id for e in w.after_ended):
-                        w.after_ended.append(entry)
-                    self.store.save_job(w)
-            except OSError as exc:   # it stays (past the bound) until a waiting job can keep its end
-                log.error("job %d: cannot evict it (%s): a job that waits on it could not record how "
-                          "it ended; will try again", job.id, exc)
-                self.table.put_back(job.uid, [job.id])
-                return
-        # Ended and evicted in one turn: the jobs still to look at for its end are looked at now.
-        self.to_settle.extend(sorted(self.table.take_dependents(job.id)))
-        if job.output_error:
-            self.finished.keep_undelivered(job)
-        self.store.remove_job(job.id)
-        self.table.forget([job])
-
     # -- the history archive (finished.py) --------------------------------------
     def archived(self, ids: list[int]) -> None:
         """The archive made these jobs' rows durable: evict those that waited for it."""
         for job_id in self.finished.archived(ids):
-            self._forget(self.jobs[job_id])
+            self.eviction.forget(self.jobs[job_id])
 
     def archive_query(self, caller: Caller, kind: str, ref: Any, now: float,
                       filters: archive.Filters | None = None, refs: tuple = ()) -> archive.Query:
@@ -897,40 +796,8 @@ class Engine:
 
     # -- changing a job ----------------------------------------------------------
     def job_setting(self, caller: Caller, req: JobSetting, now: float) -> dict[str, Any]:
-        """``dispatch job ID max-time ...``: the owner reads, only admins change (the terms it was admitted under)."""
-        job = self.lookup(caller, req.id)
-        if req.action != "get":
-            if not caller.is_admin:
-                raise Refused(f"only members of the admin group may change job {job.id}'s max time "
-                              f"(it was admitted with {format_duration(job.max_time)})", "forbidden")
-            if job.state == FINISHED:
-                raise Refused(f"job {job.id} has already finished", "finished")
-            assert req.seconds is not None  # the protocol pairs set and add with seconds
-            new = req.seconds if req.action == "set" else job.max_time + req.seconds
-            if new > bounds.MAX_SECONDS:
-                raise Refused(f"a max time of {format_duration(new)} is past the largest this daemon keeps")
-            old, job.max_time = job.max_time, new
-            try:
-                self.store.save_job(job)
-            except OSError as exc:
-                job.max_time = old
-                raise Refused(f"cannot store the change ({exc.strerror}); nothing changed, try again later",
-                              "busy") from None
-            if job.state == QUEUED:
-                self.table.refresh(job)
-            elif job.id in self.table.running:
-                self._send_deadline(job, now)
-            if self.cfg.schedule == "strict-backfill":
-                self.policy_state = {}   # the head's reserved start rests on every running job's deadline
-            self.turn.resched = True
-            log.info("job %d: max time %s -> %s by %s", job.id, format_duration(old), format_duration(new),
-                     caller.name)
-        return views.setting_reply(job)
-
-    def _send_deadline(self, job: Job, now: float) -> None:
-        """Tell the job's shepherd its new deadline; retried from the tick until it is heard."""
-        sent = job.deadline is not None and self.launcher.send_deadline(self.store.job_dir(job.id), job.deadline)
-        self.table.running[job.id].deadline_resend_at = None if sent else now + STOP_RETRY
+        """``dispatch job ID max-time ...``: the owner reads, only admins change (deadlines.py)."""
+        return self.deadlines.setting(caller, self.lookup(caller, req.id), req, now)
 
     # -- kill and timeouts ------------------------------------------------------
     def kill(self, caller: Caller, ref: int | str, now: float) -> dict[str, Any]:
@@ -943,23 +810,8 @@ class Engine:
             return views.kill_reply(job.id, was)
         if job.state == FINISHED:
             raise Refused(f"job {job.id} has already finished", "finished")
-        self._stop(job, KILLED, now)
+        self.deadlines.stop(job, KILLED, now)
         return views.kill_reply(job.id, RUNNING)
-
-    def _stop(self, job: Job, reason: str, now: float) -> None:
-        """Ask the job's shepherd to stop it; the shepherd does the signalling and the grace."""
-        if job.stop_sent is None:
-            job.stop_reason, job.stop_sent = reason, now
-            try:
-                self.store.save_job(job)
-            except OSError as exc:
-                log.error("job %d: cannot record the stop (%s)", job.id, exc)
-            log.info("job %d: %s, asking its shepherd to stop it", job.id, reason)
-        heard = self.launcher.request_stop(self.store.job_dir(job.id), job.stop_reason or reason)
-        handle = self.table.running.get(job.id)
-        if handle is not None:
-            handle.stop_heard = heard
-            handle.next_stop_at = now + (records.LaunchSpec.KILL_GRACE if heard else STOP_RETRY)
 
     def tick(self, now: float) -> float | None:
         """Schedule if needed, enforce --max-time, retry what failed; returns when to call again."""
@@ -977,19 +829,17 @@ class Engine:
             wake = self.bench.watch.due(now) if wake is None else min(wake, self.bench.watch.due(now))
         for job_id in list(self.table.running):
             try:
-                due = self._tick_job(job_id, now)
+                due = self.deadlines.tick_job(job_id, now)
             except Exception as exc:  # one job's trouble ends that job, not the daemon
                 log.exception("job %d: error while checking it", job_id)
                 self._fail(self.jobs[job_id], f"the daemon failed while checking it: {exc}", now)
                 continue
             if due is not None:
                 wake = due if wake is None else min(wake, due)
-        if self.stale_cgroups:
-            self.stale_cgroups = {cg for cg in self.stale_cgroups if not self.cgroups.discard(cg)}
-            if self.stale_cgroups:
-                wake = now + 1 if wake is None else min(wake, now + 1)
+        if self.start_parts.stale_cgroups and self.start_parts.retry_stale_cgroups():
+            wake = now + 1 if wake is None else min(wake, now + 1)
         if self.turn.meta_dirty or self.turn.unsaved:
-            self.retry_unsaved()
+            self.eviction.retry_unsaved()
             wake = now + 2 if wake is None else min(wake, now + 2)
         sweep = self.finished.tick(now)   # undelivered/ past its bounds, every few minutes
         wake = sweep if wake is None else min(wake, sweep)
@@ -997,37 +847,6 @@ class Engine:
             wake = now
         return wake
 
-    def _tick_job(self, job_id: int, now: float) -> float | None:
-        """Deadline and stop bookkeeping for one running job; returns its next due time."""
-        handle = self.table.running[job_id]
-        if handle.recheck_at is not None:
-            if now >= handle.recheck_at:
-                recovery.recheck(self.recovery, job_id)
-                return None
-            return handle.recheck_at
-        if handle.deadline_resend_at is not None and now >= handle.deadline_resend_at:
-            self._send_deadline(self.jobs[job_id], now)
-        due = self._stop_due(job_id, now)
-        retry = handle.deadline_resend_at
-        return retry if due is None or (retry is not None and retry < due) else due
 
-    def _stop_due(self, job_id: int, now: float) -> float | None:
-        job = self.jobs[job_id]
-        handle = self.table.running[job_id]
-        if job.stop_sent is not None:
-            # Repeat the request: the shepherd may not have made its FIFO yet.
-            again = handle.next_stop_at or now
-            if now >= again:
-                self._stop(job, job.stop_reason or KILLED, now)
-                again = handle.next_stop_at or now
-            return again
-        deadline = job.deadline
-        if deadline is not None and now >= deadline:
-            self._stop(job, TIMEOUT, now)
-            return handle.next_stop_at
-        return deadline
-
-
-STOP_RETRY = 0.5   # seconds between stop requests while no shepherd reads its FIFO yet
 SETTLE_BATCH = 100   # waiting jobs settled per call of Engine._settle (the rest: next turn); each may
 SETTLE_SLICE = 0.02  # write a record (1 to 20 ms on a busy disk): a call also stops after this long

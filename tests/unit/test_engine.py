@@ -17,7 +17,7 @@ from enginefakes import ROOT, T0, FakeLauncher, Hooks, MemoryStore, TurnEngine, 
 
 from hpc_batch import defaults
 from hpc_batch.core import jobs, resources
-from hpc_batch.daemon import devdir
+from hpc_batch.daemon import deadlines, devdir
 from hpc_batch.daemon import engine as engine_mod
 from hpc_batch.daemon.access import Caller
 from hpc_batch.daemon.engine import Engine
@@ -136,7 +136,7 @@ def test_kill_asks_the_shepherd_and_repeats_until_it_ends(world):
     eng.kill(ROOT, job, T0 + 1)
     assert fake.stops == [(job, "killed")]
     wake = eng.tick(T0 + 1.1)
-    assert wake == pytest.approx(T0 + 1 + engine_mod.STOP_RETRY)
+    assert wake == pytest.approx(T0 + 1 + deadlines.STOP_RETRY)
     fake.listening = True
     eng.tick(T0 + 2)
     assert fake.stops == [(job, "killed"), (job, "killed")]
@@ -284,7 +284,7 @@ def test_an_unheard_deadline_is_sent_again(world):
     start_pending(eng)
     fake.listening = False
     eng.job_setting(ROOT, NewJobSetting(job, "set", 900), T0)
-    assert eng.tick(T0 + 0.1) == pytest.approx(T0 + engine_mod.STOP_RETRY)
+    assert eng.tick(T0 + 0.1) == pytest.approx(T0 + deadlines.STOP_RETRY)
     fake.listening = True
     eng.tick(T0 + 1)
     assert len(fake.deadlines) == 2 and eng.table.running[job].deadline_resend_at is None
