@@ -16,10 +16,11 @@ mode's watch and quiet cores), ``bulks`` (bulk submits stored a slice per
 turn), ``finished`` (the history archive and undelivered output),
 ``startparts`` (a start's side parts: launch spec, quiet cores, cgroup
 dropping, pidfd watching), ``deadlines`` (max times, deadlines and stop
-requests, and the tick's check of each running job), ``eviction``
+requests, and the tick's check of each running job), ``ending`` (a
+job's end collected and recorded, its dependents settled), ``eviction``
 (finished jobs past --keep-finished, records whose write failed) and
-``recovery`` (start-up, given the engine's own ending methods as
-callbacks); every verb refuses with ``refusal.Refused``. What a turn of
+``recovery`` (start-up, given the ending's collect and the start chain's
+way back to the queue as callbacks); every verb refuses with ``refusal.Refused``. What a turn of
 the loop changed is kept in its ``Turn`` (turn.py), which is all the
 server asks of it; launcher, cgroups and passwd are given to the engine
 (typed by engineparts.py).
@@ -35,27 +36,23 @@ import logging
 import os
 import pwd
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from shepherd.base import records
 
 from .. import defaults
-from ..core import dependencies, scheduler, views
+from ..core import scheduler, views
 from ..core.jobs import (
     CANCELLED,
-    DEPENDENCY_FAILED,
     ERROR,
     FINISHED,
     KILLED,
-    OOM,
     QUEUED,
     RUNNING,
     WAITING,
     Job,
     Result,
-    exit_column,
 )
 from ..core.jobtable import JobTable, Running
 from ..wire.protocol import JobSetting, NewJob
@@ -66,7 +63,6 @@ from . import (
     cgroups,
     devdir,
     launcher,
-    outcome,
     queries,
     recovery,
 )
@@ -74,6 +70,7 @@ from . import engineparts as parts
 from .access import Caller
 from .benchcores import BenchCores
 from .deadlines import Deadlines
+from .ending import Ending
 from .eviction import Eviction
 from .finished import Finished
 from .refusal import Refused
@@ -104,10 +101,6 @@ class Engine:
         # per-user counts, names, dependencies): changed only through the table (core/jobtable.py).
         self.table = JobTable()
         self.jobs = self.table.jobs         # read here; in id order, all and per user, for list pages
-        # Waiting jobs to look at again, and ended jobs whose dependents are still to be looked at:
-        # settled a bounded number per turn, so releasing 10,000 dependents never stalls the loop.
-        self.to_settle: deque[int] = deque()
-        self.ended_deps: deque[int] = deque()
         # What this turn of the loop changed and still owes (turn.py): the server asks it when to
         # turn again, and whether a reply waits for the turn's commit.
         self.turn = Turn(store, bulks.Queue(store, cfg.admin_gid))
@@ -122,16 +115,20 @@ class Engine:
         self.root_mode = os.geteuid() == 0
         # A start's side parts (startparts.py): launch spec, quiet cores, cgroup, pidfd.
         self.start_parts = StartParts(cfg, store, machine, self.table, self.turn, self.bench, launcher, cgroups,
-                                      passwd, hooks, self._collect)
+                                      passwd, hooks, lambda *a, **k: self.ending.collect(*a, **k))
         # Max times, deadlines and stop requests (deadlines.py); its recheck is recovery's, below.
         self.deadlines = Deadlines(cfg, store, self.table, self.turn, launcher, self._reset_policy,
                                    lambda job_id: recovery.recheck(self.recovery, job_id))
+        # A job's end and the settling of the jobs waiting on it (ending.py).
+        self.ending = Ending(store, self.table, self.turn, launcher, cgroups, hooks, dev, self.bench, self.finished,
+                             self.start_parts, move=self._move, not_now=self._not_now,
+                             evict=lambda uid: self.eviction.evict(uid))
         # Finished jobs past --keep-finished, and records whose write failed (eviction.py).
-        self.eviction = Eviction(cfg, store, self.table, self.turn, self.finished, self.to_settle,
+        self.eviction = Eviction(cfg, store, self.table, self.turn, self.finished, self.ending.to_settle,
                                  lambda: self.saved_floor, self.save_meta)
         # Start-up and the second look at a shepherd that was starting (recovery.py), given what they act on.
         self.recovery = recovery.Parts(cfg, store, self.table, launcher, cgroups, hooks, self.bench,
-                                       recovery.Ends(self._collect, self._not_now, self.deadlines.send))
+                                       recovery.Ends(self.ending.collect, self._not_now, self.deadlines.send))
 
     # -- start-up -------------------------------------------------------------
     def recover(self) -> list:
@@ -149,11 +146,11 @@ class Engine:
                 except Exception as exc:  # one record the daemon cannot act on must not stop it
                     log.exception("job %d: cannot re-adopt it", job.id)
                     self.table.detach(job.id)
-                    self._fail(job, f"the daemon could not re-adopt it: {exc}", time.time())
+                    self.ending.fail(job, f"the daemon could not re-adopt it: {exc}", time.time())
         # The jobs they wait for may have ended meanwhile: look at every waiting job again, a
         # bounded number per turn (start-up never works through them all before serving).
         table = self.table
-        self.to_settle.extend(sorted(table.waiting))
+        self.ending.to_settle.extend(sorted(table.waiting))
         self.finished.archive.start(self.next_id)
         for job in jobs:   # what a crash kept from the archive; the writer skips those it has
             if job.state == FINISHED and job.id in self.jobs:
@@ -262,7 +259,7 @@ class Engine:
         self.turn.info_due.append(job.id)
         self.dev.add(job.id, job.uid, jdir)
         if job.state == WAITING and look:
-            self.to_settle.append(job.id)
+            self.ending.to_settle.append(job.id)
 
     # -- bulk submits stored a slice per turn (bulks.py) -------------------------
     def store_bulks(self, now: float) -> None:
@@ -340,14 +337,14 @@ class Engine:
             self.policy_state = decision.state
             self.save_meta()
         for job_id, reason in decision.failures:
-            self._finish(self.jobs[job_id], Result(ERROR, note=f"can never start here: {reason}"), now)
+            self.ending.finish(self.jobs[job_id], Result(ERROR, note=f"can never start here: {reason}"), now)
         for job_id, alloc in decision.starts:
             job = self.jobs[job_id]
             try:
                 self._start(job, alloc, now)
             except Exception as exc:  # one job that cannot start must not stop the others
                 log.exception("job %d: cannot start it", job_id)
-                self._fail(job, f"the daemon could not start it: {exc}", now)
+                self.ending.fail(job, f"the daemon could not start it: {exc}", now)
 
     def _eligible(self, now: float) -> list:
         """The queue, less elements of an array already running its %N at once.
@@ -417,7 +414,7 @@ class Engine:
             return
         except cgroups.CgroupError as exc:
             log.error("job %d cannot start: %s", job.id, exc)
-            self._finish(job, Result(ERROR, note=str(exc)), now)
+            self.ending.finish(job, Result(ERROR, note=str(exc)), now)
             return
         try:
             self.store.save_job(job)
@@ -502,7 +499,7 @@ class Engine:
                 except Exception as exc:  # one job that cannot start must not stop the others
                     once()   # (the replies go before any end a failure makes: theirs is committed)
                     log.exception("job %d: cannot start it", job.id)
-                    self._fail(job, f"the daemon could not start it: {exc}", now)
+                    self.ending.fail(job, f"the daemon could not start it: {exc}", now)
             once()
             if self.commit_turn(now):   # a spawn that failed ended its job (and may have started another)
                 break
@@ -561,7 +558,7 @@ class Engine:
                 return
             log.error("job %d cannot start: %s", job.id, exc)
             self.start_parts.drop_cgroup(cg)
-            self._finish(job, Result(ERROR, note=f"cannot start its shepherd: {exc}"), now)
+            self.ending.finish(job, Result(ERROR, note=f"cannot start its shepherd: {exc}"), now)
             return
         self.start_parts.watch(job.id, pid, start)
         alloc = self.table.running[job.id].alloc
@@ -573,7 +570,7 @@ class Engine:
         self.start_parts.drop_cgroup(cg)
         if not is_disk_full(exc):
             log.error("job %d cannot start: %s", job.id, exc)
-            self._finish(job, Result(ERROR, note=f"cannot start: {exc}"), now)
+            self.ending.finish(job, Result(ERROR, note=f"cannot start: {exc}"), now)
             return
         log.error("job %d: cannot start it yet (%s); it stays queued and is retried", job.id, exc)
         self._move(job, QUEUED, now)
@@ -591,7 +588,7 @@ class Engine:
         env = spec.env if spec is not None else None
         if env is None:
             self.start_parts.drop_cgroup(cg)
-            self._finish(job, Result(ERROR, note=f"{why}, and its launch spec is gone"), now)
+            self.ending.finish(job, Result(ERROR, note=f"{why}, and its launch spec is gone"), now)
             return
         self.start_parts.drop_cgroup(cg)
         if job.id in self.bench.held:
@@ -609,177 +606,15 @@ class Engine:
             pass
         self.turn.retry_at = now + defaults.START_RETRY
 
-    # -- ending ---------------------------------------------------------------
+    # -- ending (ending.py) -----------------------------------------------------
     def shepherd_exited(self, job_id: int) -> None:
         """A shepherd's pidfd became readable: collect the job."""
-        try:
-            self._collect(job_id)
-        except Exception as exc:
-            log.exception("job %d: cannot collect it", job_id)
-            self._fail(self.jobs[job_id], f"the daemon could not collect its end: {exc}", time.time())
-
-    def _collect(self, job_id: int, shepherd_gone: str | None = None, kind: str = KILLED) -> None:
-        handle = self.table.running.get(job_id)
-        job = self.jobs[job_id]
-        if handle is None:
-            return
-        if handle.pidfd is not None:
-            self.hooks.unwatch_pidfd(handle.pidfd)
-            os.close(handle.pidfd)
-            handle.pidfd = None
-        if handle.pid:
-            self.launcher.reap(handle.pid)
-        jdir = self.store.job_dir(job_id)
-        rec = records.read_record(os.path.join(jdir, records.EXIT), records.ExitRecord)
-        cg = handle.cgroup
-        now = time.time()
-        kept = os.path.join(jdir, records.OUTPUT)
-        if rec is None and shepherd_gone is None:
-            # Another shepherd holds the job's lock (a fork that answered late, after this one was
-            # started in its stead, which then found the job taken): that one is the job's.
-            found = self.launcher.adopt(jdir)
-            if found is not None:
-                log.warning("job %d: its shepherd is pid %d (the one started for it found it taken)",
-                            job_id, found[0])
-                handle.pid, handle.pidfd = found
-                self.hooks.watch_pidfd(found[1], job_id)
-                return
-        if rec is None:
-            # The shepherd died without an exit record: end what is left of the job.
-            oom = bool(cg and self.cgroups.oom_killed(cg))
-            if cg:
-                self.start_parts.drop_cgroup(cg)
-            else:
-                self.launcher.kill_orphaned_job(jdir)
-            if job.output is not None and os.path.exists(kept):
-                job.output_error = f"its shepherd died before delivering it; the output is kept at {kept}"
-            note = shepherd_gone or "its shepherd was killed before the job ended"
-            self._finish(job, Result(OOM if oom else kind, note=note), now)
-            return
-        if rec.not_started is not None and job.stop_reason:   # asked to stop while its shepherd retried
-            self.start_parts.drop_cgroup(cg)
-            self._finish(job, Result(job.stop_reason, note=f"stopped before it could start: {rec.error}"), now)
-            return
-        if rec.not_started in records.NOT_NOW_NAMES:
-            # Its shepherd could not fork it: it never ran, and goes back to the queue.
-            self._not_now(job, cg, rec.error or f"its shepherd could not fork it ({rec.not_started})", now)
-            return
-        if cg and os.path.isdir(cg):
-            self.start_parts.drop_cgroup(cg)
-        job.stats.update(outcome.stats_of(rec))
-        self._finish(job, outcome.result_of(job, rec), rec.ended if rec.ended is not None else now)
-
-    def _delivery(self, job: Job) -> None:
-        """What became of the output, from delivery.json (or its absence)."""
-        jdir = self.store.job_dir(job.id)
-        kept = os.path.join(jdir, records.OUTPUT)
-        delivery = records.read_record(os.path.join(jdir, records.DELIVERY), records.DeliveryRecord)
-        note, error = outcome.delivery_of(job.output, delivery, kept, os.path.exists(kept))
-        if note is not None:
-            job.output_note = note
-        if error is not None:
-            job.output_error = error
-
-    def _finish(self, job: Job, result: Result, now: float) -> None:
-        """End *job* with *result*, then look at the jobs waiting on it (a bounded number now)."""
-        self._end(job, result, now)
-        self.ended_deps.append(job.id)
-        self._settle(now)
-
-    def _end(self, job: Job, result: Result, now: float) -> None:
-        """End one job: its record, its files, its indexes. Never looks at other jobs' dependencies."""
-        if job.state == RUNNING and os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT)):
-            self._delivery(job)
-        if job.bench_start is not None and job.state == RUNNING:
-            # What its counters say happened while it ran is added to its shortfalls.
-            before, job.bench_start = job.bench_start, None
-            shortfalls = self.bench.end_shortfalls(job, before, now)
-            if shortfalls is not None:
-                job.shortfalls = shortfalls
-        handle = self._move(job, FINISHED, now, result)
-        if handle is not None:
-            self.start_parts.unquiet(job)
-        try:
-            # Durable only when no exit record stands behind it (errors decided here).
-            has_record = os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT))
-            self.store.save_job(job, durable=not has_record)
-        except OSError as exc:
-            log.error("job %d: cannot record its end (%s); will retry", job.id, exc)
-            self.turn.unsaved.add(job.id)
-        self.store.release(job.id, keep_output=job.output_error is not None)
-        if job.output_error is not None:
-            self.finished.hold_output(job, now)
-        self.dev.remove(job.id)
-        log.info("job %d finished: %s%s", job.id, exit_column(result),
-                 f" ({result.note})" if result.note else "")
-        self.finished.put(job)
-        self.hooks.job_event(job.id, "finished")
-        self.eviction.evict(job.uid)
-        if handle is not None:
-            self.turn.resched = True  # freed resources: the next tick schedules (never re-entrantly)
+        self.ending.exited(job_id)
 
     @property
     def unsettled(self) -> bool:
         """True while waiting jobs are still to be looked at (the loop then turns again at once)."""
-        return bool(self.to_settle or self.ended_deps)
-
-    def _settle(self, now: float, budget: int | None = None) -> None:
-        """Look at waiting jobs whose dependencies may have changed: queue the ready, fail the doomed.
-
-        A work list, never recursion: a job failed here adds its own dependents
-        to the list, so a failed --after-ok fails any number of dependents, and
-        any depth of chains, in bounded stack. Each ended job's dependents come
-        from the reverse index, so an end looks only at its own dependents. At
-        most *budget* (SETTLE_BATCH) jobs and about SETTLE_SLICE seconds a call
-        (one job at least); the rest wait for the next turn, so one release of
-        10,000 jobs never holds the loop for long.
-        """
-        budget = SETTLE_BATCH if budget is None else budget
-        until = time.monotonic() + SETTLE_SLICE
-        while budget > 0 and time.monotonic() < until:
-            if not self.to_settle:
-                if not self.ended_deps:
-                    return
-                self.to_settle.extend(sorted(self.table.take_dependents(self.ended_deps.popleft())))
-                continue
-            job_id = self.to_settle.popleft()
-            job = self.jobs.get(job_id)
-            if job is None or job.state != WAITING:
-                continue
-            budget -= 1
-            verdict, why = dependencies.evaluate(job, self.jobs.get)
-            if verdict == dependencies.FAILED:
-                self._end(job, Result(DEPENDENCY_FAILED, note=why), now)
-                self.ended_deps.append(job.id)
-            elif verdict == dependencies.READY:
-                self._move(job, QUEUED, now)
-                try:
-                    self.store.save_job(job)
-                except OSError as exc:
-                    log.error("job %d: cannot record that it is queued (%s); will retry", job.id, exc)
-                    self.turn.unsaved.add(job.id)
-                self.turn.resched = True
-
-    def _fail(self, job: Job, why: str, now: float) -> None:
-        """End one job as ``error`` after something went wrong acting on it."""
-        if job.state == FINISHED:
-            return
-        handle = self.table.running.get(job.id)
-        if handle is not None and handle.pidfd is not None:
-            self.hooks.unwatch_pidfd(handle.pidfd)
-            os.close(handle.pidfd)
-            handle.pidfd = None
-        if job.state == RUNNING:
-            try:  # best effort: whatever failed may fail again here
-                self.launcher.request_stop(self.store.job_dir(job.id), KILLED)
-                self.start_parts.drop_cgroup(handle.cgroup if handle is not None else None)
-            except Exception:
-                log.exception("job %d: cannot stop it after an error; its shepherd may run on", job.id)
-        try:
-            self._finish(job, Result(ERROR, note=why), now)
-        except Exception:
-            log.exception("job %d: cannot even record its failure", job.id)
-            self.table.detach(job.id)
+        return self.ending.unsettled
 
     # -- the history archive (finished.py) --------------------------------------
     def archived(self, ids: list[int]) -> None:
@@ -805,7 +640,7 @@ class Engine:
         job = self.lookup(caller, ref)
         if job.state in (QUEUED, WAITING):
             was = job.state
-            self._finish(job, Result(CANCELLED, note=f"cancelled by {caller.name} before it started"), now)
+            self.ending.finish(job, Result(CANCELLED, note=f"cancelled by {caller.name} before it started"), now)
             self.turn.resched = True
             return views.kill_reply(job.id, was)
         if job.state == FINISHED:
@@ -818,7 +653,7 @@ class Engine:
         if self.turn.retry_at is not None and now >= self.turn.retry_at:
             self.turn.retry_at, self.turn.resched = None, True
         if self.unsettled:
-            self._settle(now)
+            self.ending.settle(now)
         if self.table.strict_queued and self.bench.look(now):
             self.turn.resched = True   # quiet now (or no longer): strict benchmark jobs are looked at again
         if self.turn.resched:
@@ -832,7 +667,7 @@ class Engine:
                 due = self.deadlines.tick_job(job_id, now)
             except Exception as exc:  # one job's trouble ends that job, not the daemon
                 log.exception("job %d: error while checking it", job_id)
-                self._fail(self.jobs[job_id], f"the daemon failed while checking it: {exc}", now)
+                self.ending.fail(self.jobs[job_id], f"the daemon failed while checking it: {exc}", now)
                 continue
             if due is not None:
                 wake = due if wake is None else min(wake, due)
@@ -847,6 +682,3 @@ class Engine:
             wake = now
         return wake
 
-
-SETTLE_BATCH = 100   # waiting jobs settled per call of Engine._settle (the rest: next turn); each may
-SETTLE_SLICE = 0.02  # write a record (1 to 20 ms on a busy disk): a call also stops after this long

@@ -39,7 +39,7 @@ class Eviction:
         self.jobs = table.jobs
         self.turn = turn
         self.finished = finished
-        self.to_settle = to_settle         # the engine's work list of waiting jobs to look at
+        self.to_settle = to_settle         # ending.py's work list of waiting jobs to look at
         self.saved_floor = saved_floor     # the next_id daemon.json holds: ids below it are never reused
         self.save_meta = save_meta         # the engine's: persist the id floor and policy state
 

@@ -1,6 +1,6 @@
 """How a job ended, read from what its shepherd wrote (pure: the engine reads the files).
 
-The engine's ``_collect`` and ``_end`` read ``exit.json`` and
+``Ending.collect`` and ``Ending.end`` (ending.py) read ``exit.json`` and
 ``delivery.json`` and hand the records here; these functions say what the
 job's record keeps of them: its ``Result``, its statistics, and what became
 of its output. Tested by a table of cases (``tests/unit/test_outcome.py``).

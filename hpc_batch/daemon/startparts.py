@@ -1,7 +1,7 @@
 """The side parts of a job's start (and of its undoing) that need no engine.
 
 The engine's start chain (``Engine._start``, ``_spawn``, ``_not_now``,
-``_requeue``, ``_collect``, ``_end``) moves the job's state and decides what
+``_requeue``) and the ending (``ending.py``) move the job's state and decide what
 comes next; this room does the parts around it that act only on what they
 are given: the job's environment and launch spec (with the reproducibility
 record's spec), quieting a benchmark job's cores and undoing it, dropping a

@@ -18,7 +18,7 @@ from enginefakes import ROOT, T0, FakeLauncher, Hooks, MemoryStore, TurnEngine, 
 from hpc_batch import defaults
 from hpc_batch.core import jobs, resources
 from hpc_batch.daemon import deadlines, devdir
-from hpc_batch.daemon import engine as engine_mod
+from hpc_batch.daemon import ending as ending_mod
 from hpc_batch.daemon.access import Caller
 from hpc_batch.daemon.engine import Engine
 from hpc_batch.daemon.main import Config
@@ -385,7 +385,7 @@ def test_a_failed_dependency_fails_thousands_of_dependents_without_recursion(wor
     assert not eng.table.waiting and not eng.table.dependents.get(prep)
     assert eng.table.held_by_uid.get(0, 0) == 0
     # Each call did a bounded share of the work: the loop was never held for all of it.
-    assert len(doomed) > engine_mod.SETTLE_BATCH
+    assert len(doomed) > ending_mod.SETTLE_BATCH
 
 
 def test_a_restart_with_thousands_of_doomed_dependents_serves_and_fails_them(world, tmp_path):

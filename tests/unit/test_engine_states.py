@@ -138,7 +138,7 @@ def indexes(eng: Engine) -> Indexes:
                    finished={u: list(ids) for u, ids in t.finished_by_uid.items()},
                    dependents={k: set(v) for k, v in t.dependents.items()},
                    followers={k: len(v) for k, v in t.followers.items()},
-                   pending=len(eng.to_settle) + len(eng.ended_deps))
+                   pending=len(eng.ending.to_settle) + len(eng.ending.ended_deps))
 
 
 def has_work(eng: Engine) -> bool:
