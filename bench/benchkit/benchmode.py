@@ -1,6 +1,6 @@
 """A benchmark job's start against a plain job's, and its shepherd's wakeups while it runs (issue 21).
 
-A ``--benchmark`` start does more in the daemon than a plain one (``StartParts.quiet``:
+A ``--benchmark`` start does more in the daemon than a plain one (``Starting.quiet``:
 IRQs steered to the housekeeping CPUs, cpufreq read or set, the partition tried, the
 record saved), all before the shepherd is spawned; then nothing more until the job
 ends, so its shepherd sleeps as a plain job's does.

@@ -39,7 +39,7 @@ from . import devdir, outcome
 from . import engineparts as parts
 from .benchcores import BenchCores
 from .finished import Finished
-from .startparts import StartParts
+from .starting import Starting
 from .turn import Turn
 
 log = logging.getLogger("hpc-batchd")
@@ -53,7 +53,7 @@ class Ending:
 
     def __init__(self, store: parts.Store, table: JobTable, turn: Turn, launcher: parts.Launcher,
                  cgroups: parts.Cgroups, hooks: parts.Hooks, dev: devdir.DevDir, bench: BenchCores,
-                 finished: Finished, start_parts: StartParts, *, move: Callable[..., object],
+                 finished: Finished, starting: Starting, *, move: Callable[..., object],
                  not_now: Callable[[Job, object, str, float], None], evict: Callable[[int], None]):
         self.store = store
         self.table = table
@@ -65,7 +65,7 @@ class Ending:
         self.dev = dev
         self.bench = bench
         self.finished = finished
-        self.start_parts = start_parts
+        self.starting = starting
         self.move = move          # the engine's: the table's move, then what a queue change means
         self.not_now = not_now    # the start chain's: a job that could not start goes back to the queue
         self.evict = evict        # eviction.py: finished jobs past --keep-finished
@@ -112,7 +112,7 @@ class Ending:
             # The shepherd died without an exit record: end what is left of the job.
             oom = bool(cg and self.cgroups.oom_killed(cg))
             if cg:
-                self.start_parts.drop_cgroup(cg)
+                self.starting.drop_cgroup(cg)
             else:
                 self.launcher.kill_orphaned_job(jdir)
             if job.output is not None and os.path.exists(kept):
@@ -121,7 +121,7 @@ class Ending:
             self.finish(job, Result(OOM if oom else kind, note=note), now)
             return
         if rec.not_started is not None and job.stop_reason:   # asked to stop while its shepherd retried
-            self.start_parts.drop_cgroup(cg)
+            self.starting.drop_cgroup(cg)
             self.finish(job, Result(job.stop_reason, note=f"stopped before it could start: {rec.error}"), now)
             return
         if rec.not_started in records.NOT_NOW_NAMES:
@@ -129,7 +129,7 @@ class Ending:
             self.not_now(job, cg, rec.error or f"its shepherd could not fork it ({rec.not_started})", now)
             return
         if cg and os.path.isdir(cg):
-            self.start_parts.drop_cgroup(cg)
+            self.starting.drop_cgroup(cg)
         job.stats.update(outcome.stats_of(rec))
         self.finish(job, outcome.result_of(job, rec), rec.ended if rec.ended is not None else now)
 
@@ -162,7 +162,7 @@ class Ending:
                 job.shortfalls = shortfalls
         handle = self.move(job, FINISHED, now, result)
         if handle is not None:
-            self.start_parts.unquiet(job)
+            self.starting.unquiet(job)
         try:
             # Durable only when no exit record stands behind it (errors decided here).
             has_record = os.path.exists(os.path.join(self.store.job_dir(job.id), records.EXIT))
@@ -236,7 +236,7 @@ class Ending:
         if job.state == RUNNING:
             try:  # best effort: whatever failed may fail again here
                 self.launcher.request_stop(self.store.job_dir(job.id), KILLED)
-                self.start_parts.drop_cgroup(handle.cgroup if handle is not None else None)
+                self.starting.drop_cgroup(handle.cgroup if handle is not None else None)
             except Exception:
                 log.exception("job %d: cannot stop it after an error; its shepherd may run on", job.id)
         try:

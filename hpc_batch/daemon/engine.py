@@ -14,8 +14,8 @@ models), ``launchspec`` (a job's environment and launch spec), ``outcome``
 (how a job ended, from its shepherd's records), ``benchcores`` (benchmark
 mode's watch and quiet cores), ``bulks`` (bulk submits stored a slice per
 turn), ``finished`` (the history archive and undelivered output),
-``startparts`` (a start's side parts: launch spec, quiet cores, cgroup
-dropping, pidfd watching), ``deadlines`` (max times, deadlines and stop
+``starting`` (a job's start: cgroup, launch spec, spawn, quiet cores,
+pidfd watching, and the way back to the queue), ``deadlines`` (max times, deadlines and stop
 requests, and the tick's check of each running job), ``ending`` (a
 job's end collected and recorded, its dependents settled), ``eviction``
 (finished jobs past --keep-finished, records whose write failed) and
@@ -41,7 +41,6 @@ from typing import Any
 
 from shepherd.base import records
 
-from .. import defaults
 from ..core import scheduler, views
 from ..core.jobs import (
     CANCELLED,
@@ -74,7 +73,7 @@ from .ending import Ending
 from .eviction import Eviction
 from .finished import Finished
 from .refusal import Refused
-from .startparts import StartParts
+from .starting import Starting
 from .store import is_disk_full
 from .turn import Turn
 
@@ -113,22 +112,23 @@ class Engine:
         self.saved_floor = 1                # the next_id daemon.json holds: ids below it are never reused
         self.pending: scheduler.Decision | None = None  # a Decision to carry out after a reply
         self.root_mode = os.geteuid() == 0
-        # A start's side parts (startparts.py): launch spec, quiet cores, cgroup, pidfd.
-        self.start_parts = StartParts(cfg, store, machine, self.table, self.turn, self.bench, launcher, cgroups,
-                                      passwd, hooks, lambda *a, **k: self.ending.collect(*a, **k))
+        # A job's start (starting.py): cgroup, launch spec, spawn, its quiet cores and pidfd.
+        self.starting = Starting(cfg, store, machine, self.table, self.turn, self.bench, launcher, cgroups,
+                                 passwd, hooks, move=self._move, finish=lambda *a: self.ending.finish(*a),
+                                 collect=lambda *a, **k: self.ending.collect(*a, **k))
         # Max times, deadlines and stop requests (deadlines.py); its recheck is recovery's, below.
         self.deadlines = Deadlines(cfg, store, self.table, self.turn, launcher, self._reset_policy,
                                    lambda job_id: recovery.recheck(self.recovery, job_id))
         # A job's end and the settling of the jobs waiting on it (ending.py).
         self.ending = Ending(store, self.table, self.turn, launcher, cgroups, hooks, dev, self.bench, self.finished,
-                             self.start_parts, move=self._move, not_now=self._not_now,
+                             self.starting, move=self._move, not_now=self.starting.not_now,
                              evict=lambda uid: self.eviction.evict(uid))
         # Finished jobs past --keep-finished, and records whose write failed (eviction.py).
         self.eviction = Eviction(cfg, store, self.table, self.turn, self.finished, self.ending.to_settle,
                                  lambda: self.saved_floor, self.save_meta)
         # Start-up and the second look at a shepherd that was starting (recovery.py), given what they act on.
         self.recovery = recovery.Parts(cfg, store, self.table, launcher, cgroups, hooks, self.bench,
-                                       recovery.Ends(self.ending.collect, self._not_now, self.deadlines.send))
+                                       recovery.Ends(self.ending.collect, self.starting.not_now, self.deadlines.send))
 
     # -- start-up -------------------------------------------------------------
     def recover(self) -> list:
@@ -341,7 +341,7 @@ class Engine:
         for job_id, alloc in decision.starts:
             job = self.jobs[job_id]
             try:
-                self._start(job, alloc, now)
+                self.starting.start(job, alloc, now)
             except Exception as exc:  # one job that cannot start must not stop the others
                 log.exception("job %d: cannot start it", job_id)
                 self.ending.fail(job, f"the daemon could not start it: {exc}", now)
@@ -386,42 +386,6 @@ class Engine:
             log.error("cannot write daemon.json (%s); will retry", exc)
             self.turn.meta_dirty = True
             return False
-
-    def _start(self, job: Job, alloc, now: float) -> None:
-        # Order matters for crash safety: the launch spec (with the environment,
-        # fsynced) first, then the record that says "running", then the spawn,
-        # which waits for this turn's commit (after which the store lets go of
-        # the stored environment). A crash or power cut in between leaves either
-        # a queued job or a launch spec the next daemon can start.
-        jdir = self.store.job_dir(job.id)
-        running = Running(alloc)
-        self._move(job, RUNNING, now, running=running)
-        if job.request.get("benchmark"):
-            # How the machine fell short of it, and its counters to compare at the end.
-            job.shortfalls = self.bench.start_shortfalls(job, alloc)
-            job.bench_start = self.bench.start_counters(alloc, now)
-        cg = None
-        try:
-            if self.cfg.cgroups:
-                minors = (tuple(self.machine.gpu_minors[g] for g in alloc.gpus)
-                          if self.cfg.mask_gpus else None)
-                cg = self.cgroups.create_job(self.cfg.cgroup_root, job.id, alloc.cpus, alloc.mems, alloc.mem,
-                                        self.cfg.max_pids, minors)
-                running.cgroup = cg
-            self.launcher.write_launch(jdir, self.start_parts.launch_spec(job, alloc, cg))
-        except OSError as exc:
-            self._requeue(job, cg, exc, now)
-            return
-        except cgroups.CgroupError as exc:
-            log.error("job %d cannot start: %s", job.id, exc)
-            self.ending.finish(job, Result(ERROR, note=str(exc)), now)
-            return
-        try:
-            self.store.save_job(job)
-        except OSError as exc:
-            self._requeue(job, cg, exc, now)
-            return
-        self.turn.to_spawn.append((job, cg))
 
     def end_turn(self, now: float, meanwhile: Callable[[set[int]], None] | None = None, *,
                  schedule: bool = False, bulks: bool = False, held: Callable[[], bool] | None = None) -> set[int]:
@@ -495,7 +459,7 @@ class Engine:
             spawns, self.turn.to_spawn = self.turn.to_spawn, []
             for job, cg in spawns:
                 try:
-                    self._spawn(job, cg, now, once)
+                    self.starting.spawn(job, cg, now, once)
                 except Exception as exc:  # one job that cannot start must not stop the others
                     once()   # (the replies go before any end a failure makes: theirs is committed)
                     log.exception("job %d: cannot start it", job.id)
@@ -522,9 +486,9 @@ class Engine:
         self.store.forget(refused)
         for job, cg in self.turn.to_spawn:
             if job.id in refused:
-                self.start_parts.drop_cgroup(cg)
+                self.starting.drop_cgroup(cg)
                 continue
-            self.start_parts.drop_cgroup(cg)
+            self.starting.drop_cgroup(cg)
             self._move(job, QUEUED, now)
             try:
                 os.unlink(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
@@ -534,77 +498,6 @@ class Engine:
         self.turn.to_spawn = []
         self.turn.retry_at = now + 2.0
         return refused
-
-    def _spawn(self, job: Job, cg, now: float, before=None) -> None:
-        jdir = self.store.job_dir(job.id)
-        if job.request.get("benchmark"):
-            self.start_parts.quiet(job, jdir, cg)
-
-        def info() -> None:   # needs no pid: done while the fork server forks
-            if before is not None:
-                before()
-            try:
-                devdir.write_info(jdir, self._info(job), job.uid, self.cfg.admin_gid)
-            except OSError:
-                pass
-
-        try:
-            pid, start = self.launcher.spawn(job.id, job.user, jdir, info)
-        except OSError as exc:
-            if before is not None:
-                before()   # the replies go before any end this makes: their causes are committed
-            if records.not_now(exc):   # out of pids or memory: no shepherd, so the command never ran
-                self._not_now(job, cg, f"cannot start its shepherd yet ({exc.strerror or exc})", now)
-                return
-            log.error("job %d cannot start: %s", job.id, exc)
-            self.start_parts.drop_cgroup(cg)
-            self.ending.finish(job, Result(ERROR, note=f"cannot start its shepherd: {exc}"), now)
-            return
-        self.start_parts.watch(job.id, pid, start)
-        alloc = self.table.running[job.id].alloc
-        log.info("job %d started: cpus %s, mem %d, gpus %s", job.id, list(alloc.cpus), alloc.mem, list(alloc.gpus))
-        self.hooks.job_event(job.id, "started")
-
-    def _requeue(self, job: Job, cg, exc: OSError, now: float) -> None:
-        """A start that could not be written: with a full disk back to the queue, retried soon."""
-        self.start_parts.drop_cgroup(cg)
-        if not is_disk_full(exc):
-            log.error("job %d cannot start: %s", job.id, exc)
-            self.ending.finish(job, Result(ERROR, note=f"cannot start: {exc}"), now)
-            return
-        log.error("job %d: cannot start it yet (%s); it stays queued and is retried", job.id, exc)
-        self._move(job, QUEUED, now)
-        self.turn.retry_at = now + 2.0
-
-    def _not_now(self, job: Job, cg, why: str, now: float) -> None:
-        """A started job whose command never ran (out of pids): back to the queue, retried soon.
-
-        The environment it was to get (its launch spec's) goes back to the
-        store, which had let go of it once the start was durable; the launch
-        spec stays until the next start replaces it, so a crash before this
-        turn's commit leaves a running job the next daemon queues again (``recovery.recheck``).
-        """
-        spec = records.read_record(os.path.join(self.store.job_dir(job.id), records.LAUNCH), records.LaunchSpec)
-        env = spec.env if spec is not None else None
-        if env is None:
-            self.start_parts.drop_cgroup(cg)
-            self.ending.finish(job, Result(ERROR, note=f"{why}, and its launch spec is gone"), now)
-            return
-        self.start_parts.drop_cgroup(cg)
-        if job.id in self.bench.held:
-            self.start_parts.unquiet(job)     # its cores are quieted afresh at its next start
-        log.warning("job %d: %s; it is queued again", job.id, why)
-        self._move(job, QUEUED, now)
-        try:
-            self.store.unstart(job, env)
-            self.store.save_job(job)
-        except OSError:
-            self.turn.unsaved.add(job.id)
-        try:
-            devdir.write_info(self.store.job_dir(job.id), self._info(job), job.uid, self.cfg.admin_gid)
-        except OSError:
-            pass
-        self.turn.retry_at = now + defaults.START_RETRY
 
     # -- ending (ending.py) -----------------------------------------------------
     def shepherd_exited(self, job_id: int) -> None:
@@ -671,7 +564,7 @@ class Engine:
                 continue
             if due is not None:
                 wake = due if wake is None else min(wake, due)
-        if self.start_parts.stale_cgroups and self.start_parts.retry_stale_cgroups():
+        if self.starting.stale_cgroups and self.starting.retry_stale_cgroups():
             wake = now + 1 if wake is None else min(wake, now + 1)
         if self.turn.meta_dirty or self.turn.unsaved:
             self.eviction.retry_unsaved()
