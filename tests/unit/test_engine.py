@@ -628,3 +628,36 @@ def test_the_launch_spec_and_the_record_carry_aslr_and_thp(world):
     assert (eng.jobs[a["id"]].request["aslr"], eng.jobs[a["id"]].request["thp"]) == ("off", "off")
     b = submit(eng)
     assert (eng.jobs[b["id"]].request["aslr"], eng.jobs[b["id"]].request["thp"]) == ("on", "on")
+
+
+def test_a_pass_reads_the_queue_only_up_to_a_blocked_head_with_throttled_arrays(world):
+    """fifo-strict stops at the first job that does not fit: with a %N array queued, the engine's
+    filtered queue is read lazily, so a pass costs what it looks at, not the whole queue."""
+    eng, store, fake, hooks = world
+    eng.cfg.max_queued_per_user = 100
+    busy = submit(eng, cpus=2)["id"]                       # the machine's two CPUs are taken
+    start_pending(eng)
+    arr = submit(eng, cpus=1, array=(1, 2, 3), array_limit=1)
+    behind = [submit(eng, cpus=1)["id"] for _ in range(20)]
+    assert eng.table.capped_queued and len(eng.table.queued) == 23
+    # What the filter passes on, in order: one element of the %1 array (its room), then the rest.
+    assert [q.id for q in eng._eligible(T0)] == [arr["id"], *behind]
+    pulled = []
+    queue = eng.table.in_order()
+
+    class Counting:
+        def values(self):
+            for q in queue.values():
+                pulled.append(q.id)
+                yield q
+
+    eng.table.in_order = Counting
+    decision = eng.plan(T0)
+    assert decision is not None and not decision.starts
+    assert pulled == [arr["id"]]                           # the blocked head, and nothing behind it
+    del eng.table.in_order
+    # Once an element runs, its siblings are passed over and the jobs behind them are looked at.
+    end(eng, store, busy)
+    eng.tick(T0 + 2)
+    assert fake.spawned == [busy, arr["id"], behind[0]]
+    assert [q.id for q in eng._eligible(T0 + 2)] == behind[1:]
