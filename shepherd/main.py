@@ -51,10 +51,11 @@ import sys
 import time
 
 try:
-    from shepherd import control, delivery, notify, output, process, record
+    from shepherd import child, control, delivery, notify, output, process, record
     from shepherd.base import acl, cgroup, identity, proc, records
 except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py): siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
+    import child  # type: ignore[no-redef]
     import control  # type: ignore[no-redef]
     import delivery  # type: ignore[no-redef]
     import notify  # type: ignore[no-redef]
@@ -63,8 +64,6 @@ except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py)
     import record  # type: ignore[no-redef]
     from base import acl, cgroup, identity, proc, records  # type: ignore[no-redef]
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_ALL_CPUS = 8192         # CPU ids a mask may name (the kernel keeps those of the cpuset)
 
 
 def main(argv=None) -> int:
@@ -97,7 +96,7 @@ def main(argv=None) -> int:
         done = sup.delivered
         spec.env.pop(record.FIGURES_ENV, None)   # the record's file is gone with the job
         notify.start(spec, result, sup.started, done.path if done is not None and done.ok else None,
-                     sup.groups, _fork)
+                     sup.groups, child.fork)
     return 0
 
 
@@ -168,11 +167,11 @@ class Supervisor:
         self.watched: dict = {}
         self.failure = b""
         self.exec_out = b""                  # what the child wrote before its exec: the file, a failure
-        self.launched: dict | None = None   # the file the child exec'd (parse_exe_report), once it said
+        self.launched: dict | None = None   # the file the child exec'd (child.parse_exe_report), once it said
         self.exec_fd: int | None = None       # the child's report pipe until its EOF (its number is then reused)
         # The reproducibility record (shepherd/record/__init__.py), unless the daemon runs with --records none.
         self.groups = identity.groups_of(spec.user, spec.gid)   # for the job and the record's side task
-        self.recorder = record.Recorder(job_dir, spec, fork=_fork, groups=self.groups) if spec.record else None
+        self.recorder = record.Recorder(job_dir, spec, fork=child.fork, groups=self.groups) if spec.record else None
         self.record_fds: list[int] = []
         self.record_pidfd: int | None = None   # the job's pidfd while its record waits for the exec
         ctl_r, self._ctl_keeper = control.create(job_dir)
@@ -180,7 +179,7 @@ class Supervisor:
         self.watch(ctl_r, self._on_control)
         self.sig_r, sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(sig_w, warn_on_full_buffer=False)
-        for sig in _STOP_SIGNALS:
+        for sig in process.STOP_SIGNALS:
             signal.signal(sig, lambda signum, frame: None)  # the wake-up byte carries it
         self.watch(self.sig_r, self._on_signal)
 
@@ -212,7 +211,7 @@ class Supervisor:
         # Output: buffer until the bound, then relay (as the user) or discard.
         self.out = output.OutputPump(spec, _open_buffer(os.path.join(self.job_dir, records.OUTPUT), spec),
                                      spec.max_output_buffer, self.fork_retry,
-                                     _fork, self.watch, self.unwatch)
+                                     child.fork, self.watch, self.unwatch)
         pipe_r, pipe_w = output.make_pipe()
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
@@ -230,7 +229,7 @@ class Supervisor:
             return self._not_forked(exc)
         if pid == 0:
             try:
-                _child(spec, pipe_w, err_w, self.groups, go_r,
+                child.run(spec, pipe_w, err_w, self.groups, go_r,
                        (self.lock_fd, self.job_dir if self.created else None))
             finally:
                 os._exit(127)
@@ -240,7 +239,7 @@ class Supervisor:
         # durable; then the child may exec.
         if self.recorder is not None:
             self.recorder.before_start()
-        _go(go_w)
+        child.go(go_w)
         self.pid = pid
         records.unlink(os.path.join(self.job_dir, records.LAUNCH))   # the environment is in no file while the job runs
         pidfd = os.pidfd_open(pid)
@@ -312,7 +311,7 @@ class Supervisor:
         delay = 0.05
         while True:
             try:
-                return _fork()
+                return child.fork()
             except OSError as exc:
                 if not records.not_now(exc) or time.time() >= give_up:
                     raise
@@ -391,7 +390,7 @@ class Supervisor:
         except BlockingIOError:
             return
         for num in data:
-            if num in _STOP_SIGNALS:
+            if num in process.STOP_SIGNALS:
                 name = signal.Signals(num).name
                 self.stop(records.KILLED, f"its shepherd was killed ({name}); the job was stopped")
                 self.abandon = self.abandon or f"its shepherd was stopped by {name} before delivering"
@@ -410,7 +409,7 @@ class Supervisor:
         self.unwatch(fd)
         os.close(fd)
         self.exec_fd = None
-        self.launched, failure = parse_exe_report(self.exec_out)
+        self.launched, failure = child.parse_exe_report(self.exec_out)
         self.failure += failure[:4096]
         self._start_record()
         return False
@@ -492,172 +491,6 @@ def _open_buffer(path: str, spec: records.LaunchSpec) -> int:
     os.set_blocking(fd, True)
     acl.share_with(fd, spec.uid, spec.admin_gid if spec.admin_gid is not None else -1)
     return fd
-
-
-def _fork() -> int:
-    """fork() with the stop signals held back until the child has its own handlers.
-
-    Until then a signal meant for the child would run the shepherd's handler
-    in it and write to the wake-up pipe the two still share: the shepherd
-    would take the child's SIGTERM for its own. The child unblocks them
-    (``unblock_stop_signals``) once it is ready.
-    """
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        pid = os.fork()
-    except OSError:   # EAGAIN out of pids, ENOMEM: no child, so the signals come back at once
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-        raise
-    if pid == 0:
-        signal.set_wakeup_fd(-1)
-        return 0
-    signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    return pid
-
-
-def _go(go_w: int) -> None:
-    """Let the child exec (it may have failed its set-up and gone: that it reported)."""
-    try:
-        os.write(go_w, b"g")
-    except BrokenPipeError:
-        pass
-    os.close(go_w)
-
-
-def _child(spec: records.LaunchSpec, pipe_w: int, err_w: int, groups: list[int] | None = None,
-           go_r: int | None = None, pidfile: tuple[int, str | None] | None = None) -> None:
-    """In the forked child: confine, make the pidfile durable, drop privileges, wait for the
-    shepherd's go on *go_r*, exec. Never returns; without the go (the shepherd died first) the
-    command is not run.
-
-    *pidfile* is ``(fd, directory)``: the pidfile's data is fdatasynced (its directory too when the
-    shepherd created it) before the command may run, so after a power cut a pidfile empty or gone
-    proves it never did. Done here, it overlaps the shepherd's start snapshot.
-    """
-    stage = "setup"
-    try:
-        if pidfile is not None:
-            stage = "making its shepherd's pidfile durable"
-            os.fdatasync(pidfile[0])
-            if pidfile[1] is not None:
-                records.fsync_dir(pidfile[1])
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ, *_STOP_SIGNALS):  # Python changed these; jobs must not see it
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)   # blocked by _fork; exec keeps the mask
-        os.setsid()  # its own process group, which the shepherd signals as one
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(pipe_w, 1)
-        os.dup2(pipe_w, 2)
-        process.keep_only(err_w, *(() if go_r is None else (go_r,)))  # a job starts with 0, 1 and 2 only
-        # (err_w and go_r close at exec)
-        if spec.cgroup:
-            stage = "joining the job's cgroup"
-            cgroup.join(spec.cgroup)
-            # The shepherd runs on the housekeeping CPUs; a mask it was pinned to would survive the
-            # move (the kernel keeps the pinned mask within the new cpuset): widen it to the cpuset.
-            os.sched_setaffinity(0, range(_ALL_CPUS))
-        if spec.cpus:
-            stage = "pinning CPUs"
-            os.sched_setaffinity(0, spec.cpus)
-        if spec.aslr == "off":
-            stage = "turning address space randomisation off (--aslr off)"
-            process.no_aslr()
-        if spec.thp == "off":
-            stage = "turning transparent huge pages off (--thp off)"
-            process.no_thp()
-        stage = f"dropping privileges to {spec.user}"
-        identity.become(spec.user, spec.uid, spec.gid, groups)
-        os.umask(spec.umask & 0o777)
-        stage = f"entering {spec.cwd}"
-        os.chdir(spec.cwd)
-        if go_r is not None and os.read(go_r, 1) != b"g":
-            os._exit(127)   # its shepherd is gone: nobody would supervise the job
-        stage = f"running {spec.argv[0]!r}"
-        _exec(spec, err_w)
-    except BaseException as exc:  # report everything: the job must never run half-set-up
-        if isinstance(exc, OSError) and exc.errno:
-            why = f"{exc.strerror} (errno {exc.errno}, {errno.errorcode.get(exc.errno, '?')})"
-        else:
-            why = str(exc) or exc.__class__.__name__
-        msg = f"hpc-batch: job {spec.id} failed while {stage}: {why}\n"
-        for fd in (2, err_w):
-            try:
-                os.write(fd, msg.encode("utf-8", "backslashreplace"))
-            except OSError:
-                pass
-    os._exit(127)
-
-
-def _exec_by_fd() -> bool:
-    """Whether exec from a descriptor names the process after its file (comm, ``ps``): from Linux
-    6.14; before, it is named after the descriptor's number, which would show in every ``ps``."""
-    release = os.uname().release.split(".")
-    try:
-        return (int(release[0]), int(release[1].split("-")[0])) >= (6, 14)
-    except (IndexError, ValueError):
-        return False
-
-
-_FEXEC = _exec_by_fd()
-EXE_REPORT = b"\0exe\0"     # what the child tells its shepherd it is about to exec (parse_exe_report)
-
-
-def _resolve(name: str, env: dict) -> str:
-    """*name* as the job's PATH gives it: the first entry that is a regular file the user may exec.
-
-    The old side task's rule, now the only one: execvpe would go on past an entry whose exec fails
-    (ETXTBSY while someone writes it, ENOEXEC), so the file recorded was not always the one run.
-    """
-    if "/" in name:
-        return name
-    for d in (env.get("PATH") or os.defpath).split(os.pathsep):
-        candidate = os.path.join(d or ".", name)
-        if os.access(candidate, os.X_OK) and os.path.isfile(candidate):
-            return candidate
-    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
-
-
-def _exec(spec: records.LaunchSpec, err_w: int) -> None:
-    """Exec the command, having told the shepherd on *err_w* which file that is (its identity).
-
-    A binary is run from the descriptor its identity was read from (when ``ps`` still names it
-    right: :func:`_exec_by_fd`), so the record can name no other; a ``#!`` script by its path,
-    as the interpreter opens it again by name. Any failure is the job's: no later PATH entry.
-    """
-    path = _resolve(spec.argv[0], spec.env)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except PermissionError:   # execute-only: the user cannot read what the record would hash
-        os.write(err_w, EXE_REPORT + b"unreadable\0" * 6 + os.fsencode(path) + b"\0\0")
-        os.execve(path, spec.argv, spec.env)
-    st = os.fstat(fd)
-    kind = b"script" if os.pread(fd, 2, 0) == b"#!" else b"binary"
-    real = os.readlink(f"/proc/self/fd/{fd}")   # the kernel's name for the file opened: no second lookup
-    fields = b"\0".join((kind, *(b"%d" % v for v in (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
-                                                     st.st_ctime_ns)), os.fsencode(path), os.fsencode(real)))
-    os.write(err_w, EXE_REPORT + fields + b"\0")
-    if kind == b"binary" and _FEXEC:
-        os.execve(fd, spec.argv, spec.env)
-    os.execve(path, spec.argv, spec.env)
-
-
-def parse_exe_report(data: bytes) -> tuple[dict | None, bytes]:
-    """The child's :data:`EXE_REPORT` at the head of *data* (what it exec'd), and the rest (a failure)."""
-    if not data.startswith(EXE_REPORT):
-        return None, data
-    parts = data[len(EXE_REPORT):].split(b"\0", 8)
-    if len(parts) < 9:
-        return None, data
-    kind = parts[0].decode()
-    info: dict = {"kind": kind, "path": os.fsdecode(parts[6]),
-                  "realpath": os.fsdecode(parts[7]) if parts[7] else None}
-    if kind != "unreadable":
-        try:
-            info.update(zip(("dev", "ino", "size", "mtime_ns", "ctime_ns"), map(int, parts[1:6])))
-        except ValueError:
-            return None, data
-    return info, parts[8]
 
 
 def _persist(write, what: str) -> None:

@@ -35,8 +35,6 @@ except ImportError:  # run as a file: siblings are on sys.path
     import process  # type: ignore[no-redef]
     from base import identity, notifytext  # type: ignore[no-redef]
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
 
 def start(spec, rec, started: float | None, delivered: str | None, groups, fork) -> int | None:
     """Fork the notifier for *spec*'s ``notify`` (None: nothing to do); its pid, never waited for.
@@ -61,9 +59,9 @@ def start(spec, rec, started: float | None, delivered: str | None, groups, fork)
 
 
 def _notifier(spec, rec, started, delivered, groups) -> None:
-    for sig in (signal.SIGPIPE, *_STOP_SIGNALS):
+    for sig in (signal.SIGPIPE, *process.STOP_SIGNALS):
         signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, process.STOP_SIGNALS)
     os.setsid()   # out of the shepherd's session: it outlives the shepherd, reparented to init
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):

@@ -10,10 +10,14 @@ Standard library only (ctypes), like the rest of the shepherd; ctypes is
 imported only by a job that asks for one of them.
 
 Also here: what every forked child of the shepherd does first, keep only
-the descriptors it needs (``keep_only``).
+the descriptors it needs (``keep_only``), and the signals that stop a
+shepherd, which each child puts back to their defaults (``STOP_SIGNALS``).
 """
 
 import os
+import signal
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # each stops a shepherd and its job
 
 ADDR_NO_RANDOMIZE = 0x0040000    # include/uapi/linux/personality.h
 PER_QUERY = 0xFFFFFFFF           # personality(0xffffffff) answers the persona, changes nothing

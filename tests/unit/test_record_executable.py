@@ -1,5 +1,5 @@
-"""What ran (shepherd/main.py ``_exec``'s report) and its hash's cache (shepherd/record/__init__.py): the third review's
-G4 and G6, without a daemon."""
+"""What ran (shepherd/child.py ``_exec``'s report) and its hash's cache (shepherd/record/__init__.py):
+the third review's G4 and G6, without a daemon."""
 
 import hashlib
 import json
@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from hpc_batch.core import setup
-from shepherd import main, record
+from shepherd import child, record
 from shepherd.base import records
 
 pytestmark = pytest.mark.timeout(60)
@@ -37,10 +37,10 @@ def test_a_name_resolves_to_the_first_executable_regular_file_on_the_path_and_on
     (tmp_path / "c").mkdir()
     want = _exe(tmp_path / "c" / "bench")
     env = {"PATH": ":".join(str(tmp_path / d) for d in "abc")}
-    assert main._resolve("bench", env) == want
-    assert main._resolve("./x/bench", env) == "./x/bench"    # a slash: as given, no search
+    assert child.resolve("bench", env) == want
+    assert child.resolve("./x/bench", env) == "./x/bench"    # a slash: as given, no search
     with pytest.raises(FileNotFoundError):
-        main._resolve("nothing", env)
+        child.resolve("nothing", env)
 
 
 def test_the_childs_report_is_parsed_and_any_failure_after_it_kept(tmp_path):
@@ -49,12 +49,12 @@ def test_the_childs_report_is_parsed_and_any_failure_after_it_kept(tmp_path):
     fields = [b"binary-fd", *(b"%d" % v for v in (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
                                                   st.st_ctime_ns)), os.fsencode(path), b"/real\nname"]
     failure = b"hpc-batch: job 7 failed while running 'bench': Text file busy\n"
-    info, rest = main.parse_exe_report(main.EXE_REPORT + b"\0".join(fields) + b"\0" + failure)
+    info, rest = child.parse_exe_report(child.EXE_REPORT + b"\0".join(fields) + b"\0" + failure)
     assert info == {"kind": "binary-fd", "path": path, "realpath": "/real\nname", "dev": st.st_dev,
                     "ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
     assert rest == failure
-    assert main.parse_exe_report(failure) == (None, failure)            # failed before it resolved a file
-    assert main.parse_exe_report(main.EXE_REPORT + b"binary\0" + b"x\0" * 7) == (None, main.EXE_REPORT
+    assert child.parse_exe_report(failure) == (None, failure)            # failed before it resolved a file
+    assert child.parse_exe_report(child.EXE_REPORT + b"binary\0" + b"x\0" * 7) == (None, child.EXE_REPORT
                                                                                  + b"binary\0" + b"x\0" * 7)
 
 
