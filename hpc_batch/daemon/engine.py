@@ -10,20 +10,20 @@ then forgotten. Scheduling itself is the pure ``scheduler`` module; starting
 shepherds and asking them to stop jobs is ``launcher``; cgroups are
 ``cgroups``. What the engine composes, each room holding no reference to
 it: ``admission`` (a submit's checks and jobs), ``queries`` (the read
-models), ``launchspec`` (a job's environment and launch spec), ``outcome``
-(how a job ended, from its shepherd's records), ``benchcores`` (benchmark
-mode's watch and quiet cores), ``bulks`` (bulk submits stored a slice per
-turn), ``finished`` (the history archive and undelivered output),
-``starting`` (a job's start: cgroup, launch spec, spawn, quiet cores,
-pidfd watching, and the way back to the queue), ``deadlines`` (max times, deadlines and stop
-requests, and the tick's check of each running job), ``ending`` (a
-job's end collected and recorded, its dependents settled), ``eviction``
-(finished jobs past --keep-finished, records whose write failed) and
-``recovery`` (start-up, given the ending's collect and the start chain's
-way back to the queue as callbacks); every verb refuses with ``refusal.Refused``. What a turn of
-the loop changed is kept in its ``Turn`` (turn.py), which is all the
-server asks of it; launcher, cgroups and passwd are given to the engine
-(typed by engineparts.py).
+models), ``launchspec`` (a job's environment and launch spec),
+``outcome`` (how a job ended, from its shepherd's records),
+``benchcores`` (benchmark mode's watch and quiet cores), ``bulks`` (bulk
+submits stored a slice per turn), ``finished`` (the history archive and
+undelivered output), ``starting`` (a job's start: cgroup, launch spec,
+spawn, quiet cores, pidfd watching, and the way back to the queue),
+``deadlines`` (max times, deadlines and stop requests, and the tick's
+check of each running job), ``ending`` (a job's end collected and
+recorded, its dependents settled), ``eviction`` (finished jobs past
+--keep-finished, records whose write failed) and ``recovery`` (start-up,
+given the ending, starting and deadlines rooms); every verb refuses with
+``refusal.Refused``. What a turn of the loop changed is kept in its
+``Turn`` (turn.py), which is all the server asks of it; launcher,
+cgroups and passwd are given to the engine (typed by engineparts.py).
 
 Nothing a user sends can make the engine act on a path they control, wait
 on a process they can stop, or signal a process by number: output paths are
@@ -128,7 +128,7 @@ class Engine:
                                  lambda: self.saved_floor, self.save_meta)
         # Start-up and the second look at a shepherd that was starting (recovery.py), given what they act on.
         self.recovery = recovery.Parts(cfg, store, self.table, launcher, cgroups, hooks, self.bench,
-                                       recovery.Ends(self.ending.collect, self.starting.not_now, self.deadlines.send))
+                                       self.ending, self.starting, self.deadlines)
 
     # -- start-up -------------------------------------------------------------
     def recover(self) -> list:

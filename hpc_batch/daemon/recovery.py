@@ -5,13 +5,13 @@
 job's shepherd again (its pidfile, checked against its start time), or its
 end, or looks again shortly (``recheck``, from the engine's tick) when its
 shepherd may be starting right now. These are functions over the parts
-they use, given as ``Parts``; what ends or requeues a job is the engine's,
-given to them as ``Ends`` (its own methods), so nothing here holds the engine.
+they use, given as ``Parts``: among them the rooms that end a job
+(``ending.py``), put it back in the queue (``starting.py``) and tell its
+shepherd its deadline (``deadlines.py``), so nothing here holds the engine.
 """
 
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,15 +24,9 @@ from ..core.jobtable import JobTable, Running
 from . import devdir
 from . import engineparts as parts
 from .benchcores import BenchCores
-
-
-@dataclass
-class Ends:
-    """What recovery asks of the engine for a running job it does not simply re-adopt."""
-
-    collect: Callable[..., None]                        # (job_id, shepherd_gone=None, kind=KILLED): its end
-    not_now: Callable[[Job, Any, str, float], None]     # (job, cgroup, why, now): back to the queue
-    send_deadline: Callable[[Job, float], None]         # (job, now): its max time to its shepherd
+from .deadlines import Deadlines
+from .ending import Ending
+from .starting import Starting
 
 
 @dataclass
@@ -46,7 +40,10 @@ class Parts:
     cgroups: parts.Cgroups
     hooks: parts.Hooks
     bench: BenchCores
-    ends: Ends
+    # For a running job it does not simply re-adopt: its end, its way back to the queue, its deadline.
+    ending: Ending
+    starting: Starting
+    deadlines: Deadlines
 
 
 @dataclass
@@ -87,12 +84,12 @@ def readopt(p: Parts, job: Job) -> str:
         p.hooks.watch_pidfd(fd, job.id)
         p.bench.readopt(job)
         # A change of max time the last daemon could not pass on before it died.
-        p.ends.send_deadline(job, time.time())
+        p.deadlines.send(job, time.time())
         return f"job {job.id}: re-adopted shepherd pid {pid}"
     running = Running(alloc, cgroup=cg)
     p.table.attach(job, running)
     if os.path.exists(os.path.join(jdir, records.EXIT)):
-        p.ends.collect(job.id)
+        p.ending.collect(job.id)
         return f"job {job.id}: ended while the daemon was down; collected its exit record"
     if records.read_pidfile(jdir) is None and os.path.exists(os.path.join(jdir, records.LAUNCH)):
         # Its launch spec is unread: either the shepherd never started, or it
@@ -114,7 +111,7 @@ def recheck(p: Parts, job_id: int) -> None:
         running.pid, running.pidfd = found
         p.hooks.watch_pidfd(found[1], job_id)
     elif os.path.exists(os.path.join(jdir, records.EXIT)):
-        p.ends.collect(job_id)
+        p.ending.collect(job_id)
     elif p.launcher.shepherd_alive(jdir):   # its lock taken, its pidfile not written yet: look again
         running.recheck_at = time.time() + defaults.START_RETRY
     elif records.read_pidfile(jdir) is None and os.path.exists(launch := os.path.join(jdir, records.LAUNCH)):
@@ -128,7 +125,7 @@ def recheck(p: Parts, job_id: int) -> None:
         # The command cannot have run (the pidfile is durable before it may): it starts afresh
         # from the queue, as after a fork that failed, since after a reboot the spec's cgroup and
         # quieted cores are gone.
-        p.ends.not_now(job, running.cgroup, "its shepherd had not started when the last daemon stopped",
+        p.starting.not_now(job, running.cgroup, "its shepherd had not started when the last daemon stopped",
                        time.time())
     else:
         lost(p, job, p.launcher.vanished(jdir))
@@ -136,5 +133,5 @@ def recheck(p: Parts, job_id: int) -> None:
 
 def lost(p: Parts, job: Job, why: str) -> str:
     """End a running job whose shepherd is gone as ``lost``; the note for the log."""
-    p.ends.collect(job.id, shepherd_gone=why, kind=LOST)
+    p.ending.collect(job.id, shepherd_gone=why, kind=LOST)
     return f"job {job.id}: {why}"
