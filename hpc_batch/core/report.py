@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import gputopo
-from .resources import Allocation, Budget, Free, Limits, Machine, Request, capacity
+from .allocator import Free
+from .resources import Allocation, Budget, Limits, Machine, Request, capacity
 from .sizes import format_size
 
 

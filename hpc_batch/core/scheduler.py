@@ -27,7 +27,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .resources import Allocation, Budget, Free, Limits, Machine, Request, capacity, why_never_fits
+from .allocator import Free
+from .requestcheck import why_never_fits
+from .resources import Allocation, Budget, Limits, Machine, Request, capacity
 
 POLICIES = ("fifo-strict", "easy-backfill", "strict-backfill")
 

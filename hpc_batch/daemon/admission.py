@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core import dependencies as deps
-from ..core import resources
+from ..core import requestcheck, resources
 from ..core.durations import format_duration
 from ..core.jobnames import log_name
 from ..core.jobs import FINISHED, QUEUED, WAITING, Job, exit_column
@@ -78,8 +78,8 @@ def admit(cfg, machine: resources.Machine, limits: resources.Limits, *, uid: int
         wanted.update(notify=req.notify)
     request = request_of(wanted)
     try:
-        budget = resources.check_request(request, machine, limits)
-    except resources.RequestError as exc:
+        budget = requestcheck.check_request(request, machine, limits)
+    except requestcheck.RequestError as exc:
         raise Refused(str(exc), "never_fits") from None
     bulk = len(elements) > 1 or bool(req.array or req.commands)
     # An --array's elements share one argv list, stored once (Store.add_jobs); --commands' differ.

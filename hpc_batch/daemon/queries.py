@@ -16,7 +16,7 @@ from typing import Any
 from shepherd.base import records
 
 from .. import bounds
-from ..core import arrayref, dependencies, machinemap, report, resources, views
+from ..core import allocator, arrayref, dependencies, machinemap, report, resources, views
 from ..core.jobnames import split_ref
 from ..core.jobs import FINISHED, QUEUED, WAITING, Job
 from ..core.jobtable import JobTable
@@ -76,7 +76,7 @@ def why(r: Reads, job: Job) -> tuple[int | None, str | None]:
             array_room(r.table).get(job.array["first"], 1) <= 0:
         return position, (f"{job.array['limit']} of its array (jobs from {job.array['first']}) "
                           f"already run, the most it may run at once (--array ...%{job.array['limit']})")
-    free = resources.Free.of(resources.capacity(r.machine, r.limits), r.table.allocs())
+    free = allocator.Free.of(resources.capacity(r.machine, r.limits), r.table.allocs())
     q = r.table.queued[job.id]
     return position, report.why_waiting(q.request, q.budget, position, order[0], free, r.cfg.schedule,
                                         r.policy_state)

@@ -16,20 +16,9 @@ import pytest
 from hpc_batch.client import cli, listing
 from hpc_batch.client.listing import cpu_column, format_show
 from hpc_batch.core import benchmark, report
-from hpc_batch.core.resources import (
-    Allocation,
-    Budget,
-    Free,
-    GiB,
-    Limits,
-    Machine,
-    Request,
-    RequestError,
-    allocate,
-    capacity,
-    check_request,
-    default_share,
-)
+from hpc_batch.core.allocator import Free, allocate
+from hpc_batch.core.requestcheck import RequestError, check_request
+from hpc_batch.core.resources import Allocation, Budget, GiB, Limits, Machine, Request, capacity, default_share
 from hpc_batch.daemon import probe
 from hpc_batch.daemon.benchmode import housekeeping
 from hpc_batch.daemon.discovery import read_cpu_topology, read_numa

@@ -15,19 +15,17 @@ import pytest
 from hpc_batch.client import listing
 from hpc_batch.client.listing import cpu_column, format_show
 from hpc_batch.core import gputopo, report
+from hpc_batch.core.allocator import Free, allocate
+from hpc_batch.core.requestcheck import RequestError, check_request
 from hpc_batch.core.resources import (
     Allocation,
     Budget,
-    Free,
     GiB,
     Limits,
     Machine,
     Node,
     Request,
-    RequestError,
-    allocate,
     capacity,
-    check_request,
     default_share,
     describe_unit,
 )

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_batch.core.resources import GiB, Limits, Request, RequestError, check_request
+from hpc_batch.core.requestcheck import RequestError, check_request
+from hpc_batch.core.resources import GiB, Limits, Request
 from hpc_batch.daemon import discovery
 from hpc_batch.daemon.discovery import (
     discover,

@@ -274,3 +274,14 @@ def test_benchmark_modes_machine_side_stands_below_the_engine():
                     and target not in allowed):
                 broken.append(f"{_module_name(path)} imports {target}")
     assert len(list(folder.glob("*.py"))) > 1 and not broken, broken
+
+
+# The rooms resources.py split into: each stands on the model, and the model knows neither.
+RESOURCE_ROOMS = {f"hpc_batch.core.{name}" for name in ("allocator", "requestcheck")}
+
+
+def test_the_resource_model_stands_below_its_rooms():
+    model = PACKAGE / "core" / "resources.py"
+    assert not _imports(model) & RESOURCE_ROOMS, "hpc_batch.core.resources imports a room built on it"
+    for room in sorted(RESOURCE_ROOMS):
+        assert "hpc_batch.core.resources" in _imports(PACKAGE / "core" / (room.rpartition(".")[2] + ".py")), room

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from hpc_batch.client import listing
 from hpc_batch.core import gputopo, report
-from hpc_batch.core.resources import Budget, Free, Limits, Machine, Request, allocate, capacity, check_request
+from hpc_batch.core.allocator import Free, allocate
+from hpc_batch.core.requestcheck import check_request
+from hpc_batch.core.resources import Budget, Limits, Machine, Request, capacity
 from hpc_batch.daemon.discovery import read_numa
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"

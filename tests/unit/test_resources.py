@@ -1,26 +1,13 @@
-"""Unit tests for hpc_batch.core.resources: budgets, reserves, placement."""
+"""Unit tests for hpc_batch.core.resources, requestcheck and allocator: budgets, reserves, placement."""
 
 import json
 
 import pytest
 
-from hpc_batch.core.resources import (
-    Allocation,
-    Budget,
-    Free,
-    GiB,
-    Limits,
-    Machine,
-    Node,
-    Request,
-    RequestError,
-    allocate,
-    capacity,
-    check_request,
-    default_share,
-    format_size,
-    why_never_fits,
-)
+from hpc_batch.core.allocator import Free, allocate
+from hpc_batch.core.requestcheck import RequestError, check_request, why_never_fits
+from hpc_batch.core.resources import Allocation, Budget, GiB, Limits, Machine, Node, Request, capacity, default_share
+from hpc_batch.core.sizes import format_size
 
 NO_RESERVE = Limits(reserve_cpu=0, reserve_mem=0)
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from hpc_batch.core.resources import Allocation, Budget, GiB, Limits, Machine, Node, Request, check_request
+from hpc_batch.core.requestcheck import check_request
+from hpc_batch.core.resources import Allocation, Budget, GiB, Limits, Machine, Node, Request
 from hpc_batch.core.scheduler import POLICIES, QueuedJob, RunningJob, schedule
 
 LIMITS = Limits(reserve_cpu=0, reserve_mem=0, min_job_mem=GiB)
