@@ -25,7 +25,7 @@ CPU_UNITS = ("core", "thread")
 # it, "enforce" also sets governor performance and minimum = maximum frequency (undone at its end).
 CPUFREQ = "record"
 CPUFREQ_POLICIES = ("record", "enforce")
-# --records: which jobs get a reproducibility record (shepherd/record/__init__.py).
+# --records: which jobs get a reproducibility record (shepherd/record/).
 RECORDS = "all"
 RECORDS_MODES = ("all", "none")
 # CPUs for the daemon, its shepherds and steered interrupts, never given to benchmark jobs:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from shepherd.base.records import DeliveryRecord, LaunchSpec
     from shepherd.output import OutputPump
-    from shepherd.record import Recorder
+    from shepherd.record.recorder import Recorder
 
     class Delivering(Protocol):
         """What delivery asks of the shepherd's supervisor (shepherd/main.py's ``Supervisor``)."""

@@ -51,8 +51,9 @@ import sys
 import time
 
 try:
-    from shepherd import child, control, delivery, notify, output, process, record
+    from shepherd import child, control, delivery, notify, output, process
     from shepherd.base import acl, cgroup, identity, proc, records
+    from shepherd.record import recorder
 except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py): siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
     import child  # type: ignore[no-redef]
@@ -61,8 +62,8 @@ except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py)
     import notify  # type: ignore[no-redef]
     import output  # type: ignore[no-redef]
     import process  # type: ignore[no-redef]
-    import record  # type: ignore[no-redef]
     from base import acl, cgroup, identity, proc, records  # type: ignore[no-redef]
+    from record import recorder  # type: ignore[no-redef]
 
 
 
@@ -94,7 +95,7 @@ def main(argv=None) -> int:
     delivery.deliver(sup)
     if sup.pid is not None:   # --notify: only now, the exit record written and the output delivered
         done = sup.delivered
-        spec.env.pop(record.FIGURES_ENV, None)   # the record's file is gone with the job
+        spec.env.pop(recorder.FIGURES_ENV, None)   # the record's file is gone with the job
         notify.start(spec, result, sup.started, done.path if done is not None and done.ok else None,
                      sup.groups, child.fork)
     return 0
@@ -169,9 +170,9 @@ class Supervisor:
         self.exec_out = b""                  # what the child wrote before its exec: the file, a failure
         self.launched: dict | None = None   # the file the child exec'd (child.parse_exe_report), once it said
         self.exec_fd: int | None = None       # the child's report pipe until its EOF (its number is then reused)
-        # The reproducibility record (shepherd/record/__init__.py), unless the daemon runs with --records none.
+        # The reproducibility record (shepherd/record/recorder.py), unless the daemon runs with --records none.
         self.groups = identity.groups_of(spec.user, spec.gid)   # for the job and the record's side task
-        self.recorder = record.Recorder(job_dir, spec, fork=child.fork, groups=self.groups) if spec.record else None
+        self.recorder = recorder.Recorder(job_dir, spec, fork=child.fork, groups=self.groups) if spec.record else None
         self.record_fds: list[int] = []
         self.record_pidfd: int | None = None   # the job's pidfd while its record waits for the exec
         ctl_r, self._ctl_keeper = control.create(job_dir)
@@ -216,7 +217,7 @@ class Supervisor:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
         # Set here, never forwarded: a value from a job that submitted this one names that job's file.
-        spec.env.pop(record.FIGURES_ENV, None)
+        spec.env.pop(recorder.FIGURES_ENV, None)
         if self.recorder is not None:
             self.recorder.make_figures_file(spec.env)
         try:
@@ -466,13 +467,13 @@ def warm_up() -> None:
     """Run the shepherd's pure code paths once over (the fork server, before its first fork).
 
     Reads of /proc and /sys only: no file is written, nothing is forked. See
-    ``record.warm_up``; the records' codec and types get the same.
+    ``recorder.warm_up``; the records' codec and types get the same.
     """
     cpu = min(os.sched_getaffinity(0))
     conf = {"cpus": [cpu], "node_cpus": [cpu], "l3_cpus": [cpu], "mems": [], "root": "/", "version": "?"}
     sample = records.LaunchSpec(user="root", uid=0, gid=0, cwd="/", argv=["true"], env={"PATH": os.defpath},
                                 id=0, record=conf)
-    for _ in range(record.WARM_ROUNDS):
+    for _ in range(recorder.WARM_ROUNDS):
         spec = records.LaunchSpec.from_dict(records.loads(records.dumps(sample.to_dict())))
         exit_rec = records.ExitRecord(status=0, ended=time.time(), code=0)
         records.ExitRecord.from_dict(records.loads(records.dumps(exit_rec.to_dict())))
@@ -481,7 +482,7 @@ def warm_up() -> None:
         control.parse("deadline 1.0")
     identity.groups_of("root", 0)   # the NSS set-up (nsswitch.conf read), inherited by every shepherd
     if spec is not None:
-        record.warm_up(spec)
+        recorder.warm_up(spec)
 
 
 def _open_buffer(path: str, spec: records.LaunchSpec) -> int:

@@ -2,7 +2,7 @@
 
 The record adds one thing before the job's first instruction: the start
 snapshot of its sentinels, taken by the shepherd just before it forks the
-job (``shepherd/record/__init__.py``). Everything else (static sections, the
+job (``shepherd/record/recorder.py``). Everything else (static sections, the
 executable's hash, the GPU query) runs after the start, on the housekeeping
 CPUs. Two daemons on the same CPUs, one with ``--records none``, take the
 probe in turn.

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 # archived under older rules is never taken for one under the new ones. Raise it with them.
 DIGEST_RULES = 1
 
-# What the daemon sets in each job's environment (shepherd/record/__init__.py PER_JOB_VARS, which the
+# What the daemon sets in each job's environment (shepherd/record/software.py PER_JOB_VARS, which the
 # shepherd cannot import from here): with --record-env their values differ between any two jobs.
 PER_JOB_VARS = ("HPC_BATCH_JOB_ID", "HPC_BATCH_ARRAY_INDEX", "HPC_BATCH_ARRAY_JOB_ID", "CUDA_VISIBLE_DEVICES",
                 "HPC_BATCH_METRICS_FILE")

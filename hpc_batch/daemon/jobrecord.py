@@ -1,6 +1,6 @@
 """What the daemon hands the shepherd for a job's reproducibility record (pure).
 
-The shepherd collects the record (``shepherd/record/__init__.py``); the daemon adds
+The shepherd collects the record (``shepherd/record/recorder.py``); the daemon adds
 only what it alone knows, from memory and without reading a file: the
 allocation as it made it, the machine's state around the job (the
 housekeeping CPUs, the other jobs on the same NUMA node and L3, by id), the

@@ -19,7 +19,7 @@ daemon learns everything it needs after a restart from these files alone.
                    stdout/stderr, for attach; root-owned, readable by the
                    job's user (an ACL) and the admin group
     info.json      the job's summary for its /dev/hpc-batch entry (the daemon's)
-    record.json    the reproducibility record (shepherd/record/__init__.py)
+    record.json    the reproducibility record (shepherd/record/recorder.py)
 
 Records are root-only (0600): a job's pid, status and exit are its owner's
 business, and the daemon answers for them through ``dispatch``.
@@ -55,7 +55,7 @@ KILLED = "killed"
 TIMEOUT = "timeout"
 STOP_REASONS = (KILLED, TIMEOUT)
 VERDICTS = ("clean", "noisy", "unknown")   # a record's verdict: was the machine quiet while the job ran?
-RECORD = "record.json"     # the reproducibility record (shepherd/record/__init__.py), root's, readable by the user
+RECORD = "record.json"     # the reproducibility record (shepherd/record/recorder.py), root's, readable by the user
 
 # A fork that failed with one of these may work later (out of pids, out of memory): the job
 # waits and is retried, never failed. An exit record's not_started holds one of these names.
@@ -321,7 +321,7 @@ class LaunchSpec(_Record):
     spec, and a spec from an older daemon that lacks a key gets the same.
     ``record`` stays a plain dict: it is the daemon's part of the
     reproducibility record (hpc_batch/daemon/jobrecord.py), handed through
-    to shepherd/record/__init__.py as it is; None with ``--records none``.
+    to shepherd/record/recorder.py as it is; None with ``--records none``.
     """
 
     KILL_GRACE = 5.0              # seconds between SIGTERM and SIGKILL when a job is stopped

@@ -149,7 +149,7 @@ def cgroup_mode(mounts: str) -> str:
 
 
 # Facts the running kernel fixes at boot, read once per process and kept (a process cannot outlive
-# the boot it started in): the fork server reads them as it starts (``record.warm_up``), so the
+# the boot it started in): the fork server reads them as it starts (``recorder.warm_up``), so the
 # shepherds it forks have them without a read. Only on the machine: a fixture tree read through
 # the same root may change between two reads.
 _BOOT: dict = {}

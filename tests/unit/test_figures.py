@@ -1,5 +1,5 @@
 """A job's own figures (issue 30): the parser (shepherd/record/figures.py), the file (shepherd/record/figurefile.py),
-their place in the record (shepherd/record/__init__.py) and how show --record and record diff read them.
+their place in the record (shepherd/record/recorder.py) and how show --record and record diff read them.
 
 The file tests use real files, links and FIFOs in a temporary directory: the
 shepherd reads what a hostile job leaves there as root, so each refusal is
@@ -16,9 +16,8 @@ import pytest
 
 from hpc_batch.client import recorddiff
 from hpc_batch.core import setup
-from shepherd import record
 from shepherd.base import records
-from shepherd.record import figurefile, figures
+from shepherd.record import bounds, figurefile, figures, recorder, software
 
 NAME_RULE, UNIT_RULE = figures.NAME_RULE, figures.UNIT_RULE
 
@@ -166,7 +165,7 @@ def test_a_name_planted_before_is_never_opened_and_the_variable_is_left_unset(tm
     assert target.read_text() == "keep" and planted.is_symlink()
     # The recorder says so in the record, and leaves the job's environment without the variable.
     monkeypatch.setattr(figurefile, "DIRECTORY", str(tmp_path))
-    rec = record.Recorder("/proc/self/no-job-dir", _spec(id=5))
+    rec = recorder.Recorder("/proc/self/no-job-dir", _spec(id=5))
     env = {"PATH": "/usr/bin"}
     rec.make_figures_file(env)
     assert figures.ENV not in env
@@ -292,13 +291,13 @@ def _spec(**kw):
 def test_the_record_has_the_jobs_figures_and_the_file_is_gone(tmp_path, monkeypatch):
     monkeypatch.setattr(figurefile, "DIRECTORY", str(tmp_path))
     spec = _spec()
-    rec = record.Recorder("/proc/self/no-job-dir", spec)
+    rec = recorder.Recorder("/proc/self/no-job-dir", spec)
     rec.make_figures_file(spec.env)
     path = spec.env[figures.ENV]
     assert os.path.dirname(path) == str(tmp_path)
     with open(path, "ab") as f:
         f.write(b"gflops 31.5\n")
-    out = json.loads(record.bounded(rec.complete(resource.getrusage(resource.RUSAGE_SELF))))
+    out = json.loads(bounds.bounded(rec.complete(resource.getrusage(resource.RUSAGE_SELF))))
     assert out["metrics"]["source"] == path
     assert out["metrics"]["value"]["names"]["gflops"]["values"] == [31.5]
     assert not os.path.exists(path)
@@ -306,7 +305,7 @@ def test_the_record_has_the_jobs_figures_and_the_file_is_gone(tmp_path, monkeypa
 
 def test_a_job_never_forked_leaves_no_file(tmp_path, monkeypatch):
     monkeypatch.setattr(figurefile, "DIRECTORY", str(tmp_path))
-    rec = record.Recorder("/proc/self/no-job-dir", _spec())
+    rec = recorder.Recorder("/proc/self/no-job-dir", _spec())
     env: dict = {}
     rec.make_figures_file(env)
     rec.drop_figures_file()
@@ -315,11 +314,11 @@ def test_a_job_never_forked_leaves_no_file(tmp_path, monkeypatch):
 
 
 def test_the_variable_is_per_job_so_the_submitted_digest_leaves_it_out():
-    assert figures.ENV == "HPC_BATCH_METRICS_FILE" == record.FIGURES_ENV
-    assert figures.ENV in record.PER_JOB_VARS
-    assert set(setup.PER_JOB_VARS) == set(record.PER_JOB_VARS)      # the client's copy of the list
-    a = record.software(_spec(env={"PATH": "/usr/bin", figures.ENV: "/tmp/a"}), False)["environment"]
-    b = record.software(_spec(env={"PATH": "/usr/bin", figures.ENV: "/tmp/b"}), False)["environment"]
+    assert figures.ENV == "HPC_BATCH_METRICS_FILE" == recorder.FIGURES_ENV
+    assert figures.ENV in software.PER_JOB_VARS
+    assert set(setup.PER_JOB_VARS) == set(software.PER_JOB_VARS)      # the client's copy of the list
+    a = software.software(_spec(env={"PATH": "/usr/bin", figures.ENV: "/tmp/a"}), False)["environment"]
+    b = software.software(_spec(env={"PATH": "/usr/bin", figures.ENV: "/tmp/b"}), False)["environment"]
     assert a["sha256"] != b["sha256"] and a["submitted_sha256"] == b["submitted_sha256"]
     assert setup.classify("software", f"environment.values.{figures.ENV}", "/tmp/a", "/tmp/b") == "noted"
 
@@ -334,12 +333,12 @@ def _big(names):
 
 def test_a_record_over_its_bound_drops_the_figures_values_last_keeping_count_and_last():
     names = {f"n{i}": {"unit": "s", "values": [1.5] * 1000, "count": 1200, "last": 2.5} for i in range(60)}
-    out = json.loads(record.bounded(_big(names)))
-    assert len(json.dumps(out)) <= record.MAX_BYTES
+    out = json.loads(bounds.bounded(_big(names)))
+    assert len(json.dumps(out)) <= bounds.MAX_BYTES
     assert out["cut"][-1] == "metrics.value.names.*.values"
     assert "software.argv" in out["cut"] and "sentinels.start.interrupts" in out["cut"]
     assert out["metrics"]["value"]["names"]["n7"] == {"unit": "s", "count": 1200, "last": 2.5}
-    small = json.loads(record.bounded(_big({"t": {"unit": None, "values": [1.0], "count": 1, "last": 1.0}})))
+    small = json.loads(bounds.bounded(_big({"t": {"unit": None, "values": [1.0], "count": 1, "last": 1.0}})))
     assert "cut" not in small and small["metrics"]["value"]["names"]["t"]["values"] == [1.0]
 
 

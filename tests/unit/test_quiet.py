@@ -14,7 +14,7 @@ from hpc_batch.client import listing
 from hpc_batch.core.cputopo import parse_cpulist
 from hpc_batch.daemon import cgroups
 from hpc_batch.daemon.benchmode import cpufreq, cpupartition, irqsteer, kfiles, quiet
-from shepherd import record
+from shepherd.record import recorder
 
 pytestmark = pytest.mark.timeout(60)
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "quiet")
@@ -217,7 +217,7 @@ def test_record_says_what_each_irq_did(tree, tmp_path, monkeypatch, machine, hel
     assert (irq in irqs["refused"], irq in irqs["moved"]) == (irq in refuse, irq not in refuse)
     assert set(irqs["each"]) == {str(i) for i in irqs["moved"] + irqs["refused"]}
     # The record copies what was done, not the planned writes.
-    field = record.quiet_field(jdir)
+    field = recorder.quiet_field(jdir)
     assert field["source"] == "quiet.json" and field["value"]["irqs"] == irqs and "writes" not in field["value"]
     # The machine's ledger holds for the job what the kernel took, never what it refused.
     held_now = quiet.load_ledger(settings).held_by(quiet.holder_of(jdir))
@@ -230,7 +230,7 @@ def test_the_issues_machine_irq_36_refused_and_still_on_the_job_cpu(tmp_path, mo
     shutil.copytree(os.path.join(FIXTURES, "dev-container-real"), root)
     as_kernel(monkeypatch, refuse={36: errno.EPERM})
     rec = quiet.begin(str(tmp_path), (1,), (1,), (0,), quiet.Settings(root=root), alone=True)
-    irqs = record.quiet_field(str(tmp_path))["value"]["irqs"]
+    irqs = recorder.quiet_field(str(tmp_path))["value"]["irqs"]
     assert len(irqs["moved"]) == 18 and irqs["refused"] == [36] and irqs["still_on_job_cpus"] == [36]
     assert irqs["each"]["36"] == {"result": "refused", "errno": "EPERM", "error": "Operation not permitted",
                                   "old": "0-1", "new": "0", "effective": "1"}

@@ -13,8 +13,8 @@ from hpc_batch.core.cputopo import parse_cpulist
 from hpc_batch.daemon import devdir
 from hpc_batch.daemon.benchmode import cpufreq, irqsteer, kfiles, quiet
 from hpc_batch.wire.protocol import NewJob
-from shepherd import record
 from shepherd.base import records
+from shepherd.record import recorder
 
 pytestmark = pytest.mark.timeout(60)
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "quiet")
@@ -113,7 +113,7 @@ def test_the_record_says_what_the_start_did_and_a_refusal_is_never_undone(bench,
     assert irqs["each"]["0"] == {"result": "refused", "errno": "EPERM", "error": "Operation not permitted",
                                  "old": "0", "new": "1", "effective": "0"}
     assert irqs["still_on_job_cpus"] == [0]   # the job holds CPU 0, where IRQ 0 stays
-    assert record.quiet_field(jdir)["value"] == eng.jobs[job].quiet   # the record: what show --json says
+    assert recorder.quiet_field(jdir)["value"] == eng.jobs[job].quiet   # the record: what show --json says
     saved = records.read_json(os.path.join(jdir, quiet.FILE))
     assert irqsteer.affinity_path(0) not in {w["path"] for w in saved["writes"]}
     monkeypatch.setattr(kfiles, "write", real)

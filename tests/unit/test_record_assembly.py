@@ -1,4 +1,4 @@
-"""The record's assembly (shepherd/record/__init__.py) and the daemon's part of it (hpc_batch/daemon/jobrecord.py)."""
+"""The record's assembly (shepherd/record/) and the daemon's part of it (hpc_batch/daemon/jobrecord.py)."""
 
 import hashlib
 import json
@@ -9,9 +9,8 @@ from hpc_batch.core import resources
 from hpc_batch.core.cputopo import Cache, Cpu, CpuTopology
 from hpc_batch.core.jobs import Job
 from hpc_batch.daemon import jobrecord
-from shepherd import record
 from shepherd.base import records
-from shepherd.record import verdict
+from shepherd.record import bounds, software, verdict
 
 
 def _spec(**kw):
@@ -22,14 +21,14 @@ def _spec(**kw):
 
 
 def test_the_environment_is_keys_a_digest_and_a_size_never_values_unless_asked():
-    sw = record.software(_spec(), env_values=False)
+    sw = software.software(_spec(), env_values=False)
     env = sw["environment"]
     assert env["keys"]["value"] == ["HOME", "PATH", "TOKEN"]
     block = b"HOME=/home/alice\0PATH=/usr/bin\0TOKEN=s3cret\0"
     assert env["sha256"]["value"] == hashlib.sha256(block).hexdigest()
     assert env["bytes"]["value"] == len(block)
     assert "values" not in env and "s3cret" not in json.dumps(sw)
-    asked = record.software(_spec(), env_values=True)["environment"]
+    asked = software.software(_spec(), env_values=True)["environment"]
     assert asked["values"]["value"]["TOKEN"] == "s3cret"
     assert asked["sha256"] == env["sha256"]          # the same environment, the same digest
 
@@ -37,34 +36,34 @@ def test_the_environment_is_keys_a_digest_and_a_size_never_values_unless_asked()
 def test_the_digest_does_not_depend_on_key_order_and_changes_with_one_value():
     a = {"schema": 1, "job": 3, "kernel": {"cmdline": {"value": "quiet", "source": "/proc/cmdline"}}}
     b = {"kernel": {"cmdline": {"source": "/proc/cmdline", "value": "quiet"}}, "job": 3, "schema": 1}
-    assert record.digest(a) == record.digest(b)
-    assert record.digest(a) == record.digest(dict(a, digest="sha256:whatever"))   # the digest leaves itself out
+    assert bounds.digest(a) == bounds.digest(b)
+    assert bounds.digest(a) == bounds.digest(dict(a, digest="sha256:whatever"))   # the digest leaves itself out
     c = json.loads(json.dumps(a))
     c["kernel"]["cmdline"]["value"] = "quiet isolcpus=2"
-    assert record.digest(c) != record.digest(a)
+    assert bounds.digest(c) != bounds.digest(a)
 
 
 def test_user_strings_are_capped_and_a_huge_record_is_cut_to_its_bound_naming_what_went():
     long_arg = "x" * 100_000
-    sw = record.software(_spec(argv=["./bench", long_arg], env={f"K{i}": "v" * 100 for i in range(5000)}), True)
-    assert len(sw["argv"]["value"][1]) < record.STRING_CAP + 64
+    sw = software.software(_spec(argv=["./bench", long_arg], env={f"K{i}": "v" * 100 for i in range(5000)}), True)
+    assert len(sw["argv"]["value"][1]) < bounds.STRING_CAP + 64
     assert sw["environment"]["count"]["value"] == 5000
-    assert len(sw["environment"]["keys"]["value"]) == record.LIST_CAP
+    assert len(sw["environment"]["keys"]["value"]) == bounds.LIST_CAP
     rec = {"schema": 1, "job": 1, "complete": True, "collector": {}, "software": sw,
            "sentinels": {"start": {"interrupts": {"x": "y" * 300_000}}, "end": {}, "delta": {}},
            "verdict": {"verdict": "unknown", "reasons": []}}
-    data = record.bounded(rec)
-    assert len(data) <= record.MAX_BYTES
+    data = bounds.bounded(rec)
+    assert len(data) <= bounds.MAX_BYTES
     out = json.loads(data)
     assert "sentinels.start.interrupts" in out["cut"]
-    assert out["digest"] == record.digest(out)
+    assert out["digest"] == bounds.digest(out)
     assert out["verdict"]["verdict"] == "unknown"
 
 
 def test_a_record_nothing_can_be_cut_from_keeps_what_identifies_the_run():
     rec = {"schema": 1, "job": 1, "complete": True, "collector": {"x": "y" * 400_000},
            "verdict": {"verdict": "noisy", "reasons": ["r"]}}
-    out = json.loads(record.bounded(rec))
+    out = json.loads(bounds.bounded(rec))
     assert out["verdict"]["verdict"] == "noisy" and "collector" not in out and out["cut"]
 
 

@@ -1,4 +1,4 @@
-"""What ran (shepherd/child.py ``_exec``'s report) and its hash's cache (shepherd/record/__init__.py):
+"""What ran (shepherd/child.py ``_exec``'s report) and its hash's cache (shepherd/record/executable.py):
 the third review's G4 and G6, without a daemon."""
 
 import hashlib
@@ -9,8 +9,9 @@ import stat
 import pytest
 
 from hpc_batch.core import setup
-from shepherd import child, record
+from shepherd import child
 from shepherd.base import records
+from shepherd.record import executable, recorder
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,19 +61,19 @@ def test_the_childs_report_is_parsed_and_any_failure_after_it_kept(tmp_path):
 
 def _launched(path, kind="binary-fd"):
     st = os.stat(path)
-    return dict(kind=kind, path=path, realpath=os.path.realpath(path), **record._identity(st))
+    return dict(kind=kind, path=path, realpath=os.path.realpath(path), **executable._identity(st))
 
 
 def _recorder(tmp_path, **kw):
     jobs = tmp_path / "jobs"
     (jobs / "7").mkdir(parents=True, exist_ok=True)
-    return record.Recorder(str(jobs / "7"), _spec(tmp_path, **kw))
+    return recorder.Recorder(str(jobs / "7"), _spec(tmp_path, **kw))
 
 
 def test_a_file_is_hashed_once_per_version_and_the_cache_is_the_users_own(tmp_path):
     path = _exe(tmp_path / "bench", b"\x7fELF" + b"x" * 100000)
     rec = _recorder(tmp_path)
-    part, fd = rec._identify_path(path, record._key(os.stat(path)))
+    part, fd = rec._identify_path(path, executable._key(os.stat(path)))
     os.close(fd)
     assert part["sha256"] == hashlib.sha256(open(path, "rb").read()).hexdigest() and part["hash_from"] == "read"
     rec.sides = {}
@@ -81,7 +82,7 @@ def test_a_file_is_hashed_once_per_version_and_the_cache_is_the_users_own(tmp_pa
     field = rec._executable_field()
     assert field["value"] == {k: part[k] for k in ("path", "realpath", "size", "sha256")}
     assert field["identity"]["executable"]["ino"] == os.stat(path).st_ino
-    cache = tmp_path / "jobs" / record.HASH_CACHE
+    cache = tmp_path / "jobs" / executable.HASH_CACHE
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700 and os.listdir(cache) == [str(os.getuid())]
     # The next job of this user finds it without reading the file; another user's does not.
     again = _recorder(tmp_path)
@@ -92,14 +93,14 @@ def test_a_file_is_hashed_once_per_version_and_the_cache_is_the_users_own(tmp_pa
     # A new version (written: its ctime moves) is another key.
     with open(path, "ab") as f:
         f.write(b"y")
-    assert record._key(os.stat(path)) not in again._cache_load()
+    assert executable._key(os.stat(path)) not in again._cache_load()
 
 
 def test_a_version_seen_at_the_start_that_is_gone_is_not_hashed_under_its_name(tmp_path):
     path = _exe(tmp_path / "bench")
     launched = _launched(path)
     os.rename(_exe(tmp_path / "other", b"#!/bin/sh\necho other\n"), path)
-    part, fd = _recorder(tmp_path)._identify_path(path, record._key(launched))
+    part, fd = _recorder(tmp_path)._identify_path(path, executable._key(launched))
     assert fd is None and "sha256" not in part and "replaced" in part["error"], part
 
 

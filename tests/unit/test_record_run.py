@@ -1,37 +1,37 @@
-"""The record's side tasks run nvidia-smi through record._run: its status, output and deadline."""
+"""The record's side tasks run nvidia-smi through sides.run: its status, output and deadline."""
 
 import os
 import sys
 
 import shepherd
-from shepherd import record
+from shepherd.record import bounds, sides
 
 
 def test_status_and_both_streams():
-    status, out = record._run(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    status, out = sides.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
     assert status == 3
     assert out.split() == ["out", "err"]
 
 
 def test_a_signal_reads_as_minus_its_number():
-    assert record._run(["sh", "-c", "kill -9 $$"]) == (-9, "")
+    assert sides.run(["sh", "-c", "kill -9 $$"]) == (-9, "")
 
 
 def test_a_missing_program_did_not_run():
-    status, out = record._run(["/nonexistent/nvidia-smi"])
+    status, out = sides.run(["/nonexistent/nvidia-smi"])
     assert status == -1
     assert out == "cannot run /nonexistent/nvidia-smi: No such file or directory"
 
 
 def test_past_its_deadline_it_is_killed():
-    status, out = record._run(["sleep", "60"], timeout=0.2)
+    status, out = sides.run(["sleep", "60"], timeout=0.2)
     assert (status, out) == (-1, "sleep took longer than 0s")
 
 
 def test_output_is_cut_to_the_record_bound():
-    status, out = record._run([sys.executable, "-c", f"print('x' * {record.MAX_BYTES * 2})"])
+    status, out = sides.run([sys.executable, "-c", f"print('x' * {bounds.MAX_BYTES * 2})"])
     assert status == 0
-    assert out == "x" * record.MAX_BYTES
+    assert out == "x" * bounds.MAX_BYTES
 
 
 def test_the_fork_server_loads_no_subprocess_module():

@@ -23,9 +23,8 @@ from hpc_batch.core.cputopo import Cache, Cpu, CpuTopology
 from hpc_batch.core.jobs import Job
 from hpc_batch.core.setup import comparable, differences, setup_digest
 from hpc_batch.daemon import jobrecord
-from shepherd import record as shepherd_record
 from shepherd.base import records, sysread
-from shepherd.record import collect
+from shepherd.record import bounds, collect, software
 
 XEON = os.path.join(os.path.dirname(__file__), "..", "fixtures", "record", "xeon-2s")
 
@@ -39,7 +38,7 @@ def _xeon():
 
 
 def real(job, cpus, argv=("./bench", "--n", "3"), env=None, others=None):
-    """A record of *job* on *cpus* of the Xeon fixture, put together as shepherd/record/__init__.py does."""
+    """A record of *job* on *cpus* of the Xeon fixture, put together as shepherd/record/recorder.py does."""
     machine = _xeon()
     node = 0 if cpus[0] in (0, 1, 4, 5) else 1
     alloc = resources.Allocation(cpus=tuple(cpus), mem_by_node=((node, 1 << 30),), gpus=(), exclusive=False,
@@ -53,14 +52,14 @@ def real(job, cpus, argv=("./bench", "--n", "3"), env=None, others=None):
     launch = records.LaunchSpec.from_dict({
         "id": job, "user": "alice", "uid": 1000, "gid": 1000, "cwd": "/home/alice", "argv": list(argv),
         "env": env if env is not None else {"PATH": "/usr/bin", "HOME": "/home/alice", "HPC_BATCH_JOB_ID": str(job)}})
-    rec["software"] = shepherd_record.software(launch, False)
+    rec["software"] = software.software(launch, False)
     rec["allocation"] = {"requested": conf["requested"], "read_back": rec["allocation"]["read_back"]}
     rec["machine"] = dict(conf["machine"], quiet={"value": None, "source": "quiet.json",
                                                   "error": "not a benchmark job, or nothing was changed"})
     rec["gpu"] = []
     rec["sentinels"] = {"delta": {"wall_s": 3.0 + job / 100, "interrupts": {}}}
     rec["verdict"] = {"verdict": "clean", "reasons": [], "causes": []}
-    rec["digest"] = shepherd_record.digest(rec)
+    rec["digest"] = bounds.digest(rec)
     return rec
 
 
@@ -290,7 +289,7 @@ def test_property_over_every_pair_of_fixture_records_digest_equality_is_comparab
 def test_recorddiff_uses_the_cores_rules_and_the_per_job_variables_are_the_shepherds():
     assert recorddiff.classify is setup.classify and recorddiff.differences is setup.differences
     assert recorddiff.comparable is setup.comparable and recorddiff.Difference is setup.Difference
-    assert setup.PER_JOB_VARS == shepherd_record.PER_JOB_VARS
+    assert setup.PER_JOB_VARS == software.PER_JOB_VARS
 
 
 def test_placement_counts_and_the_quiet_outcome_are_classified_as_docs_say():

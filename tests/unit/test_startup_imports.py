@@ -34,7 +34,7 @@ ALLOWED = {
     ("hpc_batch/daemon/metrics_file.py", "metrics_module"):
         "prometheus_client is an optional extra, loaded only with --metrics-file; check() calls this "
         "while the flags are parsed, so the load still happens at start-up",
-    ("shepherd/record/__init__.py", "_hash_part"):
+    ("shepherd/record/executable.py", "_hash_part"):
         "the standard library's hashlib (not a file of this package, so an upgrade of hpc-batch cannot mix "
         "versions through it), for an executable's hash on a cache miss: at start-up it would map OpenSSL's "
         "libcrypto into the fork server and so into every shepherd's share of memory",
