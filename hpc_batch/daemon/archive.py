@@ -151,6 +151,8 @@ class Archive:
     def ask(self, query: Query) -> str | None:
         """Hand a query to the reader; None, or why it was not taken (too many waiting: try later)."""
         with self._lock:
+            if self._stopping:   # a reload's old image, answering while the new one starts
+                return "the history archive is being reloaded; try again in a moment"
             if len(self._queries) >= QUERIES_MAX:
                 return "the history archive is busy answering others; try again in a moment"
             if self._asking.get(query.uid, 0) >= QUERIES_PER_USER:
@@ -172,9 +174,9 @@ class Archive:
             out, self._out = self._out, _Pending()
         return out
 
-    def stop(self, within: float = 2.0) -> None:
+    def stop(self, within: float = 2.0) -> bool:
         """Stop both threads (before a re-exec or an exit); jobs not yet written are handed again
-        at the next start, so waiting is only a courtesy."""
+        at the next start, so waiting is only a courtesy. False: a thread is still busy."""
         with self._lock:
             self._stopping = True
             self._work.notify_all()
@@ -187,6 +189,7 @@ class Archive:
         for fd in fds:
             if fd >= 0:
                 os.close(fd)
+        return not any(t.is_alive() for t in self._threads)
 
     def _post(self, archived: list[int] | None = None, answer: tuple[Any, dict[str, Any]] | None = None) -> None:
         with self._lock:

@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from docopt import DocoptExit, docopt
 
@@ -25,7 +26,7 @@ from ..core.durations import DurationError, parse_duration
 from ..core.scheduler import POLICIES
 from ..core.sizes import SizeError, parse_size
 from ..usage import _WORD
-from . import access, cgroups, devdir, devmask, discovery, launcher, metrics_file, reload_args, sdnotify
+from . import access, cgroups, devdir, devmask, discovery, handoff, launcher, metrics_file, reload_args, sdnotify
 from .benchmode import housekeeping, shepherdcpus
 from .engine import Engine
 from .hooks import Hooks
@@ -470,6 +471,36 @@ class _Escaping(logging.Formatter):
         return one_line(super().formatMessage(record))
 
 
+def _last_turn(server) -> None:
+    """Let the fork server go and commit everything, before an exit, a re-exec or a reload's hand-off."""
+    launcher.stop_fork_server()   # the shepherds it forked are not its children: they run on
+    server.engine.save_meta()
+    server.engine.end_turn(time.time())
+
+
+def _reload(server, store) -> NoReturn:
+    """Re-exec this pid as the binary and flags installed now; a forked child answers meanwhile."""
+    forked = handoff.fork() if server.quiesce_archive() else None   # no thread may hold a lock across a fork
+    if isinstance(forked, handoff.Child):
+        forked.serve_until_released(server, lambda: _last_turn(server))
+    sdnotify.reloading()
+    fds = f"lock:{store.lock_fd},listen:{server.listener.fileno()}"
+    if forked is None:
+        server.close_clients()
+        _last_turn(server)
+        if server.metrics is not None:
+            os.environ[metrics_file.CARRY_ENV] = server.metrics.tally.to_text()
+    else:
+        fds += "," + forked.inherit()   # the child owns the state now: this image only execs
+    exe, new_argv = reload_args.current_argv(parse_args, (ConfigError, SystemExit))
+    log.info("reloading: re-executing %s", " ".join(new_argv))
+    os.set_inheritable(store.lock_fd, True)
+    os.set_inheritable(server.listener.fileno(), True)
+    os.environ[INHERIT_ENV] = fds
+    sys.stderr.flush()
+    os.execv(exe, new_argv)
+
+
 def main(argv=None) -> int:
     """Entry point of ``hpc-batchd``."""
     handler = logging.StreamHandler(sys.stderr)
@@ -484,33 +515,24 @@ def main(argv=None) -> int:
             print("usage: hpc-batchd [options]; see hpc-batchd --help", file=sys.stderr)
         return exc.status
     inherited = _inherited()
+    old_image = inherited.pop("child", None)
     _no_strays(set(inherited.values()))
+    if "handoff" in inherited and old_image is not None:
+        tally = handoff.take_over(inherited.pop("handoff"), old_image)
+        if tally:
+            os.environ[metrics_file.CARRY_ENV] = tally
     try:
         server, store = build(cfg, inherited)
     except ConfigError as exc:
         log.error("%s", exc)
         return exc.status
     sdnotify.ready()
-    reason = server.run()
+    if server.run() == "reload":
+        _reload(server, store)
     server.close_clients()
     server.engine.finished.archive.stop()   # what it has not written yet is handed to it again at the next start
-    launcher.stop_fork_server()   # the shepherds it forked are not its children: they run on
-    if reason == "reload":
-        sdnotify.reloading()
-        server.engine.save_meta()
-        server.engine.end_turn(time.time())
-        exe, new_argv = reload_args.current_argv(parse_args, (ConfigError, SystemExit))
-        log.info("reloading: re-executing %s", " ".join(new_argv))
-        os.set_inheritable(store.lock_fd, True)
-        os.set_inheritable(server.listener.fileno(), True)
-        os.environ[INHERIT_ENV] = f"lock:{store.lock_fd},listen:{server.listener.fileno()}"
-        if server.metrics is not None:
-            os.environ[metrics_file.CARRY_ENV] = server.metrics.tally.to_text()
-        sys.stderr.flush()
-        os.execv(exe, new_argv)
     sdnotify.stopping()
-    server.engine.save_meta()
-    server.engine.end_turn(time.time())
+    _last_turn(server)
     try:
         os.unlink(cfg.socket)
     except OSError:

@@ -77,7 +77,7 @@ class Server:
         self.resume: list[Conn] = []         # connections with whole requests left once their replies went
         self.conns: dict[int, Conn] = {}
         self.signals: list[int] = []
-        self.stop_reason: str | None = None   # "reload" / "terminate"
+        self.stop_reason: str | None = None   # "reload" / "terminate" / "release" (handoff.py)
         self.per_uid: dict[int, int] = {}     # open connections per user
         self.conns_of: dict[int, set[Conn]] = {}  # uid -> its open connections
         self.stalled: dict[int, set[Conn]] = {}   # uid -> its connections waiting for its replies to drain
@@ -107,6 +107,18 @@ class Server:
         if self.streams.inotify:
             self.sel.register(self.streams.inotify.fd, selectors.EVENT_READ, ("inotify", None))
         reap_children()  # shepherds that ended while we were re-executing
+
+    def watch_release(self, fd: int) -> None:
+        """In a reload's old image (handoff.py): *fd* readable ends the loop, the new image wants the state."""
+        self.sel.register(fd, selectors.EVENT_READ, ("release", None))
+
+    def quiesce_archive(self) -> bool:
+        """Stop the archive's threads and stop watching them (before a reload's fork); False if one
+        is still busy, so that a fork is unsafe."""
+        archive = self.engine.finished.archive
+        if archive.fd >= 0:
+            self.sel.unregister(archive.fd)   # before stop() closes it: the number may be reused
+        return archive.stop()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals.append(signum)
@@ -154,6 +166,8 @@ class Server:
                         self._drain_signals()
                     elif kind == "archive":
                         self._archive_done()
+                    elif kind == "release":
+                        self.stop_reason = "release"
                 except Exception:  # one bad event must not take the daemon down
                     rlog.exception(f"event-{kind}", "error handling %s event", kind)
                     if kind == "conn":

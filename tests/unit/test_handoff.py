@@ -1,0 +1,60 @@
+"""The new image's side of a reload's hand-off, against a real forked child standing in for the old image."""
+
+import os
+import socket
+import time
+
+import pytest
+
+from hpc_batch.daemon import handoff
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _old_image(behave):
+    """Fork a child that runs *behave(sock)* on its end of the pair; (our end's fd, its pid)."""
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        try:
+            behave(theirs)
+        finally:
+            os._exit(0)
+    theirs.close()
+    return ours.detach(), pid
+
+
+def _reaped(pid):
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def test_the_old_image_lets_go_when_asked_and_its_tally_comes_back():
+    def lets_go(sock):
+        assert sock.recv(1)
+        sock.sendall(b"jobs_started 7\n")
+
+    fd, pid = _old_image(lets_go)
+    assert handoff.take_over(fd, pid) == "jobs_started 7\n"
+    assert _reaped(pid)
+
+
+def test_an_old_image_that_holds_on_is_killed_past_the_limit():
+    def holds_on(sock):
+        time.sleep(60)
+
+    fd, pid = _old_image(holds_on)
+    began = time.monotonic()
+    assert handoff.take_over(fd, pid, limit=0.5) == ""
+    assert time.monotonic() - began < 20
+    assert _reaped(pid)
+
+
+def test_an_old_image_already_gone_is_no_wait():
+    fd, pid = _old_image(lambda sock: None)
+    assert handoff.take_over(fd, pid) == ""
+    assert _reaped(pid)
