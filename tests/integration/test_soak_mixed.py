@@ -511,8 +511,13 @@ def test_soak_mixed_load(daemon_factory, users, scratch):
         rows[job["id"]] = job
     mine = {u: {i for i, j in rows.items() if j["user"] == u} for u in (ALICE, BOB, ADMIN)}
 
+    def window_of(s):
+        """The kind of event the answer overlapped, or None."""
+        return next((kind for kind, a, b in run.windows if a - 0.5 <= s["at"] + s["dt"] and s["at"] <= b + 0.5),
+                    None)
+
     def in_window(s):
-        return any(a - 0.5 <= s["at"] + s["dt"] and s["at"] <= b + 0.5 for _, a, b in run.windows)
+        return window_of(s) is not None
 
     answered = [s for s in samples if s["ok"]]
     steady = [s["dt"] for s in answered if not in_window(s)]
@@ -537,6 +542,9 @@ def test_soak_mixed_load(daemon_factory, users, scratch):
                     "steady": {"n": len(steady), "p50": pct(steady, 50), "p99": pct(steady, 99),
                                "max": max(steady, default=None)},
                     "around_events": {"n": len(around), "p99": pct(around, 99), "max": max(around, default=None)},
+                    "around_each": {k: {"n": len(v), "p99": pct(v, 99), "max": max(v, default=None)}
+                                    for k in ("reload", "restart", "kill9")
+                                    for v in [[s["dt"] for s in answered if window_of(s) == k]]},
                     "unanswered_around_events": sum(1 for s in samples if not s["ok"] and in_window(s)),
                     "unanswered_otherwise": len(unanswered_out)},
     }
