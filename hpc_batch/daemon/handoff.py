@@ -44,6 +44,25 @@ class Parent:
         self.sock.set_inheritable(True)
         return f"handoff:{self.sock.fileno()},child:{self.child}"
 
+    def take_over(self) -> str:
+        """Have the child let go now, before the exec (for an image that would not ask): its tally."""
+        return take_over(self.sock.detach(), self.child)
+
+
+def understood_by(exe: str, module: str = __file__, prefix: str = sys.prefix) -> bool:
+    """Whether the image that *exe* starts knows the hand-off.
+
+    One from before it would never ask the child to let go, and would load
+    the state while the child still serves: so the hand-off is offered only
+    where this module is, at the same place under the target's prefix (the
+    venv that ``bin/`` of *exe* belongs to, its symlinks resolved).
+    """
+    here = os.path.relpath(os.path.realpath(module), os.path.realpath(prefix))
+    if here.startswith(os.pardir):
+        return False   # not an installed copy (*module* outside *prefix*): nothing to compare with
+    target = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(exe))))
+    return os.path.isfile(os.path.join(target, here))
+
 
 class Child:
     """The side that serves on, the old image, until the new one asks for the state."""

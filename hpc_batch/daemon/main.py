@@ -484,15 +484,19 @@ def _reload(server, store) -> NoReturn:
     if isinstance(forked, handoff.Child):
         forked.serve_until_released(server, lambda: _last_turn(server))
     sdnotify.reloading()
+    exe, new_argv = reload_args.current_argv(parse_args, (ConfigError, SystemExit))
     fds = f"lock:{store.lock_fd},listen:{server.listener.fileno()}"
+    tally = None
     if forked is None:
         server.close_clients()
         _last_turn(server)
-        if server.metrics is not None:
-            os.environ[metrics_file.CARRY_ENV] = server.metrics.tally.to_text()
-    else:
+        tally = server.metrics.tally.to_text() if server.metrics is not None else None
+    elif handoff.understood_by(exe):
         fds += "," + forked.inherit()   # the child owns the state now: this image only execs
-    exe, new_argv = reload_args.current_argv(parse_args, (ConfigError, SystemExit))
+    else:
+        tally = forked.take_over()   # the new image would never ask: the child lets go now
+    if tally:
+        os.environ[metrics_file.CARRY_ENV] = tally
     log.info("reloading: re-executing %s", " ".join(new_argv))
     os.set_inheritable(store.lock_fd, True)
     os.set_inheritable(server.listener.fileno(), True)

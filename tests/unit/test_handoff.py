@@ -58,3 +58,29 @@ def test_an_old_image_already_gone_is_no_wait():
     fd, pid = _old_image(lambda sock: None)
     assert handoff.take_over(fd, pid) == ""
     assert _reaped(pid)
+
+
+def _venv(root, with_handoff):
+    """A venv's layout: bin/hpc-batchd, and the hand-off's module in its site-packages or not."""
+    os.makedirs(os.path.join(root, "bin"))
+    open(os.path.join(root, "bin", "hpc-batchd"), "w").close()
+    module = os.path.join(root, "lib", "python3.11", "site-packages", "hpc_batch", "daemon", "handoff.py")
+    os.makedirs(os.path.dirname(module))
+    if with_handoff:
+        open(module, "w").close()
+    return module
+
+
+def test_the_hand_off_is_offered_only_to_an_image_that_knows_it(tmp_path):
+    old = str(tmp_path / "old")
+    module = _venv(old, True)
+    assert handoff.understood_by(os.path.join(old, "bin", "hpc-batchd"), module, old)
+    new = str(tmp_path / "new")
+    _venv(new, True)
+    os.symlink(new, str(tmp_path / "prefix"))   # hpc-batch-install's prefix, a symlink to the venv in use
+    assert handoff.understood_by(str(tmp_path / "prefix" / "bin" / "hpc-batchd"), module, old)
+    before = str(tmp_path / "before")   # a downgrade to a version from before the hand-off
+    _venv(before, False)
+    assert not handoff.understood_by(os.path.join(before, "bin", "hpc-batchd"), module, old)
+    # Run from a source tree (not under the interpreter's prefix): never offered.
+    assert not handoff.understood_by(os.path.join(old, "bin", "hpc-batchd"), module, new)
