@@ -44,6 +44,7 @@ import os
 import queue
 import shutil
 import threading
+import time
 from collections.abc import Iterable
 
 from shepherd.base.records import INFO, LAUNCH, OUTPUT, dumps_wire, write_atomic
@@ -60,6 +61,31 @@ from .statefiles import dump
 from .stateload import StateError, StateLoader, StateLocked
 
 log = logging.getLogger("hpc-batchd")
+
+
+LOCK_WAIT = 5.0   # seconds a start waits for the state's lock: a reload's old image may still be committing
+
+
+def _lock_within(fd: int, seconds: float) -> bool:
+    """Take the exclusive lock on *fd*, waiting up to *seconds* for a holder on its way out.
+
+    A reload's old image (handoff.py) commits its last turn after the new
+    image is gone, when a restart or a ``kill -9`` cut the reload short; a
+    daemon started then would otherwise refuse, and under systemd stay down.
+    """
+    until = time.monotonic() + seconds
+    said = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= until:
+                return False
+            if not said:
+                log.info("the state directory is locked; waiting up to %.0fs for its holder to let go", seconds)
+                said = True
+            time.sleep(0.05)
 
 
 class Sweeper:
@@ -165,9 +191,7 @@ class Store:
             self._lock_fd = inherited_lock
             return
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _lock_within(fd, LOCK_WAIT):
             os.close(fd)
             raise StateLocked(
                 f"another hpc-batchd is already running on state directory {self.root} "

@@ -83,3 +83,24 @@ def test_a_new_image_that_dies_stops_the_old_one_with_its_state_committed(daemon
     assert started in rows and "finished" not in rows[started], rows
     again.dispatch("kill", str(started))
     assert exit_of(again.wait_finished(started)) != "0"
+
+
+def test_a_start_waits_for_an_old_image_still_committing(daemon_factory):
+    daemon = daemon_factory()
+    child = _hold_new_image(daemon)
+    started = daemon.submit("sleep", "600")
+    daemon.wait_running(started)
+    os.kill(child, signal.SIGSTOP)   # the old image, slow to let go: it still holds the state's lock
+    daemon.kill9()
+    again = daemon_factory(start=False)
+    again.start(wait=False)
+    try:
+        wait_for(lambda: "waiting up to" in again.log(), what="the start waiting for the state's lock")
+    finally:
+        os.kill(child, signal.SIGCONT)   # it sees the new image gone, commits and exits
+    wait_for(lambda: again.proc.poll() is not None or again.log().count("ready on") >= 2, timeout=30,
+             what="the second daemon's start")
+    assert again.proc.poll() is None, again.log()
+    assert not _alive(child)
+    rows = again.rows("--finished")
+    assert started in rows and "finished" not in rows[started], rows
