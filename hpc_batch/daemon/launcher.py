@@ -139,6 +139,7 @@ class ForkServer:
         self.sock: socket.socket | None = None
         self.pidfd: int | None = None
         self.failures = 0
+        self.wait_s = 0.0   # seconds the loop waited for answers, in all: a slow turn says its share
 
     def _start(self) -> bool:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -223,6 +224,7 @@ class ForkServer:
             return None
         if meanwhile is not None:
             meanwhile()
+        waited = time.monotonic()
         try:
             reply = b""
             while not reply.endswith(b"\n"):
@@ -230,6 +232,7 @@ class ForkServer:
                 if not data:
                     raise OSError("it exited")
                 reply += data
+            self.wait_s += time.monotonic() - waited
             try:
                 pid, start = forkserver.parse_answer(reply)
             except forkserver.ForkFailed as failed:
@@ -281,6 +284,11 @@ _FORK_SERVER = ForkServer()
 def start_fork_server() -> None:
     """Start the fork server ahead of the first job (its interpreter start-up is paid here)."""
     _FORK_SERVER.start()
+
+
+def fork_server_wait() -> float:
+    """Seconds the loop has waited for the fork server's answers since the daemon started."""
+    return _FORK_SERVER.wait_s
 
 
 def stop_fork_server() -> None:

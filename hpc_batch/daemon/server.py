@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from shepherd.base.proc import reap_children
 
 from ..wire import framing, protocol
-from . import access
+from . import access, launcher
 from .conn import Conn
 from .engine import Engine
 from .handlers import HANDLERS, Deferred, Submitted
@@ -129,6 +129,7 @@ class Server:
         busy = None   # when the select of this turn returned; None before the first
         kinds: dict[str, int] = {}
         events_s = end_s = 0.0
+        clocks = self._clocks()   # what _clocks read when the select of this turn returned
         while self.stop_reason is None:
             now = time.time()
             tick_from = time.monotonic()
@@ -144,9 +145,11 @@ class Server:
             self._end_turn()   # what the tick did (starts, ends) is made durable and spawned before we sleep
             timeout = self._timeout(wake, now)
             if busy is not None:
-                self._slow_turn(busy, kinds, events_s, end_s, time.monotonic() - tick_from)
+                self._slow_turn(busy, kinds, events_s, end_s, time.monotonic() - tick_from,
+                                [b - a for a, b in zip(clocks, self._clocks())])
             ready = self.sel.select(timeout)
             busy = time.monotonic()
+            clocks = self._clocks()
             kinds = {}
             for key, mask in ready:
                 kind, arg = key.data
@@ -181,17 +184,28 @@ class Server:
             end_s = time.monotonic() - handled
         return self.stop_reason
 
+    def _clocks(self) -> tuple[float, float, float]:
+        """Where a slow turn's time may have gone, each a running total in seconds: the loop thread's
+        CPU time, the journal's fdatasyncs, the waits for the fork server's answers."""
+        return time.thread_time(), self.engine.store.sync_s, launcher.fork_server_wait()
+
     @staticmethod
-    def _slow_turn(busy: float, kinds: dict[str, int], events_s: float, end_s: float, tick_s: float) -> None:
+    def _slow_turn(busy: float, kinds: dict[str, int], events_s: float, end_s: float, tick_s: float,
+                   spent: list[float]) -> None:
         """Log a turn that kept every client waiting longer than SLOW_TURN, with where its time went:
-        the events the select returned (each kind counted), the commit and spawns after them, and the
-        timers with their commit before the next select."""
+        the events the select returned (each kind counted), the commit and spawns after them, the
+        timers with their commit before the next select; and of it all, *spent* (what :meth:`_clocks`
+        counted over the turn). What none of them covers was spent waiting: for a CPU, for the GIL
+        or in another system call."""
         took = time.monotonic() - busy
         if took > SLOW_TURN:
             what = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"
+            cpu, sync, fork = (x * 1e3 for x in spent)
             rlog.warning("slow-turn", "a turn of the loop took %.0f ms: %.0f ms on its events (%s), %.0f ms "
-                         "committing and spawning after them, %.0f ms on timers before the next wait",
-                         took * 1e3, events_s * 1e3, what, end_s * 1e3, tick_s * 1e3)
+                         "committing and spawning after them, %.0f ms on timers before the next wait; of it, "
+                         "%.0f ms on the loop's CPU, %.0f ms in the journal's fsyncs, %.0f ms waiting "
+                         "for the fork server", took * 1e3, events_s * 1e3, what, end_s * 1e3, tick_s * 1e3,
+                         cpu, sync, fork)
 
     def _end_turn(self, bulks: bool = False) -> None:
         """The engine ends the turn (Engine.end_turn), sending the replies that waited on its commit

@@ -46,10 +46,21 @@ def test_a_slow_turn_is_logged_with_where_its_time_went(monkeypatch, caplog):
     monkeypatch.setattr(server, "rlog", server.RateLimited(server.log))   # nothing suppressed by earlier tests
     kinds = {"conn": 3, "pidfd": 1}
     with caplog.at_level("WARNING", logger="hpc-batchd"):
-        server.Server._slow_turn(server.time.monotonic() - 0.01, kinds, 0.004, 0.003, 0.002)
+        server.Server._slow_turn(server.time.monotonic() - 0.01, kinds, 0.004, 0.003, 0.002, [0.009, 0.0, 0.0])
         assert not caplog.records, "a quick turn is not logged"
-        server.Server._slow_turn(server.time.monotonic() - 0.25, kinds, 0.2, 0.03, 0.015)
+        server.Server._slow_turn(server.time.monotonic() - 0.25, kinds, 0.2, 0.03, 0.015, [0.04, 0.12, 0.07])
     (rec,) = caplog.records
     assert rec.getMessage().startswith("a turn of the loop took 25")
     assert "200 ms on its events (3 conn, 1 pidfd), 30 ms committing and spawning after them, 15 ms on timers" \
         in rec.getMessage()
+    assert "of it, 40 ms on the loop's CPU, 120 ms in the journal's fsyncs, 70 ms waiting for the fork server" \
+        in rec.getMessage()
+
+
+def test_the_clocks_a_slow_turn_reads_count_the_journals_syncs(tmp_path):
+    from hpc_batch.daemon.journal import Journal
+    j = Journal(str(tmp_path))
+    j.replace(b"")
+    before = j.sync_s
+    j.append(b'{"seq":1}\n')
+    assert j.sync_s > before, "an append's fdatasync is counted"
