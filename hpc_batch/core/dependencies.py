@@ -34,7 +34,7 @@ def evaluate(job: Job, find: Callable[[int], Job | None]) -> tuple[str, str | No
         if dep.state != FINISHED:
             pending.append(dep_id)
             continue
-        result = dep.get_result()
+        result = dep.result
         if job.after_ok and not ok(result):
             return FAILED, f"job {dep_id} it was to follow ended {exit_column(result)}, not 0"
     if pending:
@@ -50,5 +50,5 @@ def ok(result: Result | None) -> bool:
 
 def ended_entry(dep: Job) -> list[int | bool | str]:
     """What a waiting job keeps of a finished job it names, once that one is evicted."""
-    result = dep.get_result()
+    result = dep.result
     return [dep.id, ok(result), exit_column(result)]

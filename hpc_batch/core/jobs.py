@@ -31,6 +31,7 @@ from shepherd.base.records import TIMEOUT as TIMEOUT
 from .. import bounds
 from .cut import cut_command, join
 from .jobnames import stored_name
+from .resources import Allocation
 
 WAITING = "waiting"     # on its --after / --after-ok jobs
 QUEUED = "queued"
@@ -70,9 +71,9 @@ class BadMove(ValueError):
     """A state change the life-cycle table does not allow (a bug, never user input)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Result:
-    """How a finished job ended."""
+    """How a finished job ended (frozen: a job and its views share it)."""
 
     kind: str
     code: int | None = None      # exit code when kind == EXITED
@@ -81,7 +82,12 @@ class Result:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Result":
+        """From its stored form (:meth:`to_dict`); keys it does not know are left out."""
         return cls(**{k: d[k] for k in ("kind", "code", "signal", "note") if k in d})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its stored and wire form: all four keys, None where there is nothing."""
+        return {"kind": self.kind, "code": self.code, "signal": self.signal, "note": self.note}
 
 
 @dataclass
@@ -102,10 +108,10 @@ class Job:
     state: str = QUEUED
     started: float | None = None
     ended: float | None = None
-    alloc: dict[str, Any] | None = None                    # resources.Allocation.to_dict()
+    alloc: Allocation | None = None                        # a running or ended job's (stored: its to_dict())
     stop_reason: str | None = None                         # TIMEOUT/KILLED once the daemon decided to stop it
     stop_sent: float | None = None                         # when SIGTERM went out (SIGKILL follows after grace)
-    result: dict[str, Any] | None = None                   # Result as a dict
+    result: Result | None = None                           # a finished job's (stored: its to_dict())
     output_error: str | None = None                        # why the log was not delivered
     output_note: str | None = None                         # what happened past --max-output-buffer
     stats: dict[str, Any] = field(default_factory=dict)    # accounting: peak_mem, cpu_time
@@ -126,17 +132,29 @@ class Job:
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form for the state file: a copy, nothing in it shared with the job.
 
-        Every field holds JSON data (dicts, lists, scalars), so a copy of its
-        containers does what ``dataclasses.asdict`` does, at a fraction of its
-        cost: the daemon writes a record at every change of state.
+        Every field but the allocation and the result holds JSON data (dicts,
+        lists, scalars), so a copy of its containers does what
+        ``dataclasses.asdict`` does, at a fraction of its cost: the daemon
+        writes a record at every change of state.
         """
-        return {name: _copy(getattr(self, name)) for name in _FIELD_NAMES}
+        d = {name: _copy(getattr(self, name)) for name in _FIELD_NAMES}
+        if self.alloc is not None:
+            d["alloc"] = self.alloc.to_dict()
+        if self.result is not None:
+            d["result"] = self.result.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Job":
-        """Build from a state-file dict, ignoring keys this version does not know."""
+        """Build from a state-file dict, ignoring keys this version does not know; ValueError names
+        the first field this daemon could not act on (:meth:`check`)."""
         known = {f.name for f in fields(cls)}  # "env" stays on disk, never in memory
-        job = cls(**{k: v for k, v in d.items() if k in known})
+        data = {k: v for k, v in d.items() if k in known}
+        if data.get("alloc") is not None:
+            data["alloc"] = _stored_allocation(data["alloc"])
+        if data.get("result") is not None:
+            data["result"] = _stored_result(data["result"])
+        job = cls(**data)
         job.check()
         return job
 
@@ -208,11 +226,11 @@ class Job:
             raise ValueError("shortfalls must be a list of text")
         if self.bench_start is not None and not isinstance(self.bench_start, dict):
             raise ValueError("bench_start must be an object")
-        if self.state == RUNNING and (self.started is None or not isinstance(self.alloc, dict)):
+        if self.state == RUNNING and (self.started is None or not isinstance(self.alloc, Allocation)):
             raise ValueError("a running job needs its start time and allocation")
         if self.state == FINISHED and self.result is None:
             raise ValueError("a finished job needs its result")
-        if self.result is not None and not (isinstance(self.result, dict) and self.result.get("kind") in RESULTS):
+        if self.result is not None and not (isinstance(self.result, Result) and self.result.kind in RESULTS):
             raise ValueError("result must be an object with a known kind")
 
     @property
@@ -234,13 +252,10 @@ class Job:
         """When --max-time runs out, for a running job."""
         return None if self.started is None else self.started + self.max_time
 
-    def get_result(self) -> Result | None:
-        return None if self.result is None else Result.from_dict(self.result)
-
 
 MAX_AFTER = 64          # dependencies of one job
 def move(job: Job, to: str, now: float, result: Result | None = None,
-         alloc: dict[str, Any] | None = None) -> None:
+         alloc: Allocation | None = None) -> None:
     """Move *job* to state *to* as the life-cycle table allows, setting that state's data.
 
     Raises BadMove for a move the table does not list (or a result it does
@@ -252,7 +267,7 @@ def move(job: Job, to: str, now: float, result: Result | None = None,
     if to == FINISHED:
         if result is None or result.kind not in allowed:
             raise BadMove(f"job {job.id} cannot finish from {job.state} as {result.kind if result else None}")
-        job.state, job.ended, job.result = FINISHED, now, result.__dict__.copy()
+        job.state, job.ended, job.result = FINISHED, now, result
     elif result is not None:
         raise BadMove(f"job {job.id}: only finishing carries a result")
     elif to == RUNNING:
@@ -292,6 +307,28 @@ def exit_column(result: Result | None) -> str:
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Job))
+
+
+def _stored_allocation(d: Any) -> Allocation:
+    """A record's ``alloc``, or ValueError saying it is not one."""
+    if not isinstance(d, dict):
+        raise ValueError("alloc must be an object")
+    try:
+        return Allocation.from_dict(d)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"alloc is not an allocation ({type(exc).__name__}: {exc})") from None
+
+
+def _stored_result(d: Any) -> Result:
+    """A record's ``result``, or ValueError saying it is not one."""
+    if not (isinstance(d, dict) and d.get("kind") in RESULTS):
+        raise ValueError("result must be an object with a known kind")
+    for name in ("code", "signal"):
+        if d.get(name) is not None:
+            bounds.check_int(d[name], -(1 << 31), (1 << 31) - 1, f"result.{name}")
+    if d.get("note") is not None and not isinstance(d["note"], str):
+        raise ValueError("result.note must be text")
+    return Result.from_dict(d)
 
 
 def _copy(value: Any) -> Any:

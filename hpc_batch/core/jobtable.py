@@ -252,7 +252,7 @@ class JobTable:
         if (to == RUNNING) != (running is not None):
             raise BadMove(f"job {job.id}: a move to running, and only that, takes its handles")
         was = job.state
-        move_state(job, to, now, result, alloc=running.alloc.to_dict() if running is not None else None)
+        move_state(job, to, now, result, alloc=running.alloc if running is not None else None)
         gone = None
         if was == QUEUED:
             self._dequeue(job)

@@ -70,7 +70,7 @@ def why_waiting(req: Request, budget: Budget, position: int, head: int | None, f
     return "; ".join(lacks) or "it is about to start"
 
 
-def cpu_fields(machine: Machine, alloc: dict[str, Any] | None) -> dict[str, Any]:
+def cpu_fields(machine: Machine, alloc: Allocation | None) -> dict[str, Any]:
     """A job's ``cores`` (held CPUs grouped by physical core) and ``held_cpus``, for list and show.
 
     A record from a daemon that did not know cores has none: the machine's
@@ -78,16 +78,15 @@ def cpu_fields(machine: Machine, alloc: dict[str, Any] | None) -> dict[str, Any]
     """
     if alloc is None:
         return {"cores": None, "held_cpus": None}
-    a = Allocation.from_dict(alloc)
-    cores = a.cores or machine.cpu_topology.cores(a.held)
-    return {"cores": [list(c) for c in cores], "held_cpus": list(a.held)}
+    cores = alloc.cores or machine.cpu_topology.cores(alloc.held)
+    return {"cores": [list(c) for c in cores], "held_cpus": list(alloc.held)}
 
 
-def bench_fields(request: dict[str, Any], alloc: dict[str, Any] | None, shortfalls: list[str]) -> dict[str, Any]:
+def bench_fields(request: dict[str, Any], alloc: Allocation | None, shortfalls: list[str]) -> dict[str, Any]:
     """What ``show`` says of benchmark mode and the process options: the mode, the CPUs held idle
     (siblings, L3 neighbours), every shortfall recorded, and ``aslr``/``thp`` (recorded either way)."""
     mode = request.get("benchmark")
-    a = Allocation.from_dict(alloc) if alloc is not None else None
+    a = alloc
     return {
         "benchmark": (mode + (", whole L3" if request.get("whole_l3") else "")) if mode else None,
         "idle_cpus": list(a.idle) if a is not None and a.idle else None,

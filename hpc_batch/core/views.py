@@ -41,23 +41,21 @@ INFO_FIELDS = ("id", "user", "command", "command_len", "state", "submitted", "st
 
 def summary(job: Job, machine: Machine) -> dict[str, Any]:
     """What ``dispatch list`` shows of a job (metadata only, never the environment)."""
-    alloc = job.alloc or {}
-    spread = len(alloc.get("mem_by_node", [])) > 1
-    res = job.get_result()
+    alloc, res = job.alloc, job.result
     command, command_len = job.shown
     return {
         "id": job.id, "user": job.user, "command": command, "command_len": command_len,
         "state": job.state,
         "submitted": job.submitted, "started": job.started, "ended": job.ended,
         "max_time": job.max_time, "mem": job.budget.get("mem"),
-        "mem_assigned": job.budget.get("assigned", False), "spread": spread,
+        "mem_assigned": job.budget.get("assigned", False), "spread": alloc is not None and alloc.spread,
         "exclusive": bool(job.request.get("exclusive")),
-        "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"),
-        **report.cpu_fields(machine, job.alloc),
-        "gpu_label": (gputopo.label(machine.topology, alloc.get("gpus") or ()) if job.alloc is not None
+        "cpus": list(alloc.cpus) if alloc else None, "gpus": list(alloc.gpus) if alloc else None,
+        **report.cpu_fields(machine, alloc),
+        "gpu_label": (gputopo.label(machine.topology, alloc.gpus) if alloc is not None
                       else gputopo.label(None, range(job.request.get("gpus") or 0))),
         "exit": exit_column(res) if job.state == FINISHED else None,
-        "result": job.result, "output": job.output, "output_error": job.output_error,
+        "result": res.to_dict() if res else None, "output": job.output, "output_error": job.output_error,
         "output_note": job.output_note, "name": job.name,
         "stats": job.stats, "verdict": job.stats.get("verdict"), "array": array_fields(job),
     }
@@ -93,19 +91,18 @@ def show(job: Job, machine: Machine, *, position: int | None, why: str | None, c
     a running job's cgroup, *now* the time its ``wall`` runs to while it runs.
     """
     out = summary(job, machine)
-    alloc = job.alloc or {}
-    res = job.get_result()
+    alloc, res = job.alloc, job.result
     out.update({
         "name": job.name, "command": job.command, "argv": job.argv, "cwd": job.cwd,   # show: the whole command
         "position": position, "why": why,
-        "request": job.request, "numa_nodes": sorted({n for n, _ in alloc.get("mem_by_node", [])}),
+        "request": job.request, "numa_nodes": list(alloc.mems) if alloc else [],
         "deadline": job.deadline if job.state == RUNNING else None,
         "cgroup": cgroup,
         "wall": (job.ended or now) - job.started if job.started is not None else None,
         "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
         "after": job.after, "after_ok": job.after_ok, "quiet": job.quiet,
         "notify": job.request.get("notify"),
-        **report.bench_fields(job.request, job.alloc, job.shortfalls),
+        **report.bench_fields(job.request, alloc, job.shortfalls),
         **_how_it_ended(res),
     })
     return out
@@ -116,7 +113,7 @@ def wait_entry(job_id: int, job: Job | None) -> dict[str, Any]:
     waited for, which is said rather than guessed (its wait status is that of a lost job)."""
     if job is None:
         return {"id": job_id, "state": "unknown", "exit": None, "wait_status": wait_status(None), "note": None}
-    res = job.get_result()
+    res = job.result
     return {"id": job.id, "name": job.name, "state": job.state, "result": res.kind if res else None,
             "exit": exit_column(res), "wait_status": wait_status(res),
             "note": res.note if res else None, "output": job.output,
@@ -144,7 +141,7 @@ def end_fields(job: Job) -> dict[str, Any]:
     """The fields of the ``end`` event that closes an ``attach`` stream (also the whole answer to
     attaching to a job already finished, and a ``log`` page's ``end``); ``wait_status`` is the
     exit status ``dispatch wait`` gives for it, which ``log --follow`` exits with."""
-    res = job.get_result()
+    res = job.result
     return {"id": job.id, "state": job.state, "exit": exit_column(res), "wait_status": wait_status(res),
             "note": res.note if res else None, "output": job.output, "output_error": job.output_error}
 
@@ -161,8 +158,7 @@ def history_row(job: Job) -> dict[str, Any]:
     What the job's record adds (the verdict's ``causes`` and ``reasons``, the ``setup_digest``, the
     job's own ``metrics``) is empty here: the archive fills it in when it reads the record.
     """
-    res = job.get_result()
-    alloc = job.alloc or {}
+    res, alloc = job.result, job.alloc
     started, ended = job.started, job.ended
     command, command_len = job.shown
     array = array_fields(job)
@@ -174,7 +170,8 @@ def history_row(job: Job) -> dict[str, Any]:
         "cpu_s": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
         "state": job.state, "result": res.kind if res else None, "exit": exit_column(res),
         **_how_it_ended(res), "max_time": job.max_time, "mem": job.budget.get("mem"),
-        "cpus": alloc.get("cpus"), "gpus": alloc.get("gpus"), "output": job.output,
+        "cpus": list(alloc.cpus) if alloc else None, "gpus": list(alloc.gpus) if alloc else None,
+        "output": job.output,
         "output_error": job.output_error,
         "verdict": job.stats.get("verdict"), "record_digest": job.stats.get("record_digest"),
         "causes": [], "reasons": [], "setup_digest": None, "metrics": {},
@@ -195,7 +192,7 @@ def new_reply(job: Job, budget: Budget, *, starts: bool, mem_enforced: bool) -> 
             "mem_assigned": budget.assigned, "mem_enforced": mem_enforced,
             "output": job.output, "name": job.name,
             "after": job.after, "after_ok": job.after_ok,
-            "note": result.note if job.state == FINISHED and (result := job.get_result()) else None}
+            "note": result.note if job.state == FINISHED and (result := job.result) else None}
 
 
 def bulk_fields(first: int, count: int, starting: int, limit: int | None) -> dict[str, Any]:

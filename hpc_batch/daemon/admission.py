@@ -98,7 +98,7 @@ def dependencies(req: NewJob, lookup: Callable[[int | str], Job]) -> list[int]:
             dep = lookup(ref)
         except Refused as exc:
             raise Refused(f"{flag} {ref}: {exc}", exc.code) from None
-        if req.after_ok and dep.state == FINISHED and not deps.ok(result := dep.get_result()):
+        if req.after_ok and dep.state == FINISHED and not deps.ok(result := dep.result):
             raise Refused(f"{flag} {ref}: job {dep.id} has already ended with exit {exit_column(result)}, not 0, "
                           f"so this job could never start (--after starts it however that one ended)",
                           "finished")

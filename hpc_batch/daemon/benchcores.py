@@ -82,7 +82,7 @@ class BenchCores:
         before = benchmark.Sample.from_dict(bench_start)
         if before is None or job.alloc is None:
             return None
-        held = resources.Allocation.from_dict(job.alloc).held
+        held = job.alloc.held
         return job.shortfalls + [f"while it ran, {why}" for why in
                                  benchmark.unquiet(before, probe.read(now, probe.root(), held), held)]
 
@@ -136,7 +136,7 @@ class BenchCores:
         undo holds its CPUs again, so an end among them hands them over."""
         if job.alloc is not None and quiet.pending(jdir):
             try:
-                self.held[job.id] = resources.Allocation.from_dict(job.alloc).held
+                self.held[job.id] = job.alloc.held
             except (KeyError, TypeError, ValueError):
                 pass   # a record the daemon cannot re-adopt fails in recover, and its end undoes its changes
 

@@ -57,7 +57,7 @@ class Finished:
         command, length = job.shown
         if length > len(command):   # a huge command is kept cut, as the listing shows it
             doc.update(command=command, argv=None)
-        res = job.get_result()
+        res = job.result
         rec = os.path.join(self.store.job_dir(job.id), records.RECORD) if job.started is not None else None
         if not self.archive.put(archive.Entry(
                 id=job.id, uid=job.uid, user=job.user, name=job.name,

@@ -7,6 +7,7 @@ how they combine. One rule of the house lives here: ``HPC_BATCH_JOB_ID`` and
 or sets wins over them (``tests/unit/test_launchspec.py``).
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 from shepherd.base import notifytext, records
@@ -36,12 +37,12 @@ def environment(job: Job, stored: dict[str, Any], home: str, shell: str, mask_gp
     if job.array is not None:   # from the record, not stored per job: a bulk submit's jobs share one environment
         env["HPC_BATCH_ARRAY_INDEX"] = str(job.array["index"])
         env["HPC_BATCH_ARRAY_JOB_ID"] = str(job.array["first"])
-    env["CUDA_VISIBLE_DEVICES"] = visible_devices((job.alloc or {}).get("gpus", []), mask_gpus, gpu_uuids)
+    env["CUDA_VISIBLE_DEVICES"] = visible_devices(job.alloc.gpus if job.alloc else (), mask_gpus, gpu_uuids)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"   # CUDA numbers GPUs as nvidia-smi does
     return env
 
 
-def visible_devices(gpus: list[int], mask_gpus: bool, gpu_uuids: dict[int, str]) -> str:
+def visible_devices(gpus: Sequence[int], mask_gpus: bool, gpu_uuids: dict[int, str]) -> str:
     """CUDA_VISIBLE_DEVICES for a job given *gpus* (nvidia-smi indices).
 
     Masked, CUDA enumerates only the devices the job can open, so plain

@@ -222,7 +222,7 @@ class MetricsFile:
     def job_event(self, job_id: int, kind: str) -> None:
         """The engine's job event (submitted, started, finished): count it."""
         job = self.engine.jobs.get(job_id)
-        self.tally.note(kind, (job.result or {}).get("kind") if job is not None else None)
+        self.tally.note(kind, job.result.kind if job is not None and job.result is not None else None)
 
     def snapshot(self) -> Snapshot:
         """The engine's state now, as metrics.take sees it."""

@@ -18,7 +18,6 @@ from typing import Any
 from shepherd.base import records
 
 from .. import defaults
-from ..core import resources
 from ..core.jobs import LOST, QUEUED, WAITING, Job
 from ..core.jobtable import JobTable, Running
 from . import devdir
@@ -75,7 +74,7 @@ def readopt(p: Parts, job: Job) -> str:
     """Re-adopt a job the state directory says is running: its shepherd, its end, or a second look."""
     jdir = p.store.job_dir(job.id)
     assert job.alloc is not None  # Job.check: a running job has its allocation
-    alloc = resources.Allocation.from_dict(job.alloc)
+    alloc = job.alloc
     found = p.launcher.adopt(jdir)
     cg = p.cgroups.job_path(p.cfg.cgroup_root, job.id) if p.cfg.cgroups else None
     if found:

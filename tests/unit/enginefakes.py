@@ -172,8 +172,8 @@ class MemoryStore:
     def save_job(self, job, durable=True):
         if self.fail_writes:
             raise OSError(28, "No space left on device")
-        # A copy through JSON, as the real store's: job.to_dict() (dataclasses.asdict) is ten times slower.
-        self.records[job.id] = json.loads(json.dumps({k: v for k, v in vars(job).items() if not k.startswith("_")}))
+        # A copy through JSON, as the real store's.
+        self.records[job.id] = json.loads(json.dumps(job.to_dict()))
 
     def load_env(self, job):
         return self.env.get(job.id, {})

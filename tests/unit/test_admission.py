@@ -7,7 +7,7 @@ ordering rows break two: the first in that order is the one the user is told.
 import pytest
 from enginefakes import make_config, make_machine
 
-from hpc_batch.core.jobs import EXITED, FINISHED, QUEUED, RUNNING, WAITING, Job
+from hpc_batch.core.jobs import EXITED, FINISHED, QUEUED, RUNNING, WAITING, Job, Result
 from hpc_batch.daemon import admission
 from hpc_batch.daemon.refusal import Refused
 from hpc_batch.wire.protocol import NewJob
@@ -108,8 +108,8 @@ def _dep(job_id, state, result=None):
                state=state, result=result)
 
 
-DEPS = {1: _dep(1, QUEUED), 2: _dep(2, FINISHED, {"kind": EXITED, "code": 0}),
-        3: _dep(3, FINISHED, {"kind": EXITED, "code": 2}), "prep": _dep(4, RUNNING)}
+DEPS = {1: _dep(1, QUEUED), 2: _dep(2, FINISHED, Result(EXITED, code=0)),
+        3: _dep(3, FINISHED, Result(EXITED, code=2)), "prep": _dep(4, RUNNING)}
 
 
 def _lookup(ref):

@@ -251,9 +251,9 @@ def test_list_show_and_status_say_what_is_held_idle():
     m = machine("qemu-2s-smt-adjacent")
     lim = limits(m)
     a = place(m, bench(2), lim=lim)
-    job = {"cpus": list(a.cpus), **report.cpu_fields(m, a.to_dict())}
+    job = {"cpus": list(a.cpus), **report.cpu_fields(m, a)}
     assert cpu_column(job) == "2+2i/2c"
-    fields = report.bench_fields({"benchmark": "warn", "aslr": "off"}, a.to_dict(), ["no housekeeping CPUs"])
+    fields = report.bench_fields({"benchmark": "warn", "aslr": "off"}, a, ["no housekeeping CPUs"])
     text = format_show({"state": "running", **job, **fields}, 0)
     assert "benchmark: warn" in text
     assert a.cpus == (4, 6)                     # node 0 has one core left beside housekeeping's

@@ -214,7 +214,7 @@ def test_an_old_daemons_allocation_loads_and_its_cores_sibling_is_not_given_away
     assert place(m, Request(cpus=1), [old, a, b]) is None    # only CPU 5 is left, beside a running job
     free.release(old)
     assert free.free_cpus(1) == 4
-    fields = report.cpu_fields(m, old.to_dict() | {"cores": []})
+    fields = report.cpu_fields(m, old)   # cores () here: the machine groups its CPUs
     assert fields == {"cores": [[4]], "held_cpus": [4]}
     assert cpu_column({"cpus": [4], **fields}) == "1/1c"
 
@@ -253,7 +253,7 @@ def test_show_and_list_name_the_cores():
     m = machine("intel-2s-xeon-gold-6248")
     a = place(m, Request(cpus=3))
     job = {"id": 1, "user": "alice", "command": "x", "state": "running", "started": 0.0, "max_time": 60,
-           "mem": GiB, "cpus": list(a.cpus), **report.cpu_fields(m, a.to_dict())}
+           "mem": GiB, "cpus": list(a.cpus), **report.cpu_fields(m, a)}
     assert cpu_column(job) == "4/2c"
     assert "cores: 2 (1+41,2+42; 2 threads each)" in format_show(job, 0.0)
 

@@ -142,7 +142,7 @@ def test_kill_asks_the_shepherd_and_repeats_until_it_ends(world):
     assert fake.stops == [(job, "killed"), (job, "killed")]
     assert eng.tick(T0 + 2.1) == pytest.approx(T0 + 2 + records.LaunchSpec.KILL_GRACE)
     done = end(eng, store, job, stopped="killed", signal=15)
-    assert done.get_result().kind == jobs.KILLED
+    assert done.result.kind == jobs.KILLED
 
 
 def test_deadline_asks_for_a_timeout(world):
@@ -152,7 +152,7 @@ def test_deadline_asks_for_a_timeout(world):
     assert eng.tick(T0 + 5) == T0 + 10
     eng.tick(T0 + 10)
     assert fake.stops == [(job, "timeout")]
-    assert end(eng, store, job, stopped="timeout", signal=9).get_result().kind == jobs.TIMEOUT
+    assert end(eng, store, job, stopped="timeout", signal=9).result.kind == jobs.TIMEOUT
 
 
 @pytest.mark.parametrize("rec,kind,column", [
@@ -169,8 +169,8 @@ def test_exit_records_mean_results(world, rec, kind, column):
     job = submit(eng)["id"]
     start_pending(eng)
     done = end(eng, store, job, **rec)
-    assert done.state == jobs.FINISHED and done.get_result().kind == kind
-    assert jobs.exit_column(done.get_result()) == column
+    assert done.state == jobs.FINISHED and done.result.kind == kind
+    assert jobs.exit_column(done.result) == column
 
 
 def test_a_dead_shepherd_ends_its_job_and_keeps_the_output(world):
@@ -182,7 +182,7 @@ def test_a_dead_shepherd_ends_its_job_and_keeps_the_output(world):
         f.write("partial\n")
     eng.shepherd_exited(job)                     # no exit record
     done = eng.jobs[job]
-    assert done.get_result().kind == jobs.KILLED and "shepherd" in done.get_result().note
+    assert done.result.kind == jobs.KILLED and "shepherd" in done.result.note
     assert fake.orphans_killed == [job]          # through the launcher's pidfd check, not a raw pid
     assert "kept at" in done.output_error
     assert os.path.exists(os.path.join(store.job_dir(job), records.OUTPUT))
@@ -195,7 +195,7 @@ def test_a_job_that_cannot_start_fails_alone(world):
     fake.spawn_error = RuntimeError("boom")
     bad = submit(eng, cpus=1)["id"]
     start_pending(eng)
-    assert eng.jobs[bad].get_result().kind == jobs.ERROR
+    assert eng.jobs[bad].result.kind == jobs.ERROR
     fake.spawn_error = None
     good = submit(eng, cpus=1)["id"]
     start_pending(eng)
@@ -210,8 +210,8 @@ def test_an_error_while_checking_a_job_ends_that_job_only(world):
     start_pending(eng)
     fake.stop_error = RuntimeError("the FIFO exploded")
     eng.tick(T0 + 6)                             # a's deadline: asking its shepherd raises
-    assert eng.jobs[a].state == jobs.FINISHED and eng.jobs[a].get_result().kind == jobs.ERROR
-    assert "the FIFO exploded" in eng.jobs[a].get_result().note
+    assert eng.jobs[a].state == jobs.FINISHED and eng.jobs[a].result.kind == jobs.ERROR
+    assert "the FIFO exploded" in eng.jobs[a].result.note
     assert eng.jobs[b].state == jobs.RUNNING
 
 
@@ -226,15 +226,19 @@ def test_a_full_disk_at_start_requeues(world):
     assert fake.spawned == [1]
 
 
-def test_recovery_survives_a_record_it_cannot_readopt(world):
+def test_recovery_survives_a_record_it_cannot_readopt(world, monkeypatch):
     eng, store, fake, hooks = world
     job = jobs.Job(id=5, uid=0, gid=0, user="root", argv=["true"], cwd="/", submitted=T0, max_time=60,
                    budget={"mem": 1 << 20}, state=jobs.RUNNING, started=T0,
-                   alloc={"cpus": "not a list", "mem_by_node": [], "gpus": [], "exclusive": False})
+                   alloc=resources.Allocation(cpus=(0,), mem_by_node=(), gpus=(), exclusive=False))
     store.records[5] = job.to_dict()
     os.mkdir(store.job_dir(5))
+
+    def cannot(job_dir):
+        raise RuntimeError("its pidfile names a process of another boot")
+    monkeypatch.setattr(fake, "adopt", cannot)
     eng.recover()
-    assert eng.jobs[5].get_result().kind == jobs.ERROR and "re-adopt" in eng.jobs[5].get_result().note
+    assert eng.jobs[5].result.kind == jobs.ERROR and "re-adopt" in eng.jobs[5].result.note
     assert eng.next_id == 6
 
 
@@ -334,7 +338,7 @@ def test_a_shepherd_that_found_its_job_taken_hands_it_to_the_one_that_holds_it(w
     assert eng.jobs[job].state == jobs.RUNNING and eng.table.running[job].pid == 43210
     assert fake.orphans_killed == []
     end(eng, store, job, code=0)               # that one ends the job as usual
-    assert eng.jobs[job].get_result().kind == jobs.EXITED
+    assert eng.jobs[job].result.kind == jobs.EXITED
 
 
 # -- bounds: dependencies, caps and names at scale (issue 20) ---------------------------------
@@ -381,7 +385,7 @@ def test_a_failed_dependency_fails_thousands_of_dependents_without_recursion(wor
     end(eng, store, prep, code=1)
     settle(eng)
     doomed = list(range(bulk["id"], bulk["last"] + 1)) + chain[1:]
-    assert {eng.jobs[j].get_result().kind for j in doomed} == {jobs.DEPENDENCY_FAILED}
+    assert {eng.jobs[j].result.kind for j in doomed} == {jobs.DEPENDENCY_FAILED}
     assert not eng.table.waiting and not eng.table.dependents.get(prep)
     assert eng.table.held_by_uid.get(0, 0) == 0
     # Each call did a bounded share of the work: the loop was never held for all of it.
@@ -396,12 +400,12 @@ def test_a_restart_with_thousands_of_doomed_dependents_serves_and_fails_them(wor
     start_pending(eng)
     bulk = submit(eng, after=(prep,), after_ok=True, array=tuple(range(1, 2001)))
     # The prep ends as failed while no daemon watches: the records say so.
-    store.records[prep].update(state="finished", ended=T0 + 1, result={"kind": "exited", "code": 1})
+    store.records[prep].update(state="finished", ended=T0 + 1, result=jobs.Result(jobs.EXITED, code=1).to_dict())
     again = TurnEngine(eng.cfg, store, eng.machine, eng.limits, devdir.DevDir(None, 0), hooks, launcher=eng.launcher)
     again.root_mode = True
     again.recover()
     settle(again)
-    kinds = {again.jobs[j].get_result().kind for j in range(bulk["id"], bulk["last"] + 1)}
+    kinds = {again.jobs[j].result.kind for j in range(bulk["id"], bulk["last"] + 1)}
     assert kinds == {jobs.DEPENDENCY_FAILED} and not again.table.waiting
 
 
@@ -508,7 +512,7 @@ def test_a_job_is_remembered_until_its_dependents_have_seen_how_it_ended(world):
     settle(eng)
     for job_id in range(bulk["id"], bulk["last"] + 1):
         job = eng.jobs.get(job_id)
-        assert job is None or job.result is None or job.get_result().kind != jobs.DEPENDENCY_FAILED, job_id
+        assert job is None or job.result is None or job.result.kind != jobs.DEPENDENCY_FAILED, job_id
     assert not eng.table.waiting and not eng.table.followers and len(eng.table.queued) + len(eng.table.running) > 1000
 
 
@@ -565,7 +569,7 @@ def test_a_running_job_from_a_daemon_that_did_not_know_cores_is_readopted_and_it
     machine = resources.Machine(nodes, cpu_topology=read_cpu_topology(tree, range(8))[0])   # cores 0+1 ... 6+7
     old = jobs.Job(id=5, uid=0, gid=0, user="root", argv=["true"], cwd="/", submitted=T0, max_time=600,
                    budget={"mem": 1 << 20, "assigned": False}, state=jobs.RUNNING, started=T0,
-                   alloc={"cpus": [4], "mem_by_node": [[1, 1 << 20]], "gpus": [], "exclusive": False})
+                   alloc=resources.Allocation(cpus=(4,), mem_by_node=((1, 1 << 20),), gpus=(), exclusive=False))
     store.records[5] = old.to_dict()
     os.mkdir(store.job_dir(5))
     fake.adoptable = (4242, os.open(os.devnull, os.O_RDONLY))
@@ -577,8 +581,8 @@ def test_a_running_job_from_a_daemon_that_did_not_know_cores_is_readopted_and_it
     for _ in range(4):
         ids.append(submit(again, cpus=1, mem=1 << 20)["id"])
         start_pending(again)
-    got = [again.jobs[i].alloc and again.jobs[i].alloc["cpus"] for i in ids]
-    assert got == [[6, 7], [0, 1], [2, 3], None]     # CPU 5 is free, but its core runs job 5
+    got = [again.jobs[i].alloc and again.jobs[i].alloc.cpus for i in ids]
+    assert got == [(6, 7), (0, 1), (2, 3), None]     # CPU 5 is free, but its core runs job 5
     shown = again.show(ROOT, 5, T0)
     assert shown["cores"] == [[4]] and shown["held_cpus"] == [4]
     assert again.show(ROOT, ids[0], T0)["cores"] == [[6, 7]]

@@ -14,6 +14,7 @@ from test_engine import ROOT, T0, end, start_pending, submit, world  # noqa: F40
 
 from hpc_batch import defaults
 from hpc_batch.core import jobs
+from hpc_batch.core.resources import Allocation
 from shepherd.base import records
 
 
@@ -30,7 +31,7 @@ def test_a_spawn_out_of_pids_puts_the_job_back_with_its_environment(world):  # n
     eng.tick(T0 + defaults.START_RETRY)
     assert fake.spawned == [job] and eng.jobs[job].state == jobs.RUNNING
     assert fake.last_launch.env["SECRET"] == "s"
-    assert end(eng, store, job, code=3).get_result().code == 3
+    assert end(eng, store, job, code=3).result.code == 3
 
 
 def test_any_other_spawn_failure_still_ends_the_job(world):  # noqa: F811
@@ -38,7 +39,7 @@ def test_any_other_spawn_failure_still_ends_the_job(world):  # noqa: F811
     fake.spawn_error = OSError(errno.ENOENT, "No such file or directory")
     job = submit(eng)["id"]
     start_pending(eng)
-    assert eng.jobs[job].get_result().kind == jobs.ERROR
+    assert eng.jobs[job].result.kind == jobs.ERROR
 
 
 def _spec(env):
@@ -62,7 +63,7 @@ def test_a_shepherd_that_could_not_fork_the_job_puts_it_back(world):  # noqa: F8
     eng.tick(T0 + defaults.START_RETRY)
     assert fake.spawned == [job, job]
     assert fake.last_launch.env["FOO"] == "bar"
-    assert end(eng, store, job, code=4).get_result().code == 4
+    assert end(eng, store, job, code=4).result.code == 4
 
 
 def test_without_its_spec_or_once_killed_it_ends_instead(world):  # noqa: F811
@@ -71,12 +72,12 @@ def test_without_its_spec_or_once_killed_it_ends_instead(world):  # noqa: F811
     start_pending(eng)
     rec = _not_started(store, lost, {})
     os.unlink(os.path.join(store.job_dir(lost), records.LAUNCH))   # nothing to queue it again with
-    result = end(eng, store, lost, **rec).get_result()
+    result = end(eng, store, lost, **rec).result
     assert result.kind == jobs.ERROR and "cannot fork the job" in result.note
     killed = submit(eng)["id"]
     start_pending(eng)
     eng.kill(ROOT, killed, T0)                                       # asked while its shepherd retried
-    result = end(eng, store, killed, **_not_started(store, killed, {})).get_result()
+    result = end(eng, store, killed, **_not_started(store, killed, {})).result
     assert result.kind == jobs.KILLED and "before it could start" in result.note
 
 
@@ -84,7 +85,7 @@ def _recorded_running(store, job_id):
     """A job the store holds as running (as a daemon that died finds it), with its directory."""
     job = jobs.Job(id=job_id, uid=0, gid=0, user="root", argv=["true"], cwd="/", submitted=T0, max_time=60,
                    budget={"mem": 1 << 20}, state=jobs.RUNNING, started=T0,
-                   alloc={"cpus": [0], "mem_by_node": [[0, 1 << 20]], "gpus": [], "exclusive": False})
+                   alloc=Allocation(cpus=(0,), mem_by_node=((0, 1 << 20),), gpus=(), exclusive=False))
     store.records[job_id] = job.to_dict()
     os.mkdir(store.job_dir(job_id))
 
@@ -108,7 +109,7 @@ def test_after_a_restart_an_unstarted_shepherd_is_queued_again_with_its_environm
     eng.tick(now + 3 * defaults.START_RETRY)
     assert fake.spawned == [5] and eng.jobs[5].state == jobs.RUNNING
     assert fake.last_launch.env["FOO"] == "bar" and fake.last_launch.env["HPC_BATCH_JOB_ID"] == "5"
-    assert end(eng, store, 5, code=2).get_result().code == 2
+    assert end(eng, store, 5, code=2).result.code == 2
 
 
 def test_after_a_restart_a_shepherd_holding_its_lock_is_waited_for(world):  # noqa: F811
@@ -139,6 +140,6 @@ def test_after_a_power_cut_an_empty_launch_spec_ends_the_job_as_lost(world):  # 
     open(os.path.join(store.job_dir(6), records.LAUNCH), "wb").close()
     eng.recover()
     eng.tick(T0 + defaults.SHEPHERD_START_GRACE + 100)
-    result = eng.jobs[6].get_result()
+    result = eng.jobs[6].result
     assert fake.spawned == [] and eng.jobs[6].state == jobs.FINISHED
     assert result.kind == jobs.LOST and "did not survive a crash" in result.note, result

@@ -223,7 +223,7 @@ class Watcher(Hooks):
 
     def job_event(self, job_id, kind):
         if kind == "finished":
-            result = self.eng.jobs[job_id].get_result()
+            result = self.eng.jobs[job_id].result
             self.ended.append((job_id, result.kind, result.code))
 
 
@@ -592,7 +592,7 @@ class EngineStates(RuleBasedStateMachine):
             assert not k.evicted, f"job {job_id} came back after it was evicted"
             assert (state == FINISHED) == (k.kind is not None), f"job {job_id} is {state}, its end said {k.kind}"
             if k.kind is not None:
-                assert job.get_result().kind == k.kind, f"job {job_id}: {job.get_result().kind}, its end said {k.kind}"
+                assert job.result.kind == k.kind, f"job {job_id}: {job.result.kind}, its end said {k.kind}"
         assert len(records) == len(eng.jobs), f"the store keeps records of {set(records) - set(eng.jobs)}"
         assert len(ix.queue) == len(set(ix.queue)), "a job queued twice"
         assert set(ix.queue) == by_state[QUEUED], f"queue index off by {set(ix.queue) ^ by_state[QUEUED]}"

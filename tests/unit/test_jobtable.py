@@ -38,7 +38,7 @@ def job(job_id, state=QUEUED, uid=0, after=(), name=None, limit=None, strict=Fal
                budget={"mem": 1 << 20}, state=state, after=list(after), name=name,
                array={"first": job_id, "index": 0, "limit": limit} if limit else None,
                request={"cpus": 2, "benchmark": "strict" if strict else None},
-               result={"kind": CANCELLED} if state == FINISHED else None, **kw)
+               result=Result(CANCELLED) if state == FINISHED else None, **kw)
 
 
 def derived(t: JobTable) -> dict:
@@ -85,7 +85,7 @@ def indexes(t: JobTable) -> dict:
 def agree(t: JobTable) -> None:
     assert indexes(t) == derived(t)
     assert all(q.id == i and q.max_time == t.jobs[i].max_time for i, q in t.queued.items())
-    assert all(r.alloc.to_dict() == t.jobs[i].alloc for i, r in t.running.items())
+    assert all(r.alloc == t.jobs[i].alloc for i, r in t.running.items())
     assert list(t.in_order()) == sorted(t.queued)
     for dep, followers in t.dependents.items():   # only unended jobs have dependents, and only waiting ones
         assert t.jobs[dep].state != FINISHED and followers <= t.waiting
@@ -254,7 +254,7 @@ def test_an_evicted_job_leaves_the_others_in_line():
 
 def test_handles_attach_only_to_a_running_job():
     t = JobTable()
-    t.add(job(1, RUNNING, started=T, alloc=ALLOC.to_dict()))   # loaded at start-up: no handles yet
+    t.add(job(1, RUNNING, started=T, alloc=ALLOC))   # loaded at start-up: no handles yet
     t.add(job(2))
     assert t.running == {}
     handles = Running(ALLOC, pid=42)

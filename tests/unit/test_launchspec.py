@@ -18,7 +18,8 @@ UUIDS = {0: "GPU-aaaa", 1: "GPU-bbbb", 2: "GPU-cccc"}
 def _job(gpus=(), array=None, request=None) -> Job:
     return Job(id=7, uid=1000, gid=1000, user="alice", argv=["run"], cwd="/home/alice", submitted=0.0,
                max_time=60, array=array, request=request or {},
-               alloc={"gpus": list(gpus)} if gpus is not None else None)
+               alloc=None if gpus is None else Allocation(cpus=(0,), mem_by_node=(), gpus=tuple(gpus),
+                                                          exclusive=False))
 
 
 FORGED = {"HPC_BATCH_JOB_ID": "99", "CUDA_VISIBLE_DEVICES": "0,1,2", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}

@@ -22,7 +22,7 @@ from hpc_batch.wire import framing, protocol
 class FakeEngine:
     def __init__(self, n):
         self.jobs = {i: types.SimpleNamespace(id=i, uid=1000, name=f"j{i}", state=RUNNING, output=None,
-                                              output_error=None, get_result=lambda: None)
+                                              output_error=None, result=None)
                      for i in range(1, n + 1)}
         self.lookups = 0
         self.turn = types.SimpleNamespace(holds_replies=False)   # nothing waits for a commit here

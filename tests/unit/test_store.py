@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from hpc_batch.core import jobs
+from hpc_batch.core.resources import Allocation
 from hpc_batch.daemon import journal
 from hpc_batch.daemon.store import Store
 from shepherd.base import records
@@ -36,7 +37,7 @@ def _add(s, job_id, env=None):
 
 
 def _start(job):
-    jobs.move(job, jobs.RUNNING, 1.8e9 + 1, alloc={"cpus": [0]})
+    jobs.move(job, jobs.RUNNING, 1.8e9 + 1, alloc=Allocation(cpus=(0,), mem_by_node=(), gpus=(), exclusive=False))
 
 
 def _read(path):
@@ -382,17 +383,20 @@ def test_a_durable_start_whose_command_never_ran_gets_its_environment_back(tmp_p
     assert not os.path.exists(os.path.join(tmp_path, "env", "1"))
 
 
-def test_a_jobs_dict_is_what_asdict_gives_and_shares_nothing_with_it():
+def test_a_jobs_dict_is_what_asdict_gives_in_json_and_shares_nothing_with_it():
     import dataclasses
     job = _job(1, argv=["a", "b"], first=1)
-    jobs.move(job, jobs.RUNNING, 1.8e9 + 1, alloc={"cpus": [0, 1], "mem_by_node": [[0, 5]]})
+    alloc = Allocation(cpus=(0, 1), mem_by_node=((0, 5),), gpus=(), exclusive=False)
+    jobs.move(job, jobs.RUNNING, 1.8e9 + 1, alloc=alloc)
     job.stats = {"peak_mem": 3, "nested": {"x": [1, {"y": 2}]}}
     data = job.to_dict()
-    assert data == dataclasses.asdict(job)
+    assert data == dataclasses.asdict(job) | {"alloc": {"cpus": [0, 1], "mem_by_node": [[0, 5]], "gpus": [],
+                                                       "exclusive": False, "cores": [], "l3_idle": []}}
+    assert jobs.Job.from_dict(data) == job, "the stored form comes back as the same job, typed"
     data["alloc"]["cpus"].append(9)
     data["stats"]["nested"]["x"][1]["y"] = 7
     data["argv"].append("c")
-    assert job.alloc["cpus"] == [0, 1] and job.stats["nested"]["x"][1]["y"] == 2 and job.argv == ["a", "b"]
+    assert job.alloc.cpus == (0, 1) and job.stats["nested"]["x"][1]["y"] == 2 and job.argv == ["a", "b"]
 
 
 def test_a_compaction_written_over_many_commits_loses_nothing_that_changed_meanwhile(tmp_path, monkeypatch):

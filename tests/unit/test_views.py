@@ -91,7 +91,7 @@ def _job(job_id: int = 7, **request) -> Job:
 def _running(**request) -> Job:
     job = _job(**request)
     alloc = Allocation(cpus=(0, 1), mem_by_node=((0, GiB), (1, GiB)), gpus=(0,), exclusive=False, cores=((0,), (1,)))
-    move(job, "running", T0 + 5, alloc=alloc.to_dict())
+    move(job, "running", T0 + 5, alloc=alloc)
     return job
 
 
