@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cputopo import format_cpulist
-from .resources import Allocation, Capacity
+from .resources import Allocation, Capacity, Request
 
 MODES = ("warn", "strict")
 
@@ -110,7 +110,7 @@ class Watch:
         return None
 
 
-def shortfalls(req: Mapping[str, Any], alloc: Allocation, cap: Capacity, cgroups: bool) -> list[str]:
+def shortfalls(req: Request, alloc: Allocation, cap: Capacity, cgroups: bool) -> list[str]:
     """Every way the allocation falls short of what the benchmark job asked for, in words."""
     topo = cap.cpu_topology
     held = set(alloc.held)
@@ -123,7 +123,7 @@ def shortfalls(req: Mapping[str, Any], alloc: Allocation, cap: Capacity, cgroups
                    else "not a CPU the daemon gives to jobs")
             notes.append(f"sibling{'s' if len(missing) > 1 else ''} {format_cpulist(missing)} of CPU {r} "
                          f"could not be held ({why})")
-    if req.get("whole_l3"):
+    if req.whole_l3:
         shared: set[int] = set()
         for r in alloc.cpus:
             cache = topo.last_level_cache(r)

@@ -24,13 +24,13 @@ older and newer state files keep loading.
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from shepherd.base.notifytext import check_request as check_notify
 from shepherd.base.records import KILLED as KILLED  # the shepherd's stop reasons are these two results
 from shepherd.base.records import TIMEOUT as TIMEOUT
 
 from .. import bounds
 from .cut import cut_command, join
 from .jobnames import stored_name
+from .jobrequest import JobRequest
 from .resources import Allocation
 
 WAITING = "waiting"     # on its --after / --after-ok jobs
@@ -102,7 +102,7 @@ class Job:
     cwd: str
     submitted: float
     max_time: int
-    request: dict[str, Any] = field(default_factory=dict)  # cpus, mem, gpus, exclusive, numa_local
+    request: JobRequest = field(default_factory=JobRequest)  # its resources and options (stored: its to_dict())
     budget: dict[str, Any] = field(default_factory=dict)   # mem (bytes), assigned (bool)
     output: str | None = None                              # final log path; None = --no-output
     state: str = QUEUED
@@ -138,6 +138,7 @@ class Job:
         writes a record at every change of state.
         """
         d = {name: _copy(getattr(self, name)) for name in _FIELD_NAMES}
+        d["request"] = self.request.to_dict()
         if self.alloc is not None:
             d["alloc"] = self.alloc.to_dict()
         if self.result is not None:
@@ -150,6 +151,8 @@ class Job:
         the first field this daemon could not act on (:meth:`check`)."""
         known = {f.name for f in fields(cls)}  # "env" stays on disk, never in memory
         data = {k: v for k, v in d.items() if k in known}
+        if "request" in data:
+            data["request"] = JobRequest.from_dict(data["request"])
         if data.get("alloc") is not None:
             data["alloc"] = _stored_allocation(data["alloc"])
         if data.get("result") is not None:
@@ -183,16 +186,12 @@ class Job:
             bounds.check_time(getattr(self, name), name)
         if self.state not in STATES:
             raise ValueError(f"unknown job state {self.state!r}")
-        for name in ("request", "budget", "stats"):
+        if not isinstance(self.request, JobRequest):
+            raise ValueError("request must be an object")
+        for name in ("budget", "stats"):
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"{name} must be an object")
         bounds.check_int(self.budget.get("mem"), 1, bounds.MAX_MEM, "budget.mem")
-        for name, high in (("cpus", bounds.MAX_CPUS), ("mem", bounds.MAX_MEM)):
-            if self.request.get(name) is not None:
-                bounds.check_int(self.request[name], 1, high, f"request.{name}")
-        bounds.check_int(self.request.get("gpus", 0), 0, bounds.MAX_GPUS, "request.gpus")
-        if self.request.get("gpu_link") is not None and not isinstance(self.request["gpu_link"], str):
-            raise ValueError("request.gpu_link must be text")
         if self.name is not None and not stored_name(self.name):
             raise ValueError("name is not a valid job name")
         if not isinstance(self.after, list) or len(self.after) > MAX_AFTER:
@@ -215,13 +214,6 @@ class Job:
             if self.array.get("count") is not None:
                 bounds.check_int(self.array["count"], self.id - self.array["first"] + 1, bounds.MAX_ARRAY,
                                  "array.count")
-        if self.request.get("benchmark") not in (None, "warn", "strict"):
-            raise ValueError("request.benchmark must be warn or strict")
-        for name in ("aslr", "thp"):
-            if self.request.get(name, "on") not in ("on", "off"):
-                raise ValueError(f"request.{name} must be on or off")
-        if self.request.get("notify") is not None:
-            check_notify(self.request["notify"])
         if not isinstance(self.shortfalls, list) or not all(isinstance(n, str) for n in self.shortfalls):
             raise ValueError("shortfalls must be a list of text")
         if self.bench_start is not None and not isinstance(self.bench_start, dict):

@@ -49,7 +49,7 @@ from typing import Any
 
 from .jobs import FINISHED, QUEUED, RUNNING, WAITING, BadMove, Job, Result
 from .jobs import move as move_state
-from .resources import Allocation, Budget, Request
+from .resources import Allocation, Budget
 from .scheduler import QueuedJob
 
 COMPACT_FLOOR = 64   # dead ids a list may hold before compaction is considered
@@ -170,17 +170,9 @@ class Running:
     next_stop_at: float | None = None         # when to ask its shepherd to stop it again
 
 
-def request_of(r: dict[str, Any]) -> Request:
-    """A job record's ``request`` as the resource model's Request (one place, for submit and queue)."""
-    return Request(cpus=r.get("cpus"), mem=r.get("mem"), gpus=r.get("gpus", 0),
-                   exclusive=bool(r.get("exclusive")), numa_local=bool(r.get("numa_local")),
-                   numa_local_gpu=bool(r.get("numa_local_gpu")), gpu_link=r.get("gpu_link"),
-                   benchmark=r.get("benchmark"), whole_l3=bool(r.get("whole_l3")))
-
-
 def queue_entry(job: Job) -> QueuedJob:
     """What the scheduler reads of a queued job."""
-    return QueuedJob(id=job.id, request=request_of(job.request),
+    return QueuedJob(id=job.id, request=job.request.resources,
                      budget=Budget(job.budget["mem"], bool(job.budget.get("assigned"))),
                      max_time=job.max_time)
 
@@ -190,7 +182,7 @@ def _capped(job: Job) -> bool:
 
 
 def _strict(job: Job) -> bool:
-    return job.request.get("benchmark") == "strict"
+    return job.request.benchmark == "strict"
 
 
 class JobTable:

@@ -15,6 +15,7 @@ from typing import Any
 
 from . import gputopo
 from .allocator import Free
+from .jobrequest import JobRequest
 from .resources import Allocation, Budget, Limits, Machine, Request, capacity
 from .sizes import format_size
 
@@ -82,17 +83,17 @@ def cpu_fields(machine: Machine, alloc: Allocation | None) -> dict[str, Any]:
     return {"cores": [list(c) for c in cores], "held_cpus": list(alloc.held)}
 
 
-def bench_fields(request: dict[str, Any], alloc: Allocation | None, shortfalls: list[str]) -> dict[str, Any]:
+def bench_fields(request: JobRequest, alloc: Allocation | None, shortfalls: list[str]) -> dict[str, Any]:
     """What ``show`` says of benchmark mode and the process options: the mode, the CPUs held idle
     (siblings, L3 neighbours), every shortfall recorded, and ``aslr``/``thp`` (recorded either way)."""
-    mode = request.get("benchmark")
+    mode = request.benchmark
     a = alloc
     return {
-        "benchmark": (mode + (", whole L3" if request.get("whole_l3") else "")) if mode else None,
+        "benchmark": (mode + (", whole L3" if request.resources.whole_l3 else "")) if mode else None,
         "idle_cpus": list(a.idle) if a is not None and a.idle else None,
         "l3_idle": list(a.l3_idle) if a is not None and a.l3_idle else None,
         "shortfalls": list(shortfalls) if mode and alloc is not None else None,
-        "aslr": request.get("aslr", "on"), "thp": request.get("thp", "on"),
+        "aslr": request.aslr, "thp": request.thp,
     }
 
 

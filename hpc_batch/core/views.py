@@ -49,11 +49,11 @@ def summary(job: Job, machine: Machine) -> dict[str, Any]:
         "submitted": job.submitted, "started": job.started, "ended": job.ended,
         "max_time": job.max_time, "mem": job.budget.get("mem"),
         "mem_assigned": job.budget.get("assigned", False), "spread": alloc is not None and alloc.spread,
-        "exclusive": bool(job.request.get("exclusive")),
+        "exclusive": job.request.resources.exclusive,
         "cpus": list(alloc.cpus) if alloc else None, "gpus": list(alloc.gpus) if alloc else None,
         **report.cpu_fields(machine, alloc),
         "gpu_label": (gputopo.label(machine.topology, alloc.gpus) if alloc is not None
-                      else gputopo.label(None, range(job.request.get("gpus") or 0))),
+                      else gputopo.label(None, range(job.request.resources.gpus))),
         "exit": exit_column(res) if job.state == FINISHED else None,
         "result": res.to_dict() if res else None, "output": job.output, "output_error": job.output_error,
         "output_note": job.output_note, "name": job.name,
@@ -95,13 +95,13 @@ def show(job: Job, machine: Machine, *, position: int | None, why: str | None, c
     out.update({
         "name": job.name, "command": job.command, "argv": job.argv, "cwd": job.cwd,   # show: the whole command
         "position": position, "why": why,
-        "request": job.request, "numa_nodes": list(alloc.mems) if alloc else [],
+        "request": job.request.to_dict(), "numa_nodes": list(alloc.mems) if alloc else [],
         "deadline": job.deadline if job.state == RUNNING else None,
         "cgroup": cgroup,
         "wall": (job.ended or now) - job.started if job.started is not None else None,
         "cpu_time": job.stats.get("cpu_time"), "peak_mem": job.stats.get("peak_mem"),
         "after": job.after, "after_ok": job.after_ok, "quiet": job.quiet,
-        "notify": job.request.get("notify"),
+        "notify": job.request.notify,
         **report.bench_fields(job.request, alloc, job.shortfalls),
         **_how_it_ended(res),
     })

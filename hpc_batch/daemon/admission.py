@@ -14,14 +14,13 @@ the admin's flag or the user's option it is about
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..core import dependencies as deps
 from ..core import requestcheck, resources
 from ..core.durations import format_duration
 from ..core.jobnames import log_name
+from ..core.jobrequest import JobRequest
 from ..core.jobs import FINISHED, QUEUED, WAITING, Job, exit_column
-from ..core.jobtable import request_of
 from ..core.sizes import format_mem
 from ..wire.protocol import NewJob
 from .refusal import Refused
@@ -33,7 +32,7 @@ class Admitted:
 
     max_time: int
     elements: list[tuple[tuple[str, ...], int | None]]   # (argv, array index) of each job, in submission order
-    wanted: dict[str, Any]                  # the request as the job's record keeps it
+    wanted: JobRequest                      # the request its jobs keep
     budget: resources.Budget
     bulk: bool                              # an --array or --commands submit, or more than one job
     shared_argv: list[str] | None           # an --array's one argv list, stored once (Store.add_jobs)
@@ -67,16 +66,13 @@ def admit(cfg, machine: resources.Machine, limits: resources.Limits, *, uid: int
             f"you already have {held}"
         raise Refused(f"{many} queued or waiting, more than the {cfg.max_queued_per_user} one user may "
                       f"have (the admin's --max-queued-per-user); wait for some to start", "queue_full")
-    wanted: dict[str, Any]   # (its values are of many types: --notify's is an object)
-    wanted = {"cpus": req.cpus, "mem": req.mem, "gpus": req.gpus, "exclusive": req.exclusive,
-              "numa_local": req.numa_local or req.benchmark is not None,   # --benchmark keeps memory local
-              "numa_local_gpu": req.numa_local_gpu, "gpu_link": req.gpu_link,
-              "benchmark": req.benchmark, "whole_l3": req.whole_l3, "aslr": req.aslr, "thp": req.thp}
-    if req.record_to is not None or req.record_env:   # (kept out of the usual job's record)
-        wanted.update(record_to=req.record_to, record_is_dir=req.record_is_dir, record_env=req.record_env)
-    if req.notify is not None:
-        wanted.update(notify=req.notify)
-    request = request_of(wanted)
+    request = resources.Request(
+        cpus=req.cpus, mem=req.mem, gpus=req.gpus, exclusive=req.exclusive,
+        numa_local=req.numa_local or req.benchmark is not None,   # --benchmark keeps memory local
+        numa_local_gpu=req.numa_local_gpu, gpu_link=req.gpu_link, benchmark=req.benchmark, whole_l3=req.whole_l3)
+    recording = req.record_to is not None or req.record_env
+    wanted = JobRequest(request, aslr=req.aslr, thp=req.thp, record_to=req.record_to,
+                        record_is_dir=recording and req.record_is_dir, record_env=req.record_env, notify=req.notify)
     try:
         budget = requestcheck.check_request(request, machine, limits)
     except requestcheck.RequestError as exc:

@@ -66,7 +66,7 @@ class BenchCores:
     def start_shortfalls(self, job: Job, alloc: resources.Allocation) -> list[str]:
         """How the machine falls short of a starting benchmark job (its record's ``shortfalls``)."""
         cap = resources.capacity(self.machine, self.limits)
-        shortfalls = benchmark.shortfalls(job.request, alloc, cap, self.cfg.cgroups)
+        shortfalls = benchmark.shortfalls(job.request.resources, alloc, cap, self.cfg.cgroups)
         if self.watch.reasons:
             shortfalls += self.watch.reasons
         return shortfalls

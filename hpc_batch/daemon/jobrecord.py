@@ -60,12 +60,12 @@ def spec(job, alloc, machine, running: dict, *, housekeeping, thresholds: dict, 
     same_l3 = sorted(i for i, other in running.items() if i != job.id and l3_set & set(other.held))
     return {
         "version": __version__, "commit": commit, "root": root,
-        "thresholds": thresholds, "env_values": bool(job.request.get("record_env")),
+        "thresholds": thresholds, "env_values": job.request.record_env,
         "to": _record_path(job),
         "cpus": list(alloc.cpus), "mems": mems, "node_cpus": node_cpus, "l3_cpus": l3_cpus,
         "held_idle": sorted(set(alloc.held) - set(alloc.cpus)),
         "requested": {
-            "request": {k: v for k, v in job.request.items() if k not in ("record_to", "record_is_dir", "notify")},
+            "request": job.request.recorded(),
             "cpus": list(alloc.cpus), "held": list(alloc.held), "idle": list(alloc.idle),
             "cores": [list(c) for c in alloc.cores], "l3_idle": list(alloc.l3_idle),
             "l3_ids": sorted({cache.id for cache in l3 if cache.id is not None}),
@@ -86,8 +86,8 @@ def spec(job, alloc, machine, running: dict, *, housekeeping, thresholds: dict, 
 
 def _record_path(job) -> str | None:
     """Where ``dispatch new --record`` asked for the record: a file, or record.<id>.json in a directory."""
-    to = job.request.get("record_to")
-    if to and job.request.get("record_is_dir"):
+    to = job.request.record_to
+    if to and job.request.record_is_dir:
         return f"{to.rstrip('/')}/record.{job.id}.json"
     return to
 

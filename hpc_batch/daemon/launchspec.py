@@ -75,7 +75,7 @@ def build(job: Job, alloc: Allocation, env: dict[str, str], *, cgroup: str | Non
         shepherd_cgroup=shepherd_cgroup,
         # The shepherd keeps the deadline itself, so it holds while the daemon is down.
         deadline=job.deadline, max_output_buffer=max_output_buffer,
-        aslr=job.request.get("aslr", "on"), thp=job.request.get("thp", "on"),
+        aslr=job.request.aslr, thp=job.request.thp,
         record=record,
         notify=notify_spec(job),
     )
@@ -83,7 +83,7 @@ def build(job: Job, alloc: Allocation, env: dict[str, str], *, cgroup: str | Non
 
 def notify_spec(job: Job) -> dict[str, Any] | None:
     """The shepherd's part of --notify (shepherd/notify.py), or None."""
-    want = job.request.get("notify")
+    want = job.request.notify
     if not want:
         return None
     return {"tty": notifytext.TTY in want["forms"], "command": want.get("command"),

@@ -70,7 +70,7 @@ def why(r: Reads, job: Job) -> tuple[int | None, str | None]:
         return None, None
     order = list(r.table.in_order())
     position = order.index(job.id) + 1
-    if job.request.get("benchmark") == "strict" and r.bench_hold is not None:
+    if job.request.benchmark == "strict" and r.bench_hold is not None:
         return position, r.bench_hold
     if job.array is not None and job.array.get("limit") and \
             array_room(r.table).get(job.array["first"], 1) <= 0:

@@ -70,7 +70,7 @@ class Starting:
         jdir = self.store.job_dir(job.id)
         running = Running(alloc)
         self.move(job, RUNNING, now, running=running)
-        if job.request.get("benchmark"):
+        if job.request.benchmark:
             # How the machine fell short of it, and its counters to compare at the end.
             job.shortfalls = self.bench.start_shortfalls(job, alloc)
             job.bench_start = self.bench.start_counters(alloc, now)
@@ -99,7 +99,7 @@ class Starting:
 
     def spawn(self, job: Job, cg, now: float, before=None) -> None:
         jdir = self.store.job_dir(job.id)
-        if job.request.get("benchmark"):
+        if job.request.benchmark:
             self.quiet(job, jdir, cg)
 
         def info() -> None:   # needs no pid: done while the fork server forks

@@ -70,8 +70,9 @@ ADMITTED_CASES = [
 def test_an_admitted_submit_has_its_terms(kw, terms, fields):
     adm = _admit(**kw)
     assert (adm.max_time, len(adm.elements), adm.bulk, adm.shared_argv) == terms
-    assert {k: adm.wanted.get(k) for k in fields} == fields
-    assert ("record_to" in adm.wanted) == ("record_to" in fields)   # kept out of the usual job's record
+    stored = adm.wanted.to_dict()
+    assert {k: stored.get(k) for k in fields} == fields
+    assert ("record_to" in stored) == ("record_to" in fields)   # kept out of the usual job's record
     assert adm.budget.mem > 0
 
 

@@ -17,6 +17,7 @@ from hpc_batch.client import cli, listing
 from hpc_batch.client.listing import cpu_column, format_show
 from hpc_batch.core import benchmark, report
 from hpc_batch.core.allocator import Free, allocate
+from hpc_batch.core.jobrequest import JobRequest
 from hpc_batch.core.requestcheck import RequestError, check_request
 from hpc_batch.core.resources import Allocation, Budget, GiB, Limits, Machine, Request, capacity, default_share
 from hpc_batch.daemon import probe
@@ -126,7 +127,7 @@ def test_warn_takes_a_core_whose_sibling_is_busy_and_says_so_where_strict_waits(
     a = place(m, bench(1), others, lim)
     assert a.cpus == (2,) and a.cores == ((2,),) and a.idle == ()
     cap = capacity(m, lim)
-    notes = benchmark.shortfalls({"benchmark": "warn"}, a, cap, cgroups=True)
+    notes = benchmark.shortfalls(Request(benchmark="warn"), a, cap, cgroups=True)
     assert notes == ["sibling 3 of CPU 2 could not be held (in use by another job)"]
     strict = bench(1, "strict")
     assert place(m, strict, others, lim) is None
@@ -148,7 +149,7 @@ def test_a_sibling_the_daemon_may_not_give_is_a_shortfall_and_limits_strict():
                             "kept for housekeeping)")
     a = place(m, bench(2), lim=lim)           # warn: node 1 has two cores, one of them without its sibling
     assert a.cpus == (4, 6) and a.cores == ((4,), (6, 7))
-    assert benchmark.shortfalls({}, a, capacity(m, lim), True) == [
+    assert benchmark.shortfalls(Request(), a, capacity(m, lim), True) == [
         "sibling 5 of CPU 4 could not be held (not a CPU the daemon gives to jobs)"]
 
 
@@ -206,7 +207,7 @@ def test_whole_l3_takes_the_fewest_caches_and_strict_waits_for_quiet_ones():
     assert place(m, bench(1, "strict", l3=True), busy, lim) is None
     w = place(m, bench(1, "warn", l3=True), busy, lim)
     assert w is not None
-    notes = benchmark.shortfalls({"whole_l3": True}, w, capacity(m, lim), True)
+    notes = benchmark.shortfalls(Request(whole_l3=True), w, capacity(m, lim), True)
     assert any(n.startswith("its last-level cache is shared with CPUs") for n in notes), notes
 
 
@@ -226,7 +227,7 @@ def test_whole_l3_where_every_cache_holds_housekeeping_is_refused_strict_and_not
                                            "at most 0 whole cores"):
         check_request(bench(1, "strict", l3=True), m, lim)
     a = place(m, bench(1, l3=True), lim=lim)
-    notes = benchmark.shortfalls({"whole_l3": True}, a, capacity(m, lim), True)
+    notes = benchmark.shortfalls(Request(whole_l3=True), a, capacity(m, lim), True)
     assert "its last-level cache is shared with CPUs 0-1 (housekeeping: 0-1)" in notes
 
 
@@ -253,7 +254,7 @@ def test_list_show_and_status_say_what_is_held_idle():
     a = place(m, bench(2), lim=lim)
     job = {"cpus": list(a.cpus), **report.cpu_fields(m, a)}
     assert cpu_column(job) == "2+2i/2c"
-    fields = report.bench_fields({"benchmark": "warn", "aslr": "off"}, a, ["no housekeeping CPUs"])
+    fields = report.bench_fields(JobRequest(Request(benchmark="warn"), aslr="off"), a, ["no housekeeping CPUs"])
     text = format_show({"state": "running", **job, **fields}, 0)
     assert "benchmark: warn" in text
     assert a.cpus == (4, 6)                     # node 0 has one core left beside housekeeping's
@@ -289,7 +290,7 @@ def test_shortfalls_name_missing_housekeeping_and_cgroups():
     lim = limits(m, hk=())
     a = place(m, bench(1), lim=lim)
     assert a.cpus == (0,)                       # nothing is kept back
-    assert benchmark.shortfalls({}, a, capacity(m, lim), cgroups=False) == [
+    assert benchmark.shortfalls(Request(), a, capacity(m, lim), cgroups=False) == [
         "no housekeeping CPUs: the daemon and the shepherds may run on its cores",
         "swap is not forbidden and memory is not kept on its NUMA node (--no-cgroups)"]
 

@@ -615,7 +615,7 @@ def test_a_strict_benchmark_job_waits_while_the_machine_swaps_and_holds_up_nobod
     eng.tick(T0 + 2)                         # nothing rose since: quiet, and it starts
     assert eng.jobs[strict["id"]].state == "running" and strict["id"] in fake.spawned
     job = eng.jobs[strict["id"]]
-    assert job.request["numa_local"] and job.request["benchmark"] == "strict"
+    assert job.request.resources.numa_local and job.request.benchmark == "strict"
     assert "no housekeeping CPUs: the daemon and the shepherds may run on its cores" in job.shortfalls
     assert job.bench_start["swap"] == [0, 50]
     _counters(root, 70)                     # it swapped while it ran: recorded when it ends
@@ -629,9 +629,9 @@ def test_the_launch_spec_and_the_record_carry_aslr_and_thp(world):
     a = submit(eng, aslr="off", thp="off")
     start_pending(eng)
     assert (fake.last_launch.aslr, fake.last_launch.thp) == ("off", "off")
-    assert (eng.jobs[a["id"]].request["aslr"], eng.jobs[a["id"]].request["thp"]) == ("off", "off")
+    assert (eng.jobs[a["id"]].request.aslr, eng.jobs[a["id"]].request.thp) == ("off", "off")
     b = submit(eng)
-    assert (eng.jobs[b["id"]].request["aslr"], eng.jobs[b["id"]].request["thp"]) == ("on", "on")
+    assert (eng.jobs[b["id"]].request.aslr, eng.jobs[b["id"]].request.thp) == ("on", "on")
 
 
 def test_a_pass_reads_the_queue_only_up_to_a_blocked_head_with_throttled_arrays(world):

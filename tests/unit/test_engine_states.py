@@ -577,7 +577,7 @@ class EngineStates(RuleBasedStateMachine):
                 done.setdefault(uid, set()).add(job_id)
             elif state == QUEUED:
                 capped += bool(job.array is not None and job.array.get("limit"))
-                strict += job.request.get("benchmark") == "strict"
+                strict += job.request.benchmark == "strict"
             elif state == WAITING:
                 for dep in job.after:
                     followers[dep] = followers.get(dep, 0) + 1

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hpc_batch.core.jobrequest import JobRequest
 from hpc_batch.core.jobs import (
     CANCELLED,
     EXITED,
@@ -37,7 +38,7 @@ def job(job_id, state=QUEUED, uid=0, after=(), name=None, limit=None, strict=Fal
     return Job(id=job_id, uid=uid, gid=uid, user=f"u{uid}", argv=["true"], cwd="/", submitted=T, max_time=60,
                budget={"mem": 1 << 20}, state=state, after=list(after), name=name,
                array={"first": job_id, "index": 0, "limit": limit} if limit else None,
-               request={"cpus": 2, "benchmark": "strict" if strict else None},
+               request=JobRequest.from_dict({"cpus": 2, "benchmark": "strict" if strict else None}),
                result=Result(CANCELLED) if state == FINISHED else None, **kw)
 
 
@@ -51,7 +52,7 @@ def derived(t: JobTable) -> dict:
         if j.state == QUEUED:
             out["queued"].add(job_id)
             out["capped"] += bool(j.array and j.array.get("limit"))
-            out["strict"] += j.request.get("benchmark") == "strict"
+            out["strict"] += j.request.benchmark == "strict"
         elif j.state == RUNNING:
             out["running"].add(job_id)
         elif j.state == WAITING:

@@ -8,6 +8,7 @@ job's own settings can change them.
 import pytest
 
 from hpc_batch import defaults
+from hpc_batch.core.jobrequest import JobRequest
 from hpc_batch.core.jobs import Job
 from hpc_batch.core.resources import Allocation
 from hpc_batch.daemon import launchspec
@@ -17,7 +18,7 @@ UUIDS = {0: "GPU-aaaa", 1: "GPU-bbbb", 2: "GPU-cccc"}
 
 def _job(gpus=(), array=None, request=None) -> Job:
     return Job(id=7, uid=1000, gid=1000, user="alice", argv=["run"], cwd="/home/alice", submitted=0.0,
-               max_time=60, array=array, request=request or {},
+               max_time=60, array=array, request=JobRequest.from_dict(request or {}),
                alloc=None if gpus is None else Allocation(cpus=(0,), mem_by_node=(), gpus=tuple(gpus),
                                                           exclusive=False))
 

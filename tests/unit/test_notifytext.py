@@ -9,6 +9,7 @@ import pytest
 from hpc_batch.client import cli
 from hpc_batch.client.cli_usage import NEW_USAGE
 from hpc_batch.client.listing import format_show
+from hpc_batch.core.jobrequest import JobRequest
 from hpc_batch.core.jobs import Job, exit_column
 from hpc_batch.daemon import outcome
 from hpc_batch.wire.protocol import NewJob, ProtocolError
@@ -60,13 +61,14 @@ def test_the_daemon_checks_the_request_too():
 
 def test_a_stored_job_with_a_bad_notify_is_refused():
     job = Job(id=1, uid=1000, gid=1000, user="u", argv=["true"], cwd="/", submitted=1.0, max_time=60,
-              budget={"mem": 1 << 30}, request={"notify": {"forms": ["tty"], "command": None}})
+              budget={"mem": 1 << 30}, request=JobRequest.from_dict({"notify": {"forms": ["tty"], "command": None}}))
     job.check()
+    stored = job.to_dict()
+    assert Job.from_dict(stored) == job
     for bad in ({"forms": []}, {"forms": ["cmd"], "command": None}, {"forms": ["tty"], "command": "x"},
                 "not an object"):
-        job.request["notify"] = bad
         with pytest.raises(ValueError):
-            job.check()
+            Job.from_dict(stored | {"request": stored["request"] | {"notify": bad}})
 
 
 def test_show_names_the_forms_and_the_command():

@@ -4,6 +4,7 @@ its end undoes it, and so does the next daemon when the job ended while none ran
 import errno
 import os
 import shutil
+from dataclasses import replace
 
 import pytest
 from test_engine import ROOT, T0, Hooks, TurnEngine, end, start_pending, world  # noqa: F401 (world: fixture)
@@ -33,7 +34,8 @@ def _submit(eng, benchmark=True, exclusive=False):
     job = eng.submit(ROOT, NewJob(argv=("true",), cwd="/tmp", no_output=True, cpus=None if exclusive else 1,
                                   exclusive=exclusive), T0)["id"]
     if benchmark:   # as --benchmark sets it (the fixture machine: allocation as for any job)
-        eng.jobs[job].request["benchmark"] = "warn"
+        asked = eng.jobs[job].request
+        eng.jobs[job].request = replace(asked, resources=replace(asked.resources, benchmark="warn"))
     start_pending(eng)
     return job
 

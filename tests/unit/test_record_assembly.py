@@ -7,6 +7,7 @@ import pytest
 
 from hpc_batch.core import resources
 from hpc_batch.core.cputopo import Cache, Cpu, CpuTopology
+from hpc_batch.core.jobrequest import JobRequest
 from hpc_batch.core.jobs import Job
 from hpc_batch.daemon import jobrecord
 from shepherd.base import records
@@ -91,7 +92,8 @@ def _machine():
 def test_the_daemons_part_names_the_neighbours_on_the_same_node_and_l3_by_id():
     m = _machine()
     job = Job(id=9, uid=1000, gid=1000, user="alice", argv=["x"], cwd="/", submitted=0.0, max_time=60,
-              request={"cpus": 2, "record_to": "/home/alice/r", "record_is_dir": True, "record_env": True})
+              request=JobRequest.from_dict({"cpus": 2, "record_to": "/home/alice/r", "record_is_dir": True,
+                                             "record_env": True}))
     mine = resources.Allocation(cpus=(0, 1), mem_by_node=((0, 1 << 30),), gpus=(), exclusive=False)
     near = resources.Allocation(cpus=(2, 3), mem_by_node=((0, 1 << 30),), gpus=(), exclusive=False)
     far = resources.Allocation(cpus=(4, 5), mem_by_node=((1, 1 << 30),), gpus=(), exclusive=False)

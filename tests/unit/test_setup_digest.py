@@ -20,6 +20,7 @@ from test_recorddiff import f, gpu, record
 from hpc_batch.client import recorddiff
 from hpc_batch.core import resources, setup
 from hpc_batch.core.cputopo import Cache, Cpu, CpuTopology
+from hpc_batch.core.jobrequest import JobRequest
 from hpc_batch.core.jobs import Job
 from hpc_batch.core.setup import comparable, differences, setup_digest
 from hpc_batch.daemon import jobrecord
@@ -44,7 +45,7 @@ def real(job, cpus, argv=("./bench", "--n", "3"), env=None, others=None):
     alloc = resources.Allocation(cpus=tuple(cpus), mem_by_node=((node, 1 << 30),), gpus=(), exclusive=False,
                                  cores=tuple((c,) for c in cpus))
     j = Job(id=job, uid=1000, gid=1000, user="alice", argv=list(argv), cwd="/home/alice", submitted=0.0, max_time=60,
-            request={"cpus": len(cpus)})
+            request=JobRequest.from_dict({"cpus": len(cpus)}))
     conf = jobrecord.spec(j, alloc, machine, {job: alloc, **(others or {})}, housekeeping=(0,), thresholds={},
                           nvidia_smi=None, root="/", cgroups=False, cpu_unit="core")
     rec = {"schema": 1, "job": job, "complete": True}

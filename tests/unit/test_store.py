@@ -391,7 +391,8 @@ def test_a_jobs_dict_is_what_asdict_gives_in_json_and_shares_nothing_with_it():
     job.stats = {"peak_mem": 3, "nested": {"x": [1, {"y": 2}]}}
     data = job.to_dict()
     assert data == dataclasses.asdict(job) | {"alloc": {"cpus": [0, 1], "mem_by_node": [[0, 5]], "gpus": [],
-                                                       "exclusive": False, "cores": [], "l3_idle": []}}
+                                                       "exclusive": False, "cores": [], "l3_idle": []},
+                                             "request": job.request.to_dict()}
     assert jobs.Job.from_dict(data) == job, "the stored form comes back as the same job, typed"
     data["alloc"]["cpus"].append(9)
     data["stats"]["nested"]["x"][1]["y"] = 7

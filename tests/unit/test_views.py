@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpc_batch.core import views
+from hpc_batch.core.jobrequest import JobRequest
 from hpc_batch.core.jobs import FINISHED, Job, Result, move, wait_status
 from hpc_batch.core.resources import Allocation, Budget, Machine, Node
 
@@ -85,7 +86,8 @@ MACHINE = Machine((Node(0, (0, 1, 2, 3), 8 * GiB), Node(1, (4, 5, 6, 7), 8 * GiB
 
 def _job(job_id: int = 7, **request) -> Job:
     return Job(id=job_id, uid=1000, gid=100, user="alice", argv=["python", "train.py", "--epochs", "3"], cwd="/home/a",
-               submitted=T0, max_time=3600, budget={"mem": 2 * GiB}, state="queued", request=request, name="train")
+               submitted=T0, max_time=3600, budget={"mem": 2 * GiB}, state="queued",
+               request=JobRequest.from_dict(request), name="train")
 
 
 def _running(**request) -> Job:
