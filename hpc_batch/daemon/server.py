@@ -71,6 +71,7 @@ class Server:
         self.cfg = cfg
         self.listener = listener
         self.engine = engine
+        self.callers = access.Callers(cfg.admin_gid)   # who each connection is (the user database, remembered)
         self.sel = hooks.sel                  # the engine's pidfds are registered on it (hooks.py)
         self.pidfds = hooks.pidfds            # pidfd -> job id
         self.held_replies: list[Conn] = []   # replies waiting for this turn's commit
@@ -315,7 +316,7 @@ class Server:
             try:
                 sock.setblocking(False)
                 pid, uid, gid = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-                caller = access.make_caller(uid, gid, pid, self.cfg.admin_gid)
+                caller = self.callers.caller(uid, gid, pid)
             except OSError:
                 sock.close()
                 continue
