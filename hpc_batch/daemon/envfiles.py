@@ -11,7 +11,7 @@ import json
 import logging
 import os
 
-from shepherd.base.records import fsync_dir, write_atomic
+from shepherd.base.records import fsync, fsync_dir, write_atomic
 
 from ..core.jobs import QUEUED, WAITING, Job
 from .statefiles import dump, unlink
@@ -145,7 +145,7 @@ class SharedRecords:
                 continue
             fd = os.open(os.path.join(self.env_dir, str(key)), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
-                os.fsync(fd)
+                fsync(fd)
             finally:
                 os.close(fd)
         fsync_dir(self.env_dir)

@@ -48,10 +48,9 @@ from __future__ import annotations
 
 import errno
 import os
-import time
 from typing import NamedTuple
 
-from shepherd.base.records import dumps_wire, fsync_dir, loads
+from shepherd.base.records import dumps_wire, fsync, fsync_dir, loads
 
 from . import formats
 
@@ -177,15 +176,6 @@ class Journal:
         self.fd: int | None = None
         self.size = 0
         self.snapshot_size = 0
-        self.sync_s = 0.0   # seconds spent in its fsyncs (and a compaction's), in all: a slow turn says its share
-
-    def timed(self, sync, arg) -> None:
-        """``sync(arg)``, its time counted in :attr:`sync_s`."""
-        t0 = time.monotonic()
-        try:
-            sync(arg)
-        finally:
-            self.sync_s += time.monotonic() - t0
 
     def read(self) -> Contents | None:
         """What it holds (None when there is no journal at all); formats.NewerFormat for a newer one."""
@@ -204,7 +194,7 @@ class Journal:
         try:
             while view:
                 view = view[os.write(self.fd, view):]
-            self.timed(os.fdatasync, self.fd)
+            fsync(self.fd, data_only=True)
         except OSError:
             try:
                 os.ftruncate(self.fd, self.size)
@@ -248,7 +238,7 @@ class Journal:
             os.close(self.fd)
         self.fd = new
         self.size = self.snapshot_size = c.size
-        self.timed(fsync_dir, self.dir)
+        fsync_dir(self.dir)
 
     def _appended_since(self, start: int) -> bytes:
         """The journal's bytes from *start* to its end: whole batches, each already durable."""
@@ -273,7 +263,6 @@ class Compaction:
 
     def __init__(self, journal: Journal, head: bytes, lines: int):
         self.path = journal.path + ".tmp"
-        self.journal = journal
         self.start = journal.size       # what the journal holds now is what the snapshot replaces
         self.lines = 0
         self.size = 0
@@ -296,13 +285,13 @@ class Compaction:
         self.lines += lines
         self._unsynced += len(data)
         if self._unsynced >= SYNC_EVERY:
-            self.journal.timed(os.fdatasync, self.fd)
+            fsync(self.fd, data_only=True)
             self._unsynced = 0
 
     def sync(self) -> None:
         """fsync what it holds."""
         assert self.fd is not None, "a finished or abandoned compaction"
-        self.journal.timed(os.fsync, self.fd)
+        fsync(self.fd)
 
     def close(self) -> None:
         if self.fd is not None:

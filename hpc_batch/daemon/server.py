@@ -33,6 +33,7 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from shepherd.base import records
 from shepherd.base.proc import reap_children
 
 from ..wire import framing, protocol
@@ -187,8 +188,8 @@ class Server:
 
     def _clocks(self) -> tuple[float, float, float]:
         """Where a slow turn's time may have gone, each a running total in seconds: the loop thread's
-        CPU time, the journal's fdatasyncs, the waits for the fork server's answers."""
-        return time.thread_time(), self.engine.store.sync_s, launcher.fork_server_wait()
+        CPU time, its fsyncs (the journal's, a launch spec's, ...), the waits for the fork server's answers."""
+        return time.thread_time(), records.synced_seconds(), launcher.fork_server_wait()
 
     @staticmethod
     def _slow_turn(busy: float, kinds: dict[str, int], events_s: float, end_s: float, tick_s: float,
@@ -204,7 +205,7 @@ class Server:
             cpu, sync, fork = (x * 1e3 for x in spent)
             rlog.warning("slow-turn", "a turn of the loop took %.0f ms: %.0f ms on its events (%s), %.0f ms "
                          "committing and spawning after them, %.0f ms on timers before the next wait; of it, "
-                         "%.0f ms on the loop's CPU, %.0f ms in the journal's fsyncs, %.0f ms waiting "
+                         "%.0f ms on the loop's CPU, %.0f ms in fsyncs, %.0f ms waiting "
                          "for the fork server", took * 1e3, events_s * 1e3, what, end_s * 1e3, tick_s * 1e3,
                          cpu, sync, fork)
 

@@ -261,11 +261,6 @@ class Store:
         """True while staged changes wait for :meth:`commit`."""
         return self.staging.has_pending
 
-    @property
-    def sync_s(self) -> float:
-        """Seconds spent in the journal's fsyncs since the daemon started (a slow turn says its share)."""
-        return self.journal.sync_s
-
     def commit(self, now: float | None = None) -> None:
         """Make every staged change durable with one fdatasync; OSError leaves them staged.
 

@@ -35,6 +35,7 @@ import errno
 import os
 import signal
 import stat
+import time
 
 from .jsoncodec import dumps, dumps_wire, loads
 
@@ -95,7 +96,7 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600, durable: bool = True
             if prepare is not None:
                 prepare(fd)
             if durable:
-                os.fsync(fd)
+                fsync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, path)
@@ -109,11 +110,31 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600, durable: bool = True
         fsync_dir(os.path.dirname(path) or ".")
 
 
+# Seconds this process has spent in fsync() and fdatasync() (through fsync below): the daemon's
+# log of a slow turn says what share of it they took.
+_synced = 0.0
+
+
+def fsync(fd: int, data_only: bool = False) -> None:
+    """fsync *fd* (fdatasync with *data_only*), its time counted in :func:`synced_seconds`."""
+    global _synced
+    t0 = time.monotonic()
+    try:
+        (os.fdatasync if data_only else os.fsync)(fd)
+    finally:
+        _synced += time.monotonic() - t0
+
+
+def synced_seconds() -> float:
+    """Seconds this process has spent in :func:`fsync` so far."""
+    return _synced
+
+
 def fsync_dir(directory: str) -> None:
     """Make a rename or unlink in *directory* durable."""
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.fsync(dfd)
+        fsync(dfd)
     finally:
         os.close(dfd)
 

@@ -119,7 +119,6 @@ class MemoryStore:
         os.mkdir(self.job_dir(job_id))
 
     has_pending = False   # every save is "durable" at once here: nothing waits for a commit
-    sync_s = 0.0          # nor any fsync to count
     commit_error = None   # set to make the next commits fail
 
     def short_of_room(self, reserve):

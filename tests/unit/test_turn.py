@@ -53,14 +53,18 @@ def test_a_slow_turn_is_logged_with_where_its_time_went(monkeypatch, caplog):
     assert rec.getMessage().startswith("a turn of the loop took 25")
     assert "200 ms on its events (3 conn, 1 pidfd), 30 ms committing and spawning after them, 15 ms on timers" \
         in rec.getMessage()
-    assert "of it, 40 ms on the loop's CPU, 120 ms in the journal's fsyncs, 70 ms waiting for the fork server" \
+    assert "of it, 40 ms on the loop's CPU, 120 ms in fsyncs, 70 ms waiting for the fork server" \
         in rec.getMessage()
 
 
-def test_the_clocks_a_slow_turn_reads_count_the_journals_syncs(tmp_path):
+def test_the_clocks_a_slow_turn_reads_count_every_fsync(tmp_path):
     from hpc_batch.daemon.journal import Journal
+    from shepherd.base import records
     j = Journal(str(tmp_path))
     j.replace(b"")
-    before = j.sync_s
+    before = records.synced_seconds()
     j.append(b'{"seq":1}\n')
-    assert j.sync_s > before, "an append's fdatasync is counted"
+    after_journal = records.synced_seconds()
+    assert after_journal > before, "the journal's fdatasync is counted"
+    records.write_json(str(tmp_path / "launch.json"), {"argv": ["true"]}, durable=True)
+    assert records.synced_seconds() > after_journal, "a durable write's fsyncs (file, directory) are counted"
