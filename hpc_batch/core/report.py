@@ -87,11 +87,10 @@ def bench_fields(request: JobRequest, alloc: Allocation | None, shortfalls: list
     """What ``show`` says of benchmark mode and the process options: the mode, the CPUs held idle
     (siblings, L3 neighbours), every shortfall recorded, and ``aslr``/``thp`` (recorded either way)."""
     mode = request.benchmark
-    a = alloc
     return {
         "benchmark": (mode + (", whole L3" if request.resources.whole_l3 else "")) if mode else None,
-        "idle_cpus": list(a.idle) if a is not None and a.idle else None,
-        "l3_idle": list(a.l3_idle) if a is not None and a.l3_idle else None,
+        "idle_cpus": list(alloc.idle) if alloc is not None and alloc.idle else None,
+        "l3_idle": list(alloc.l3_idle) if alloc is not None and alloc.l3_idle else None,
         "shortfalls": list(shortfalls) if mode and alloc is not None else None,
         "aslr": request.aslr, "thp": request.thp,
     }
