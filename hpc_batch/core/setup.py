@@ -289,34 +289,51 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _leaves(node: Any, path: str, canon: list[Any], out: list[tuple[str, list[Any], Any]]) -> None:
+_ENCODE_STR = json.encoder.encode_basestring_ascii   # what json.dumps encodes a str with
+
+
+def _item_text(item: Any) -> str:
+    """``json.dumps(item)`` for one element of a canonical path (a key, an index, a rank triple)."""
+    if type(item) is str:
+        return _ENCODE_STR(item)
+    if type(item) is int:
+        return int.__repr__(item)
+    return json.dumps(item)
+
+
+def _leaves(node: Any, path: str, canon: list[Any], out: list[tuple[str, list[Any], Any, str]],
+            text: str) -> None:
     """Each leaf of one record as ``_walk`` meets it against a record that lacks it.
 
     *path* is the leaf's dotted key, as :func:`classify` reads it; *canon*
     its place as :func:`_pair_keys` pairs it: a numbered key (``cpu2``,
     ``policy4``, ``"1"``) stands as its name and its rank among its
-    siblings, so per-CPU entries of two placements meet. A null leaf is
-    left out: ``_walk`` finds no difference between null and absent.
+    siblings, so per-CPU entries of two placements meet. *text* is
+    ``json.dumps(canon)`` less its closing bracket, built a step at a time
+    (what the terms are sorted by; one ``dumps`` a leaf was most of a
+    digest's cost). A null leaf is left out: ``_walk`` finds no
+    difference between null and absent.
     """
     node = unwrap(node)
     if isinstance(node, dict):
         if not node:                    # an empty section differs from a missing one
-            out.append((path, canon, {}))
+            out.append((path, canon, {}, text))
             return
         numbered = _numbered(list(node))
         if numbered is not None:
             for rank, (prefix, _, key) in enumerate(numbered):
-                _leaves(node[key], join_key(path, key), [*canon, ["#", prefix, rank]], out)
+                step = ["#", prefix, rank]
+                _leaves(node[key], join_key(path, key), [*canon, step], out, f"{text}, {_item_text(step)}")
         else:
             for key in node:
-                _leaves(node[key], join_key(path, key), [*canon, key], out)
+                _leaves(node[key], join_key(path, key), [*canon, key], out, f"{text}, {_item_text(key)}")
         return
     if isinstance(node, list) and not all(map(is_scalar, node)):
         for i, entry in enumerate(node):
-            _leaves(entry, f"{path}[{i}]", [*canon, i], out)
+            _leaves(entry, f"{path}[{i}]", [*canon, i], out, f"{text}, {i}")
         return
     if node is not None:
-        out.append((path, canon, _plain(node)))
+        out.append((path, canon, _plain(node), text))
 
 
 def setup_terms(record: dict[str, Any]) -> list[list[Any]]:
@@ -326,18 +343,19 @@ def setup_terms(record: dict[str, Any]) -> list[list[Any]]:
     given by its count. What :func:`setup_digest` hashes: two records'
     terms say where their digests part.
     """
-    found: list[tuple[str, list[Any], Any]] = []
+    found: list[tuple[str, list[Any], Any, str]] = []
     for section, node in record.items():
         if section not in NEVER_SETUP:
-            _leaves(node, section, [section], found)
-    terms = []
-    for path, canon, value in found:
+            _leaves(node, section, [section], found, "[" + _item_text(section))
+    keyed = []
+    for path, canon, value, text in found:
         kind = key_kind(*_split(path))
         if kind == "placement" and (count := _count(value)) is not None:
-            terms.append([canon, "#", count])
+            keyed.append((text + "]", [canon, "#", count]))
         elif kind in ("setup", "placement"):
-            terms.append([canon, "=", value])
-    return sorted(terms, key=lambda t: json.dumps(t[0]))     # the paths are unique
+            keyed.append((text + "]", [canon, "=", value]))
+    keyed.sort(key=lambda kt: kt[0])     # by json.dumps of each path, which are unique
+    return [term for _, term in keyed]
 
 
 def setup_digest(record: dict[str, Any]) -> str | None:

@@ -11,6 +11,7 @@ every pair of all of them.
 
 import copy
 import itertools
+import json
 import os
 import re
 
@@ -303,3 +304,37 @@ def test_placement_counts_and_the_quiet_outcome_are_classified_as_docs_say():
     assert setup.classify("machine", "quiet.cpufreq.policy", "record", "enforce") == "setup"
     assert setup.classify("software", "environment.values.HPC_BATCH_JOB_ID", "1", "2") == "noted"
     assert setup.classify("metrics", "gflops.last", 1.0, 2.0) == "run"
+
+
+def _awkward():
+    """A record whose keys need escaping, sort by their quotes and separators, and number CPUs."""
+    rec = record()
+    rec["cpu"]["n\u00e9e \"q\\"] = f("x")
+    rec["cpu"]["n"] = f("y")
+    rec["cpu"]["n, b"] = f("z")
+    rec["cpu"]["n~"] = f("t")          # after "n\u00e9..." as JSON text, before "n\xe9..." as the characters
+    rec["frequency"] = {"value": {"cpu10": {"governor": "performance"}, "cpu2": {"governor": "powersave"},
+                                  "list": [{"a": 1}, {"a": [1, 2.0]}]}, "source": "/sys"}
+    return rec
+
+
+@pytest.mark.parametrize("make", [lambda: real(7, [0, 1]), lambda: real(8, [2, 3]), _awkward])
+def test_terms_are_ordered_by_the_json_text_of_their_paths_as_every_digest_before(make):
+    # Archived digests were taken of terms sorted by json.dumps of each path; the walk now builds
+    # that text as it goes, and must order the terms the same way, or every digest would move.
+    terms = setup.setup_terms(make())
+    assert len(terms) > 10
+    texts = [json.dumps(t[0]) for t in terms]
+    assert texts == sorted(texts) and len(set(texts)) == len(texts)
+
+
+# Taken by the code of 095760d, which sorted the terms with a json.dumps of each path.
+DIGESTS_BEFORE = [
+    (lambda: real(7, [0, 1]), "sha256:bcf16ace04fc17bbd41bb8c8db6aa5167944970261ea8caf1122e943ac4d4048"),
+    (_awkward, "sha256:8df7cc2f4d1ce7c9af8563ec4a535c3a044fdcbaac0eb44222f49082ba7b0505"),
+]
+
+
+@pytest.mark.parametrize("make,before", DIGESTS_BEFORE)
+def test_a_digest_taken_before_the_walk_built_its_sort_text_is_unchanged(make, before):
+    assert setup_digest(make()) == before
