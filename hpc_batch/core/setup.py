@@ -336,6 +336,12 @@ def _leaves(node: Any, path: str, canon: list[Any], out: list[tuple[str, list[An
         out.append((path, canon, _plain(node), text))
 
 
+# Each path's key_kind, kept: the records of one machine share their paths, and the patterns
+# were a third of a digest's cost. Bounded, since a record's paths include a user's names.
+KINDS_KEPT = 4096
+_KINDS: dict[str, str] = {}
+
+
 def setup_terms(record: dict[str, Any]) -> list[list[Any]]:
     """The setup of *record*, one ``[canonical path, how, value]`` a value, sorted.
 
@@ -349,7 +355,11 @@ def setup_terms(record: dict[str, Any]) -> list[list[Any]]:
             _leaves(node, section, [section], found, "[" + _item_text(section))
     keyed = []
     for path, canon, value, text in found:
-        kind = key_kind(*_split(path))
+        kind = _KINDS.get(path)
+        if kind is None:
+            if len(_KINDS) >= KINDS_KEPT:
+                _KINDS.clear()
+            kind = _KINDS[path] = key_kind(*_split(path))
         if kind == "placement" and (count := _count(value)) is not None:
             keyed.append((text + "]", [canon, "#", count]))
         elif kind in ("setup", "placement"):

@@ -338,3 +338,17 @@ DIGESTS_BEFORE = [
 @pytest.mark.parametrize("make,before", DIGESTS_BEFORE)
 def test_a_digest_taken_before_the_walk_built_its_sort_text_is_unchanged(make, before):
     assert setup_digest(make()) == before
+
+
+def test_the_kinds_kept_between_records_are_bounded_and_change_no_digest(monkeypatch):
+    monkeypatch.setattr(setup, "KINDS_KEPT", 8)
+    setup._KINDS.clear()
+    rec = real(7, [0, 1])
+    assert setup_digest(rec) == DIGESTS_BEFORE[0][1]
+    assert 0 < len(setup._KINDS) <= 8
+    many = copy.deepcopy(rec)
+    many["software"]["names"] = {f"v{i}": f(str(i)) for i in range(50)}   # a user's names: new paths
+    first = setup_digest(many)
+    assert len(setup._KINDS) <= 8
+    setup._KINDS.clear()
+    assert setup_digest(many) == first   # the same with nothing kept
