@@ -12,12 +12,14 @@ import json
 import os
 import sqlite3
 import time
+import zlib
 
 import pytest
 
 from hpc_batch.daemon import archive, archivedb
 from hpc_batch.daemon.archive import Archive, Entry, Filters, Query
 from hpc_batch.daemon.archivedb import where_clause
+from shepherd.base import records
 
 ALICE, BOB = 2001, 2002
 
@@ -98,6 +100,22 @@ def test_a_job_handed_over_is_committed_then_found_with_its_record(arc, tmp_path
     assert rows[0]["causes"] == ["device_interrupts"] and len(rows[0]["reasons"][0]) == archivedb.REASON_CUT
     assert rows[0]["metrics"]["t"]["last"] == 1.5
     assert oct(os.stat(tmp_path / archive.FILE).st_mode & 0o777) == "0o600"
+
+
+def test_a_record_is_stored_as_the_text_its_shepherd_wrote_and_read_back_the_same(arc, tmp_path):
+    # The writer parses the record for the row, then compresses the text it read, not a new encoding.
+    rec = dict(RECORD, software={"argv": ["./b\u00e9nch", "--\"q\""]}, nan_free=[1.5, 2])
+    e = entry(1, record=rec, root=tmp_path)
+    with open(e.record_path, "wb") as f:
+        f.write(records.dumps(rec).encode())     # as shepherd/record/recorder.py writes it
+    a = arc()
+    a.put(e)
+    drain(a, lambda done, _: done == [1], "job 1 archived")
+    assert ask(a, "record", ref=1)["result"]["record"] == rec
+    with sqlite3.connect(tmp_path / archive.FILE) as db:
+        blob = db.execute("SELECT record FROM docs WHERE id = 1").fetchone()[0]
+    with open(e.record_path, "rb") as f:
+        assert zlib.decompress(blob) == f.read()
 
 
 def test_a_row_is_told_to_the_loop_only_once_durable(arc, tmp_path):
