@@ -298,14 +298,19 @@ def cpu(src) -> dict:
         err = sysread.error_text(exc)
     out = {key: _from(table, err, name, "/proc/cpuinfo", parse) for key, name, parse in CPUINFO_KEYS}
     online = src.field(f"{CPU}/online")
+    smt_control = src.field(f"{CPU}/smt/control")
+    smt_active = src.field(f"{CPU}/smt/active", lambda t: bool(int(t)))
     out.update({
         "online": online,
-        "smt_control": src.field(f"{CPU}/smt/control"),
-        "smt_active": src.field(f"{CPU}/smt/active", lambda t: bool(int(t))),
+        "smt_control": smt_control,
+        "smt_active": smt_active,
         # The caches are the hardware's; which CPUs share each follows the online ones only.
         "caches": _per_boot(src, ("caches", _fact(online)), lambda: caches(src)),
         "numa_distances": numa_distances(src),
-        "vulnerabilities": vulnerabilities(src),
+        # About twenty files, fixed by the kernel and the microcode; SMT switched off or on at run
+        # time rewrites some (MDS, L1TF), and a late microcode load others: read again when any moves.
+        "vulnerabilities": _per_boot(src, ("vulnerabilities", _fact(smt_control), _fact(smt_active),
+                                           _fact(out["microcode"])), lambda: vulnerabilities(src)),
     })
     return out
 

@@ -302,3 +302,42 @@ def test_loads_as_the_shepherd_run_as_a_file_finds_it():
     out = subprocess.run([sys.executable, "-E", "-s", "-S", "-c", code], cwd=here, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == os.uname().release
+
+
+class _XeonAsMachine(sysread.Source):
+    """The Xeon fixture seen as the machine itself (root "/", so what is fixed for the boot is kept
+    per process), counting each read; *changed* overrides files, as a change at run time would."""
+
+    def __init__(self):
+        super().__init__("/")
+        self.reads: list[str] = []
+        self.changed: dict[str, str] = {}
+
+    def path(self, path):
+        return os.path.join(XEON, path.lstrip("/"))
+
+    def read(self, path, limit=sysread.READ_LIMIT):
+        self.reads.append(path)
+        return self.changed[path] if path in self.changed else super().read(path, limit)
+
+
+def test_vulnerabilities_are_read_once_until_smt_or_the_microcode_changes(monkeypatch):
+    monkeypatch.setattr(collect, "_BOOT", {})
+    src = _XeonAsMachine()
+    vuln = "/sys/devices/system/cpu/vulnerabilities/"
+
+    def vulnerability_reads():
+        before = len(src.reads)
+        c = collect.cpu(src)
+        return c["vulnerabilities"], [p for p in src.reads[before:] if p.startswith(vuln)]
+
+    first, reads = vulnerability_reads()
+    assert value({"v": first["l1tf"]}, "v") and len(reads) == len(first) > 5
+    again, reads = vulnerability_reads()
+    assert again == first and reads == []      # the fork server's reading serves every shepherd
+    src.changed["/sys/devices/system/cpu/smt/control"] = "off\n"
+    _, reads = vulnerability_reads()
+    assert len(reads) == len(first)            # SMT switched off rewrites some of them: read again
+    src.changed["/proc/cpuinfo"] = src.read("/proc/cpuinfo").replace("0x5003604", "0x5003707")
+    _, reads = vulnerability_reads()
+    assert len(reads) == len(first)            # so does a late microcode load
