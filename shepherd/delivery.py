@@ -86,6 +86,10 @@ def deliver(sup: "Delivering") -> None:
     why = deliver_record(sup)
     if why:
         rec.note = f"{rec.note}; {why}" if rec.note else why
+    if dest is None and rec.ok and not rec.note and not (sup.spec.record or {}).get("to"):
+        # Nothing was to go anywhere and nothing happened: its absence tells the daemon the same
+        # (outcome.delivery_of), and a job without output makes one file fewer.
+        return
     sup.record_delivery(rec)
 
 

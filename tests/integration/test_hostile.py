@@ -482,6 +482,22 @@ def test_planted_log_file_receives_nothing(daemon, users, scratch):
 
 # 10. Records --------------------------------------------------------------------------------
 
+def test_a_job_without_output_writes_no_delivery_record_one_with_a_log_does(daemon, users):
+    # --no-output with nothing to report: the record's absence says the same to the daemon
+    # (outcome.delivery_of), one file fewer a job. A log's delivery is still recorded.
+    alice = users["alice"]
+    quiet = daemon.submit("true", flags=("--no-output",), user=alice.pw_name, cwd=alice.pw_dir)
+    logged = daemon.submit("true", user=alice.pw_name, cwd=alice.pw_dir)
+    for j in (quiet, logged):
+        daemon.wait_finished(j, user=alice.pw_name)
+    assert not os.path.exists(os.path.join(job_dir(daemon, quiet), "delivery.json"))
+    assert not os.path.exists(os.path.join(job_dir(daemon, quiet), "output"))
+    with open(os.path.join(job_dir(daemon, logged), "delivery.json")) as f:
+        assert json.load(f)["ok"] is True
+    shown = json.loads(daemon.ok("show", "--json", str(quiet), user=alice.pw_name))
+    assert shown["exit"] == "0" and not shown.get("output_error") and not shown.get("output_note"), shown
+
+
 def test_records_are_root_only_and_job_ids_unlistable(daemon, users):
     alice, bob = users["alice"].pw_name, users["bob"].pw_name
     job = daemon.submit("sh", "-c", "exit 3", user=alice, cwd=users["alice"].pw_dir)
