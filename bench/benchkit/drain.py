@@ -1,5 +1,6 @@
-"""Drain rates: one bulk `--array` submit (records on and off) and a loop of single submits, against the
-design floor and task-spooler, all alternating round by round."""
+"""Drain rates: one bulk `--array` submit (records on and off, the daemon pinned to its housekeeping CPUs
+and not) and a loop of single submits, against the design floor and task-spooler, all alternating round
+by round."""
 
 from __future__ import annotations
 
@@ -55,10 +56,12 @@ def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
     spool = spooler.Spooler(client, os.path.join(ctx.scratch, "tsp"), SLOTS, n) if client else None
     array = has_array(d)
     bare = ctx.daemon("norecords", cpus=d.cpus, args=("--records", "none")) if array else None
+    free = ctx.daemon("unpinned", cpus=d.cpus, args=("--housekeeping-cpus", "none")) if array else None
     ts: list[float] = []
     fl: list[float] = []
     arr: list[float] = []
     arr_bare: list[float] = []
+    arr_free: list[float] = []
     loop: list[float] = []
     single: list[float] = []
     try:
@@ -68,10 +71,10 @@ def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
                 ts.append(spool.drain(["true"], n))
             fl.append(floor.drain(os.path.join(ctx.scratch, "floor-drain"), n, SLOTS))
             d.wait_idle()
-            if array and bare is not None:
-                # Which of the two goes first alternates, so neither always follows the floor's disk writes.
-                pair = [(d, arr), (bare, arr_bare)] if i % 2 == 0 else [(bare, arr_bare), (d, arr)]
-                for daemon, into in pair:
+            if array and bare is not None and free is not None:
+                # Which goes first turns round by round, so none always follows the floor's disk writes.
+                twins = [(d, arr), (bare, arr_bare), (free, arr_free)]
+                for daemon, into in twins[i % 3:] + twins[:i % 3]:
                     daemon.wait_idle()
                     into.append(_array(daemon, n))
             for _ in range(plan.submit_refs):
@@ -81,20 +84,24 @@ def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
     finally:
         if spool is not None:
             spool.stop()
-    if bare is not None:
-        bare.stop()
+    for twin in (bare, free):
+        if twin is not None:
+            twin.stop()
     a, lo, fr, nr = figs["drain_array"], figs["drain_loop"], figs["drain_floor"], figs["drain_norecords"]
+    un = figs["drain_unpinned"]
     tsp = summarize(rates(n, ts), "jobs/s") if ts else None
-    fr.value = a.baseline = nr.baseline = summarize(rates(n, fl), "jobs/s")
+    fr.value = a.baseline = nr.baseline = un.baseline = summarize(rates(n, fl), "jobs/s")
     fr.baseline = tsp
     fr.baseline_missing = None if tsp else about
     if array:
         a.value = summarize(rates(n, arr), "jobs/s")
         nr.value = summarize(rates(n, arr_bare), "jobs/s")
+        un.value = summarize(rates(n, arr_free), "jobs/s")
+        un.details.append(f"Beside row (3) on the same rounds: {un.value.median / a.value.median:.2f}x its rate.")
         a.details.append(second_target(f"`tsp -S 2` ({tsp.text()})" if tsp else "`tsp -S 2`",
                                        a.value.median / tsp.median if tsp else None, DRAIN_VS_TSP))
     else:
-        a.missing = nr.missing = "no --array: dispatch new refuses it as a usage error"
+        a.missing = nr.missing = un.missing = "no --array: dispatch new refuses it as a usage error"
     lo.value = summarize(rates(n, loop), "jobs/s")
     lo.baseline = summarize([1 / s for s in single], "jobs/s")
     lo.details.append(f"One submit with the daemon idle took {summarize(single, 'ms').text()}.")

@@ -203,7 +203,7 @@ def main(argv: list[str]) -> int:
     ctx = Context(plan, scratch, install=not args.no_install)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # through the finally below
     command = "bench/run" + "".join(f" {shlex.quote(a)}" for a in argv)
-    where = machine.describe(ROOT)
+    where = machine.describe(ROOT, scratch)
     ctx.notes.append(_installed_matches_checkout())
     ctx.notes += args.note
     if vm_report is not None:

@@ -21,8 +21,8 @@ RUN = os.path.join(ROOT, "bench", "run")
 DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
 
 # Rows the bench may leave n/a, and the word its reason must contain.
-MAY_BE_MISSING = {"drain_array": "--array", "drain_norecords": "--array", "vm": "VM", "bench_start": "2 CPUs",
-                  "bench_wakeups": "2 CPUs", "shepherd_pss_many": "CPUs"}
+MAY_BE_MISSING = {"drain_array": "--array", "drain_norecords": "--array", "drain_unpinned": "--array", "vm": "VM",
+                  "bench_start": "2 CPUs", "bench_wakeups": "2 CPUs", "shepherd_pss_many": "CPUs"}
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -61,7 +61,8 @@ def test_smoke_run_produces_every_figure(users, scratch):
     with open(md) as f:
         text = f.read()
     figures = {f["key"]: f for f in report["figures"]}
-    for key in ("new", "latency", "drain_array", "drain_floor", "drain_norecords", "drain_loop", "shepherd_pss",
+    for key in ("new", "latency", "drain_array", "drain_floor", "drain_norecords", "drain_unpinned", "drain_loop",
+                "shepherd_pss",
                 "shepherd_pss_many", "shepherd_rss",
                 "shepherd_wakeups", "queue_new", "queue_list", "output", "restart", "vm", "wait",
                 "bench_start", "bench_wakeups", "record_start"):
@@ -80,11 +81,12 @@ def test_smoke_run_produces_every_figure(users, scratch):
         assert figures["drain_floor"]["baseline"] is not None, figures["drain_floor"]["baseline_missing"]
     else:
         assert "task-spooler" in figures["drain_floor"]["baseline_missing"]
-    # Rows (3) and (3b) are judged against the design floor (3a), measured in the same run.
+    # Rows (3), (3b) and (3c) are judged against the design floor (3a), measured in the same run.
     assert figures["drain_array"]["baseline"] == figures["drain_floor"]["value"]
     assert figures["drain_norecords"]["baseline"] == figures["drain_floor"]["value"]
-    assert [figures[k]["number"] for k in ("drain_array", "drain_floor", "drain_norecords", "drain_loop")] == [
-        "3", "3a", "3b", "4"]
+    assert figures["drain_unpinned"]["baseline"] == figures["drain_floor"]["value"]
+    assert [figures[k]["number"] for k in ("drain_array", "drain_floor", "drain_norecords", "drain_unpinned",
+                                           "drain_loop")] == ["3", "3a", "3b", "3c", "4"]
 
     # The markdown: one table row per figure, with the machine and the command that made it.
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| figure ")]
@@ -93,8 +95,9 @@ def test_smoke_run_produces_every_figure(users, scratch):
         assert row.startswith(f"| {fig['label']} ("), row
         assert len(row.split(" | ")) == 6, row
     assert "bench/run --smoke --no-install --output" in text
-    for name in ("CPU", "cores", "memory", "kernel", "python", "date"):
+    for name in ("CPU", "cores", "memory", "kernel", "python", "date", "scratch file system"):
         assert f"- {name}: " in text
+    assert "- scratch file system: unknown" not in text      # the scratch directory is on some mount
 
 
 @pytest.mark.parametrize("args,says", [

@@ -38,10 +38,11 @@ def test_the_table_and_its_summary_use_those_numbers():
     assert [f["number"] for f in report.as_json([plain, floor], [], "cmd", [])["figures"]] == ["1", "1a"]
 
 
-def test_the_drain_rows_are_numbered_3_3a_3b_4_and_the_shepherd_rows_5_5b_6_7():
+def test_the_drain_rows_are_numbered_3_3a_3b_3c_4_and_the_shepherd_rows_5_5b_6_7():
     table = rows.table(FULL)
     num = dict(zip((f.key for f in table), report.numbers(table)))
-    assert [num[k] for k in ("drain_array", "drain_floor", "drain_norecords", "drain_loop")] == ["3", "3a", "3b", "4"]
+    assert [num[k] for k in ("drain_array", "drain_floor", "drain_norecords", "drain_unpinned", "drain_loop")] == [
+        "3", "3a", "3b", "3c", "4"]
     assert [num[k] for k in ("shepherd_pss", "shepherd_pss_many", "shepherd_rss", "shepherd_wakeups")] == [
         "5", "5b", "6", "7"]
     assert num["bulk_loop"] == str(sum(1 for f in table if not f.variant))   # the rows after them keep theirs
@@ -59,6 +60,8 @@ def test_the_drain_and_shepherd_rows_are_judged_against_the_floor():
     drain.baseline = bare.baseline = summarize([500.0], "jobs/s")
     assert drain.met is False and bare.met is True            # 0.1x < 0.5x; 0.8x >= 0.8x
     assert figs["drain_floor"].target is None                 # the floor is a measure, not a goal
+    assert figs["drain_unpinned"].target is None              # so is the placement's cost
+    assert figs["drain_unpinned"].baseline_label == "the design floor"
     pss = figs["shepherd_pss"]
     pss.value, pss.baseline = summarize([2.6 * rows.MiB], "MiB"), summarize([2.0 * rows.MiB], "MiB")
     assert pss.met is True                                    # 1.3x
