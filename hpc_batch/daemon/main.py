@@ -31,7 +31,7 @@ from .benchmode import housekeeping, shepherdcpus
 from .engine import Engine
 from .hooks import Hooks
 from .jobrecord import ThresholdError, parse_thresholds
-from .server import Server
+from .server import Server, hold_signals
 from .store import StateError, Store
 
 USAGE = f"""hpc-batchd: the hpc-batch daemon (run by systemd as root).
@@ -480,7 +480,12 @@ def _last_turn(server) -> None:
 
 def _reload(server, store) -> NoReturn:
     """Re-exec this pid as the binary and flags installed now; a forked child answers meanwhile."""
-    forked = handoff.fork() if server.quiesce_archive() else None   # no thread may hold a lock across a fork
+    forked = None
+    if server.quiesce_archive():   # no thread may hold a lock across a fork
+        forked = handoff.fork()
+    else:
+        log.warning("reloading without a hand-off (the history archive's writer is still busy): "
+                    "clients wait for the new image's start")
     if isinstance(forked, handoff.Child):
         forked.serve_until_released(server, lambda: _last_turn(server))
     sdnotify.reloading()
@@ -502,11 +507,13 @@ def _reload(server, store) -> NoReturn:
     os.set_inheritable(server.listener.fileno(), True)
     os.environ[INHERIT_ENV] = fds
     sys.stderr.flush()
+    hold_signals()   # the new image's default handlers would die of a SIGHUP before it has its own
     os.execv(exe, new_argv)
 
 
 def main(argv=None) -> int:
     """Entry point of ``hpc-batchd``."""
+    hold_signals()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Escaping("hpc-batchd: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])

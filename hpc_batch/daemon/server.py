@@ -60,6 +60,18 @@ PENDING_PER_USER = 2 * framing.MAX_FRAME   # unfinished frame bytes one user may
 _CRED = struct.Struct("3i")
 
 
+# The signals the loop takes. Those that would end the process are held blocked from main()'s first
+# line and across a reload's exec, and let through once start() has its handlers: the socket
+# answers before then, so a reload or stop asked that early is taken late rather than fatal.
+TAKEN = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
+HELD = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+
+
+def hold_signals() -> None:
+    """Block :data:`HELD` until :meth:`Server.start` (kept blocked, and pending, across an exec)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+
+
 def soonest(*times: float | None) -> float | None:
     """The earliest of *times*, those that are None left out; None if all are."""
     return min((t for t in times if t is not None), default=None)
@@ -102,8 +114,9 @@ class Server:
         rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._wake_r = rfd
         signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
-        for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+        for sig in TAKEN:
             signal.signal(sig, self._on_signal)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)   # one sent while we started is taken now
         self.sel.register(rfd, selectors.EVENT_READ, ("signal", None))
         self.sel.register(self.engine.finished.archive.fd, selectors.EVENT_READ, ("archive", None))
         if self.streams.inotify:
