@@ -48,6 +48,7 @@ if TYPE_CHECKING:
         abandon: str | None         # why delivery stops (a "stop" on the FIFO, a signal)
         recorder: Recorder | None   # the record's, when the job has one
         delivery_limit: float
+        groups: list[int] | None    # the user's (identity.groups_of), for the children that act as the user
 
         def watch(self, fd: int, handler: Callable[[int], None]) -> None: ...
         def unwatch(self, fd: int) -> None: ...
@@ -74,7 +75,8 @@ def deliver(sup: "Delivering") -> None:
     else:
         try:   # out of pids, the copy waits (within the delivery limit) rather than fail at once
             pid, report_r = output.fork_as_user(
-                lambda: sup.fork_retrying(lambda: bool(sup.abandon), sup.delivery_limit), sup.spec, sup.out.buf)
+                lambda: sup.fork_retrying(lambda: bool(sup.abandon), sup.delivery_limit), sup.spec, sup.out.buf,
+                groups=sup.groups)
         except OSError as exc:
             rec.ok, rec.error = False, sup.abandon or f"the copy to {dest} could not be started ({exc.strerror})"
         else:
@@ -106,7 +108,8 @@ def deliver_record(sup: "Delivering") -> str | None:
         return f"the record was not written to {to}: it could not be made ({exc.strerror})"
     try:
         pid, report_r = output.fork_as_user(
-            lambda: sup.fork_retrying(lambda: bool(sup.abandon), sup.delivery_limit), sup.spec.replace(output=to), src)
+            lambda: sup.fork_retrying(lambda: bool(sup.abandon), sup.delivery_limit), sup.spec.replace(output=to), src,
+            groups=sup.groups)
     except OSError as exc:
         os.close(src)
         return f"the record was not written to {to}: cannot fork ({exc.strerror})"

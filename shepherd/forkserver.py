@@ -57,6 +57,7 @@ def serve(sock_fd: int = 3) -> int:
         shepherd_main.warm_up()
     except Exception as exc:   # only ever a cost: a shepherd does the same work itself
         sys.stderr.write(f"hpc-batch-shepherd fork server: warm-up failed: {exc!r}\n")
+    area = argv_area()   # a forked child's argv lies where this server's does
     gc.collect()
     gc.freeze()       # the modules' objects stay shared with every child
     pending = b""
@@ -70,7 +71,7 @@ def serve(sock_fd: int = 3) -> int:
         pending += data
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
-            os.write(sock_fd, (_fork_one(line, sock_fd) + "\n").encode())
+            os.write(sock_fd, (_fork_one(line, sock_fd, area) + "\n").encode())
 
 
 # -- the line protocol: the daemon's launcher.ForkServer asks, this server answers ------------
@@ -130,7 +131,7 @@ def parse_answer(line: bytes) -> tuple[int, int]:
     return int(words[0]), 0 if words[1] == "None" else int(words[1])
 
 
-def _fork_one(line: bytes, sock_fd: int) -> str:
+def _fork_one(line: bytes, sock_fd: int, area: tuple[int, int] | None) -> str:
     request = parse_request(line)
     if request is None:
         return f"{ERROR} malformed request"
@@ -148,7 +149,7 @@ def _fork_one(line: bytes, sock_fd: int) -> str:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old)
                 os.close(sock_fd)
                 os.setsid()
-                _become_shepherd(job_id, user, job_dir)
+                _become_shepherd(job_id, user, job_dir, area)
             finally:
                 os._exit(1)
         return encode_answer(pid, proc.proc_starttime(pid))
@@ -161,7 +162,7 @@ def _reap(signum=None, frame=None) -> None:
     proc.reap_children()
 
 
-def _become_shepherd(job_id: int, user: str, job_dir: str) -> None:
+def _become_shepherd(job_id: int, user: str, job_dir: str, area: tuple[int, int] | None) -> None:
     """In the forked child: look and act like an exec'd shepherd, then be one."""
     status = 1
     try:
@@ -172,7 +173,8 @@ def _become_shepherd(job_id: int, user: str, job_dir: str) -> None:
         os.dup2(null, 1)
         if null > 2:
             os.close(null)
-        _set_cmdline(["hpc-batch-shepherd", "--job", str(job_id), "--user", user, job_dir])
+        if area is not None:
+            _set_cmdline(["hpc-batch-shepherd", "--job", str(job_id), "--user", user, job_dir], area)
         status = shepherd_main.main(["--job", str(job_id), "--user", user, job_dir])
     except BaseException as exc:  # noqa: B036 - the child must never return into the server's loop
         try:
@@ -186,11 +188,10 @@ def _become_shepherd(job_id: int, user: str, job_dir: str) -> None:
             os._exit(status if isinstance(status, int) else 1)
 
 
-def _set_cmdline(words: list) -> None:
-    """Overwrite this process's argv in place (what /proc/PID/cmdline and ps show).
+def argv_area() -> tuple[int, int] | None:
+    """Where this process's argv lies in its memory, ``(arg_start, arg_end)``; None if unreadable.
 
-    The server was started with PADDING spare bytes of argv for this; a
-    longer command line is cut short (ps then shows its start).
+    Read once by the server: a fork keeps the addresses, so no child reads them again.
     """
     try:
         fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
@@ -199,9 +200,19 @@ def _set_cmdline(words: list) -> None:
         finally:
             os.close(fd)
         fields = stat[stat.rfind(b")") + 2:].split()
-        start, end = int(fields[45]), int(fields[46])   # arg_start, arg_end (fields 48 and 49)
+        return int(fields[45]), int(fields[46])   # arg_start, arg_end (fields 48 and 49)
     except (OSError, ValueError, IndexError):
-        return
+        return None
+
+
+def _set_cmdline(words: list, area: tuple[int, int]) -> None:
+    """Overwrite this process's argv, at *area* (:func:`argv_area`), in place: what
+    /proc/PID/cmdline and ps show.
+
+    The server was started with PADDING spare bytes of argv for this; a
+    longer command line is cut short (ps then shows its start).
+    """
+    start, end = area
     text = b"\0".join(w.encode("utf-8", "surrogateescape") for w in words)[:end - start - 1]
     ctypes.memmove(start, text + b"\0" * (end - start - len(text)), end - start)
 

@@ -213,7 +213,7 @@ class Supervisor:
         # Output: buffer until the bound, then relay (as the user) or discard.
         self.out = output.OutputPump(spec, _open_buffer(os.path.join(self.job_dir, records.OUTPUT), spec),
                                      spec.max_output_buffer, self.fork_retry,
-                                     child.fork, self.watch, self.unwatch)
+                                     child.fork, self.watch, self.unwatch, self.groups)
         pipe_r, pipe_w = output.make_pipe()
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)

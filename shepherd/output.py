@@ -259,7 +259,8 @@ class _Finish(Exception):
     """SIGTERM in the relay: the job has ended, take what is left and stop."""
 
 
-def deliver_as_user(spec: records.LaunchSpec, buf: int, pipe_r, report: int) -> None:
+def deliver_as_user(spec: records.LaunchSpec, buf: int, pipe_r, report: int,
+                    groups: list[int] | None = None) -> None:
     """In a forked child: become the user, write the buffer to the log, then relay the pipe.
 
     With *pipe_r* None this is the final copy. With a pipe it is the relay
@@ -285,7 +286,7 @@ def deliver_as_user(spec: records.LaunchSpec, buf: int, pipe_r, report: int) -> 
     assert dest is not None   # called only for a job with a log (the caller exits 1 if not)
     filler = None
     try:
-        identity.become(spec.user, spec.uid, spec.gid)
+        identity.become(spec.user, spec.uid, spec.gid, groups)
         os.umask(spec.umask & 0o777)
         dst, created = open_destination(dest)
         if pipe_r is None:
@@ -385,8 +386,10 @@ def _say(fd: int, line: str) -> None:
         pass
 
 
-def fork_as_user(fork, spec: records.LaunchSpec, src: int, pipe_r: int | None = None) -> tuple[int, int]:
-    """Fork a child that writes *src*, then the pipe *pipe_r* if given, to ``spec.output`` as the user.
+def fork_as_user(fork, spec: records.LaunchSpec, src: int, pipe_r: int | None = None,
+                 groups: list[int] | None = None) -> tuple[int, int]:
+    """Fork a child that writes *src*, then the pipe *pipe_r* if given, to ``spec.output`` as the user
+    (with *groups*, the shepherd's ``identity.groups_of``, so the child makes no lookup of its own).
 
     *fork* makes the child (the shepherd's fork, or one retried while the
     machine is out of pids); its OSError is the caller's. The child keeps
@@ -404,7 +407,7 @@ def fork_as_user(fork, spec: records.LaunchSpec, src: int, pipe_r: int | None = 
     if pid == 0:
         try:
             process.keep_only(*(fd for fd in (src, pipe_r, report_w) if fd is not None))
-            deliver_as_user(spec, src, pipe_r, report_w)
+            deliver_as_user(spec, src, pipe_r, report_w, groups)
         finally:
             os._exit(1)
     os.close(report_w)
@@ -418,8 +421,10 @@ class OutputPump:
     to and take it from the poll set, *fork* is the shepherd's fork.
     """
 
-    def __init__(self, spec: records.LaunchSpec, buf: int, limit: int, fork_retry: float, fork, watch, unwatch):
+    def __init__(self, spec: records.LaunchSpec, buf: int, limit: int, fork_retry: float, fork, watch, unwatch,
+                 groups: list[int] | None = None):
         self.spec = spec
+        self.groups = groups      # the user's, looked up once by the shepherd
         self.buf = buf            # the output buffer (<job dir>/output)
         self.limit = limit        # --max-output-buffer
         self.fork_retry = fork_retry
@@ -527,7 +532,7 @@ class OutputPump:
     def _start_relay(self) -> None:
         """Fork the child that writes the buffer, then the rest of the pipe, to the log as the user."""
         assert self.pipe_r is not None  # pump calls this only while the pipe is open
-        pid, report_r = fork_as_user(self._fork, self.spec, self.buf, self.pipe_r)
+        pid, report_r = fork_as_user(self._fork, self.spec, self.buf, self.pipe_r, self.groups)
         self._unwatch(self.pipe_r)
         os.close(self.pipe_r)
         self.pipe_r = None
