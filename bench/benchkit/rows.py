@@ -53,9 +53,11 @@ def table(plan: Plan) -> list[Figure]:
                Target("<= 1.0x", "ratio", "<=", 1.0), "the venv's `python -c pass`"),
         Figure("latency", "submit to the job's first instruction",
                "From just before `dispatch new --output FILE -- PROBE` is forked to the time the probe reads "
-               "first thing (it prints it; read from the log once the job is done), against the same probe "
-               "started directly by the benchmark, alternating.",
-               Target("<= 20 ms", "median", "<=", 0.020), "the probe started directly"),
+               "first thing (it prints it; read from the log once the job is done), against the venv's "
+               "`python -S -c pass` (issue 34's yardstick: a bare interpreter), alternating; the same probe "
+               "started directly by the benchmark is given in the note. Issue 34 asks for the target in 5 full "
+               "runs out of 5: one run judges its own.",
+               Target("<= 1.5x", "ratio", "<=", 1.5), "the venv's `python -S -c pass`"),
         Figure("drain_array", f"drain, {n} `true` jobs, 2 slots, one `--array` submit",
                f"Jobs per second from just before `dispatch new --array 1-{n} --no-output -- true` to the daemon "
                "having nothing running or queued (its status, polled over the socket every 10 ms); the daemon is "

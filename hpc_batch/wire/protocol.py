@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shepherd.base import notifytext
+from shepherd.base.records import VERDICTS
 
 from .. import bounds
 from ..core import arrayref
@@ -450,7 +451,7 @@ HISTORY_PAGE_ROWS = 1000
 HISTORY_PAGE_BYTES = 1 << 20
 HISTORY_ID_RANGES = 64              # id ranges one history request may name
 HISTORY_RESULTS = RESULTS + ("failed",)   # "failed": anything but an exit 0
-HISTORY_VERDICTS = ("clean", "noisy", "unknown", "none")   # "none": no record
+HISTORY_VERDICTS = (*VERDICTS, "none")   # "none": no record
 SETUP_PREFIX = "sha256:"
 MAX_EPOCH = 1e11                    # seconds since 1970: a bound for since/until
 

@@ -33,7 +33,6 @@ which would be most of a shepherd's start-up time.
 
 import errno
 import os
-import signal
 import stat
 import time
 
@@ -300,6 +299,8 @@ class ExitRecord(_Record):
         if self.stopped:
             return self.stopped, self.stopped
         if self.signal:
+            # Imported here, not at the top: signal imports enum, and `dispatch list` imports this module.
+            import signal
             try:
                 return "signalled", signal.Signals(self.signal).name
             except ValueError:

@@ -86,44 +86,68 @@ def test_dispatch_new_and_list_import_nothing_heavy(tmp_path, args):
     assert r.stdout.strip() == ""
 
 
-@pytest.mark.parametrize("args", [["new", "--no-output", "--", "true"], ["new", "--", "true"]])
-def test_a_submit_and_its_reply_import_nothing_heavy(tmp_path, args):
-    # Against a stand-in daemon that answers the submit as hpc-batchd does: the reply's path runs too.
+def _heavy_loaded_against_a_stand_in(tmp_path, args, result):
+    """``(ops the stand-in daemon was sent, the run)``: ``main(args)`` against a stand-in that
+    answers each request with *result*, as hpc-batchd would, so the reply's path runs too."""
     from hpc_batch.wire import framing, messages
-    result = {"id": 3, "state": "running", "mem": 1 << 30, "mem_assigned": True, "mem_enforced": True}
-    if "--no-output" not in args:
-        result["output"] = str(tmp_path / "output.3.log")
     path = tmp_path / "d.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
     server.listen(1)
     server.settimeout(60)
 
-    asked = []   # the op the stand-in was sent: checked here, as an assert in its thread fails nothing
+    asked = []   # the ops the stand-in was sent: checked by the caller, as an assert in its thread fails nothing
 
     def answer():
         conn, _ = server.accept()
         with conn:
             decoder = framing.Decoder()
-            while (msg := decoder.next()) is None:
-                data = conn.recv(1 << 16)
-                if not data:
-                    return
-                decoder.feed(data)
-            asked.append(msg["op"])
-            conn.sendall(framing.encode(messages.ok(**result)))
+            while True:
+                while (msg := decoder.next()) is None:
+                    data = conn.recv(1 << 16)
+                    if not data:
+                        return
+                    decoder.feed(data)
+                asked.append(msg["op"])
+                conn.sendall(framing.encode(messages.ok(**result)))
 
     daemon = threading.Thread(target=answer, daemon=True)
     daemon.start()
     try:
         r = _heavy_loaded(tmp_path, args, path)
     finally:
-        daemon.join(60)
         server.close()
+        daemon.join(60)
+    return asked, r
+
+
+@pytest.mark.parametrize("args", [["new", "--no-output", "--", "true"], ["new", "--", "true"]])
+def test_a_submit_and_its_reply_import_nothing_heavy(tmp_path, args):
+    result = {"id": 3, "state": "running", "mem": 1 << 30, "mem_assigned": True, "mem_enforced": True}
+    if "--no-output" not in args:
+        result["output"] = str(tmp_path / "output.3.log")
+    asked, r = _heavy_loaded_against_a_stand_in(tmp_path, args, result)
     assert asked == ["new"]
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0].startswith("job 3 running; memory budget 1G (assigned by default)")
     assert r.stdout.splitlines()[-1].strip() == ""
+
+
+def test_a_list_and_its_rows_import_nothing_heavy(tmp_path):
+    # A finished job's row is formatted by the client (core/listrows.py), its verdict checked against the
+    # record's words: that module once took shepherd.base.records, and with it signal and enum, into
+    # every `dispatch list`.
+    row = {"id": 4, "user": "alice", "command": "true", "state": "finished", "started": 1000.0,
+           "ended": 1002.0, "max_time": 86400, "mem": 1 << 30, "cpus": [0], "exit": "0",
+           "stats": {"cpu_time": 0.5, "peak_mem": 1 << 20, "verdict": "clean"}}
+    asked, r = _heavy_loaded_against_a_stand_in(tmp_path, ["list", "--finished"],
+                                                 {"rows": ["alice 3 true - queued 1d 1G no - -", row]})
+    assert asked == ["list"]
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "alice 3 true - queued 1d 1G no - -"
+    assert lines[1].startswith("alice 4 true ") and " clean finished 0" in lines[1], lines
+    assert lines[-1].strip() == ""
 
 
 LIST_CASES = [
