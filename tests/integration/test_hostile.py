@@ -91,11 +91,16 @@ def test_stale_job_pid_is_never_signalled(daemon, users, scratch):
     wait_running(daemon, job, user=alice)
     jdir = job_dir(daemon, job)
     status = read_json(os.path.join(jdir, "status.json"))
+    # A pid and a start time (in clock ticks) name one process: a stranger forked within the job's
+    # own tick would be the job as far as anyone can tell (a real reuse of its pid would need the
+    # pid counter to wrap within that tick). So the stranger starts in a later tick.
+    wait_for(lambda: _boot_ticks() > status["job_start"], what="the clock to pass the job's start")
     # bob's process leads its own session: the kind of group a reused pid names.
     stranger = subprocess.Popen(["runuser", "-u", bob, "--", "setsid", "-w", "sleep", "300"])
     try:
         wait_for(lambda: _child_of(stranger.pid), what="bob's process")
         victim = _child_of(stranger.pid)
+        assert _start_ticks(victim) != status["job_start"]
         # Make the record say the job's pid is now the stranger's (as pid reuse would).
         status["job_pid"] = victim
         with open(os.path.join(jdir, "status.json"), "w") as f:
@@ -111,6 +116,18 @@ def test_stale_job_pid_is_never_signalled(daemon, users, scratch):
         for who in (bob, alice):
             subprocess.run(["pkill", "-KILL", "-u", who, "-x", "sleep"])
         stranger.wait(timeout=30)
+
+
+def _boot_ticks():
+    """Clock ticks since boot now, as /proc/PID/stat counts a process's start."""
+    with open("/proc/uptime") as f:
+        return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+
+
+def _start_ticks(pid):
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat_line = f.read()
+    return int(stat_line[stat_line.rfind(b")") + 2:].split()[19])
 
 
 def _child_of(pid):

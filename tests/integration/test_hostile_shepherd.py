@@ -91,17 +91,16 @@ def _fork_servers(d):
 
 
 HOG = """\
-import os, signal
+import os, signal, time
 while True:            # fork until the machine says no, and hold every pid
     try:
         pid = os.fork()
-    except OSError:
-        break
+    except OSError:    # full: and a pid another task frees (a shepherd's short-lived child) is taken too
+        time.sleep(0.01)
+        continue
     if pid == 0:
         signal.pause()
         os._exit(0)
-print("full", flush=True)
-signal.pause()
 """
 
 
