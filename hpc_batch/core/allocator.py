@@ -11,7 +11,8 @@ Placement rules (from the spec):
 
 * A job's CPUs always come from ONE NUMA node and its memory is charged to
   that node. A budget no single node can hold is spread over more nodes,
-  never with ``--numa-local``.
+  never with ``--numa-local``. Housekeeping CPUs a job may have (with
+  ``--reserve-cpu 0``) go last: the daemon and the shepherds run there.
 * An exclusive job waits for an idle machine; while it runs nothing else
   fits.
 * ``--benchmark`` (``Request.benchmark``): N physical cores, ONE thread of
@@ -68,7 +69,7 @@ class Free:
         self._max: int | None = None
         self._mem_max: tuple[int, int] | None = None
         self._failed: set[tuple[object, ...]] = set()   # shapes that did not fit since the last release
-        self._room: dict[int, list[tuple[int, ...]]] = {}   # node -> its whole free units, lowest first
+        self._room: dict[int, list[tuple[int, ...]]] = {}   # node -> its whole free units (free_units order)
 
     @classmethod
     def of(cls, cap: Capacity, running: Iterable[Allocation] = ()) -> Free:
@@ -92,18 +93,26 @@ class Free:
                     self.exclusive, self._cpu_node)
 
     def free_units(self, node: int) -> list[tuple[int, ...]]:
-        """The units of ``node`` whose every CPU is free, lowest CPU first."""
+        """The units of ``node`` whose every CPU is free, lowest CPU first; those touching a
+        housekeeping CPU last, so a job shares a CPU with the daemon and the shepherds only when
+        nothing else is free (with --reserve-cpu 0: a reserved CPU is no job's anyway)."""
         room = self._room.get(node)
         if room is None:
             free = self.cpus.get(node, set())
             units = {self.cap.unit(c) for c in free}
-            room = sorted(u for u in units if free.issuperset(u))
+            hk = self.cap.housekeeping
+            room = sorted((u for u in units if free.issuperset(u)), key=lambda u: (not hk.isdisjoint(u), u))
             self._room[node] = room
         return room
 
     def free_cpus(self, node: int) -> int:
         """CPUs of ``node`` a job could be given now: those of its whole free units."""
         return sum(len(u) for u in self.free_units(node))
+
+    def _needs_housekeeping(self, node: int, n: int) -> bool:
+        """Whether ``n`` CPUs of ``node`` can only be had with a housekeeping CPU among them."""
+        hk = self.cap.housekeeping
+        return bool(hk) and sum(len(u) for u in self.free_units(node) if hk.isdisjoint(u)) < n
 
     def max_cpus(self) -> int:
         """CPUs that could be given on the node with the most of them (whole free units)."""
@@ -273,14 +282,15 @@ class Free:
         if prefer in cands and (self.cap.pool and self.mem[POOL] >= mem or
                                 not self.cap.pool and self.mem[prefer] >= mem):
             return {prefer: mem}   # next to the job's GPUs
+        # A node where the job fits beside the daemon's CPUs first; then best fit, which keeps the
+        # emptiest nodes whole for wide jobs.
         if self.cap.pool:
             if self.mem[POOL] < mem:
                 return None
-            return {min(cands, key=lambda k: (self.free_cpus(k), k)): mem}
+            return {min(cands, key=lambda k: (self._needs_housekeeping(k, n), self.free_cpus(k), k)): mem}
         local = [k for k in cands if self.mem[k] >= mem]
         if local:
-            # Best fit keeps the emptiest nodes whole for wide jobs.
-            return {min(local, key=lambda k: (self.free_cpus(k), self.mem[k], k)): mem}
+            return {min(local, key=lambda k: (self._needs_housekeeping(k, n), self.free_cpus(k), self.mem[k], k)): mem}
         if local_only:
             return None
         return self._spread(max(cands, key=lambda k: (self.mem[k], -k)), mem)
@@ -394,8 +404,10 @@ class Free:
             chosen, short = room[:n], 1   # no cache is free of others: hold what of them is free
         short += sum(1 for r, held in chosen if len(held) < len(self.cap.cpu_topology.siblings(r)))
         mine = {c for _, held in chosen for c in held}
+        hk, siblings = self.cap.housekeeping, self.cap.cpu_topology.siblings
+        # Not a thread of a housekeeping core either: such a core is never a benchmark job's.
         neighbours = {c for r, _ in chosen for c in llc_cpus(self.cap, r)
-                      if c not in mine and self._is_free(c) and c not in self.cap.housekeeping}
+                      if c not in mine and self._is_free(c) and hk.isdisjoint(siblings(c))}
         return [r for r, _ in chosen], [h for _, h in chosen], sorted(neighbours), short
 
     def _fit_bench(self, req: Request, n: int, mem: int, local_only: bool) -> Allocation | None:

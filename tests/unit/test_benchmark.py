@@ -231,6 +231,39 @@ def test_whole_l3_where_every_cache_holds_housekeeping_is_refused_strict_and_not
     assert "its last-level cache is shared with CPUs 0-1 (housekeeping: 0-1)" in notes
 
 
+def test_whole_l3_never_holds_a_thread_of_a_housekeeping_core():
+    # Threads handed out one by one (whole cores off) and the housekeeping CPU 0 alone: its sibling 40
+    # is a job CPU, free, and in socket 0's cache. With socket 1 taken, a warn job lands on socket 0
+    # and holds the rest of its cache idle, but never 40: that core is the daemon's.
+    m = machine("intel-2s-xeon-gold-6248")    # siblings N and N+40, one L3 a socket
+    lim = limits(m, whole_cores=False, hk=(0,))
+    socket1 = sorted(m.nodes[1].cpus)
+    taken = Allocation(cpus=tuple(socket1), mem_by_node=((1, GiB),), gpus=(), exclusive=False)
+    a = place(m, bench(1, l3=True), [taken], lim)
+    assert a is not None and set(a.cpus) <= set(m.nodes[0].cpus)
+    assert a.l3_idle and set(a.l3_idle) <= llc(m, 0)
+    assert not {0, 40} & set(a.held), a
+
+
+def test_plain_jobs_take_a_housekeeping_cpu_last():
+    # --reserve-cpu 0: the housekeeping core is a job core too, but the daemon and the shepherds run
+    # there, so a job gets it only once nothing else is free.
+    m = machine("qemu-2s-smt-adjacent")
+    lim = limits(m)
+    hk = set(lim.housekeeping)
+    assert hk
+    running = []
+    others = sum(len(n.cpus) for n in m.nodes) - len({c for h in hk for c in m.cpu_topology.siblings(h)})
+    while True:
+        a = place(m, Request(cpus=1, mem=GiB // 8), running, lim)
+        if a is None:
+            break
+        running.append(a)
+        if len(running) * len(a.cpus) <= others:
+            assert not hk & set(a.cpus), (len(running), a)
+    assert any(hk & set(x.cpus) for x in running)   # and then it is used
+
+
 def test_an_exclusive_benchmark_job_has_one_thread_per_core_and_holds_everything():
     m = machine("qemu-2s-smt-adjacent")
     lim = limits(m)
