@@ -22,6 +22,8 @@ import time
 import pytest
 from conftest import exit_of, wait_for
 
+from shepherd.base.proc import proc_starttime
+
 pytestmark = pytest.mark.timeout(180)
 ALIVE = 10          # seconds a dispatch list may take before the daemon counts as frozen
 WIRE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wire.py")
@@ -100,7 +102,7 @@ def test_stale_job_pid_is_never_signalled(daemon, users, scratch):
     try:
         wait_for(lambda: _child_of(stranger.pid), what="bob's process")
         victim = _child_of(stranger.pid)
-        assert _start_ticks(victim) != status["job_start"]
+        assert proc_starttime(victim) != status["job_start"]
         # Make the record say the job's pid is now the stranger's (as pid reuse would).
         status["job_pid"] = victim
         with open(os.path.join(jdir, "status.json"), "w") as f:
@@ -122,12 +124,6 @@ def _boot_ticks():
     """Clock ticks since boot now, as /proc/PID/stat counts a process's start."""
     with open("/proc/uptime") as f:
         return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
-
-
-def _start_ticks(pid):
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat_line = f.read()
-    return int(stat_line[stat_line.rfind(b")") + 2:].split()[19])
 
 
 def _child_of(pid):

@@ -116,8 +116,8 @@ def _heavy_loaded_against_a_stand_in(tmp_path, args, result):
     try:
         r = _heavy_loaded(tmp_path, args, path)
     finally:
-        server.close()
         daemon.join(60)
+        server.close()
     return asked, r
 
 
