@@ -239,7 +239,8 @@ class Engine:
             self.hooks.job_event(job.id, "submitted")
         # Whatever they wait on is looked at in the next turn, after the commit that acknowledges
         # them: a submit that commit refuses has then ended nothing (no history, no events).
-        # Decide now, act after the reply is sent: the client does not wait for the spawn.
+        # Decide now, act after the reply is sent: the client waits neither for the spawn nor for
+        # the start's writes (Starting.start puts them off until the reply's commit is done).
         self.pending = self.plan(now)
         starting = {j for j, _ in self.pending.starts} if self.pending is not None else set()
         reply = views.new_reply(made[0], budget, starts=first in starting, mem_enforced=self.cfg.cgroups)
@@ -399,15 +400,24 @@ class Engine:
         *meanwhile* (the server's held replies, given the ids of the submits the commit refused)
         is called while the first shepherd forks (:meth:`spawn_turn`); replies the spawns gave
         rise to (*held* says there are some) go after one more commit. Returns the refused ids.
+        In a turn that answers submits, the starts it made are written only once those answers
+        are out (Starting.write_put_off), and are made durable by a second commit.
         """
         if bulks:
             self.store_bulks(now)
         if schedule:
             self.reschedule(now)
         refused = self.commit_turn(now)
+        send = None if meanwhile is None else lambda: meanwhile(refused)
+        if self.turn.to_write:
+            if send is not None:
+                send()
+                send = None
+            self.starting.write_put_off(now)
+            self.commit_turn(now)   # none of it a submit: no reply to void
         # The fork is asked for first, so it is under way while the replies wake their clients;
         # a submit is still answered before its shepherd's answer is read.
-        self.spawn_turn(now, None if meanwhile is None else lambda: meanwhile(refused))
+        self.spawn_turn(now, send)
         if meanwhile is not None and held is not None and held():   # spawn_turn committed their cause
             meanwhile(self.commit_turn(now))
         return refused

@@ -76,7 +76,8 @@ class SharedRecords:
         self.records: dict[int, Shared] = {}
         self.key_of: dict[int, int] = {}   # live job -> its Shared's key
         self.unstarted: set[int] = set()   # jobs with a Shared that have not started
-        self.release: dict[int, Job] = {}  # of them, saved this batch: let go if started once it is durable
+        # Of them, saved this batch (with the state saved): let go if started once it is durable.
+        self.release: dict[int, tuple[Job, str]] = {}
         self.unsynced: set[int] = set()    # env files written since the last commit, not yet fsynced
 
     def write_env(self, key: int, env: dict) -> None:
@@ -170,8 +171,10 @@ class SharedRecords:
 
     def release_started(self) -> None:
         """Once a batch is durable: let go of what the jobs it started (or ended) no longer need."""
-        for job_id, job in self.release.items():
-            if job.state in UNSTARTED:     # back in the queue: a start whose record could not be written
+        for job_id, (job, saved) in self.release.items():
+            # Back in the queue (a start whose record could not be written), or started since this
+            # batch saved it unstarted (the start's own record is in a later batch).
+            if job.state in UNSTARTED or saved in UNSTARTED:
                 continue
             self.unstarted.discard(job_id)
             sh = self.records.get(self.key_of.get(job_id, -1))

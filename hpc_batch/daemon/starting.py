@@ -3,7 +3,9 @@
 Flux's start.c, for this daemon. :meth:`Starting.start` is the scheduler's
 decision carried out for one job, in the order a crash needs: the launch
 spec (the environment, fsynced), then the record that says running; the
-spawn (:meth:`Starting.spawn`) waits for the turn's commit. A start that
+spawn (:meth:`Starting.spawn`) waits for the turn's commit. In a turn that
+answers submits, those writes wait for the commit that answers them and
+ride one of their own (:meth:`Starting.write_put_off`). A start that
 cannot be written goes back to the queue when the disk is full
 (``_requeue``), and one whose shepherd could not fork its command (out of
 pids or memory) goes back with its environment (:meth:`Starting.not_now`).
@@ -62,18 +64,47 @@ class Starting:
         self.nvidia_smi = shutil.which("nvidia-smi") if machine.gpus else None
 
     def start(self, job: Job, alloc, now: float) -> None:
-        # Order matters for crash safety: the launch spec (with the environment,
-        # fsynced) first, then the record that says "running", then the spawn,
-        # which waits for this turn's commit (after which the store lets go of
-        # the stored environment). A crash or power cut in between leaves either
-        # a queued job or a launch spec the next daemon can start.
-        jdir = self.store.job_dir(job.id)
+        """Carry out the scheduler's decision to start *job* on *alloc*: it is running from now on.
+
+        Its writes (:meth:`write`) follow at once, unless submits of this turn
+        wait for its commit to be answered: then they wait for that commit
+        (:meth:`write_put_off`), so that a submit is not answered later for
+        the fsyncs of a launch spec, its own job's included.
+        """
         running = Running(alloc)
         self.move(job, RUNNING, now, running=running)
         if job.request.benchmark:
             # How the machine fell short of it, and its counters to compare at the end.
             job.shortfalls = self.bench.start_shortfalls(job, alloc)
             job.bench_start = self.bench.start_counters(alloc, now)
+        if self.turn.submitted:
+            self.turn.to_write.append(job)
+            return
+        self.write(job, running, now)
+
+    def write_put_off(self, now: float) -> None:
+        """Write the starts :meth:`start` put off, once the commit that answers the submits is done.
+
+        One withdrawn meanwhile (a submit that commit refused) or gone back
+        to the queue is skipped.
+        """
+        todo, self.turn.to_write = self.turn.to_write, []
+        for job in todo:
+            running = self.table.running.get(job.id)
+            if running is not None and job.state == RUNNING and running.pid is None:
+                self.write(job, running, now)
+
+    def write(self, job: Job, running: Running, now: float) -> None:
+        """A start's cgroup, launch spec and record; its spawn waits for the commit that holds them.
+
+        Order matters for crash safety: the launch spec (with the environment,
+        fsynced) first, then the record that says "running", then the spawn,
+        which waits for the commit (after which the store lets go of the
+        stored environment). A crash or power cut in between leaves either a
+        queued job or a launch spec the next daemon can start.
+        """
+        jdir = self.store.job_dir(job.id)
+        alloc = running.alloc
         cg = None
         try:
             if self.cfg.cgroups:

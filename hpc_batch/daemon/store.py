@@ -389,9 +389,10 @@ class Store:
         environment once the commit that records it is durable.
         """
         if job.id in self.envs.unstarted:
-            # Whether it started is decided at the commit, from the job as it is then: the commit
-            # that makes its start durable lets its environment go, not this write.
-            self.envs.release[job.id] = job
+            # Whether it started is decided at the commit, from the job as it is then and as this
+            # write says: the commit that makes its start durable lets its environment go, not this
+            # write, nor a commit of its submit while its start is still to be written.
+            self.envs.release[job.id] = (job, job.state)
         data = job.to_dict()
         sh = self.envs.records.get(self.envs.key_of.get(job.id, -1))
         if sh is not None and sh.argv is not None and job.argv is sh.argv:

@@ -32,6 +32,9 @@ class Turn:
     # before replies go out and before started jobs are spawned.
     submitted: set[int] = field(default_factory=set)   # jobs submitted this turn (refused if the commit fails)
     to_spawn: list = field(default_factory=list)       # (job, cgroup) started this turn, spawned after the commit
+    # Jobs started in a turn that answers submits: written after the commit that answers them
+    # (Starting.write_put_off), so a submit's reply waits for no launch spec's fsyncs.
+    to_write: list = field(default_factory=list)
     # Jobs submitted this turn whose info.json is written just before the commit: one that
     # starts in the same turn gets its one as it is spawned, not two.
     info_due: list[int] = field(default_factory=list)
@@ -43,11 +46,11 @@ class Turn:
     def wake(self, now: float) -> float | None:
         """When the loop must turn again for this turn's sake: *now* while work is left (a schedule
         due, shepherds to spawn, a bulk to store), else the retry of a start put off, or None."""
-        if self.resched or self.to_spawn or self.bulks:
+        if self.resched or self.to_spawn or self.to_write or self.bulks:
             return now
         return self.retry_at
 
     @property
     def holds_replies(self) -> bool:
         """True while what a reply reports is not durable yet: it goes out after this turn's commit."""
-        return self.store.has_pending or bool(self.to_spawn)
+        return self.store.has_pending or bool(self.to_spawn or self.to_write)

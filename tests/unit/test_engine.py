@@ -91,13 +91,18 @@ def test_an_end_and_the_start_it_makes_room_for_share_one_turn(world):
 def test_the_held_replies_go_while_the_first_shepherd_is_forked(world):
     eng, store, fake, hooks = world
     a = submit(eng, cpus=2)
-    Engine.run_pending(eng, T0)                # started, not yet committed nor spawned
+    start_pending(eng)
+    b = submit(eng, cpus=2)
+    eng.end_turn(T0)                           # b queued, and answered
+    records.write_json(os.path.join(store.job_dir(a["id"]), records.EXIT), {"ended": T0 + 1, "code": 0})
+    Engine.shepherd_exited(eng, a["id"])       # a turn without submits: b's start is written at once
+    Engine.schedule(eng, T0 + 1)               # started, not yet committed nor spawned
     replies = []
     eng.commit_turn(T0)
     eng.spawn_turn(T0, lambda: replies.append(list(fake.spawned)))
-    assert replies == [[]] and fake.spawned == [a["id"]]   # once, after the request, before the answer
+    assert replies == [[a["id"]]] and fake.spawned == [a["id"], b["id"]]   # once, before the answer
     eng.spawn_turn(T0, lambda: replies.append("again"))     # nothing to spawn: at once
-    assert replies == [[], "again"]
+    assert replies == [[a["id"]], "again"]
 
 
 @pytest.mark.parametrize("kw,code,needle", [
@@ -302,6 +307,74 @@ def test_strict_backfill_reservation_is_worked_out_afresh(world):
     eng.policy_state = {"policy": "strict-backfill", "head": 9, "start": T0 + 600}
     eng.job_setting(ROOT, NewJobSetting(job, "add", 600), T0)
     assert eng.policy_state == {} and eng.turn.resched
+
+
+def test_a_submit_is_answered_before_the_start_it_makes_is_written(world):
+    """The reply waits for the submit's commit only: the launch spec's fsyncs and the start's own
+    commit come after it, and the spawn after that commit."""
+    eng, store, fake, _ = world
+    seen = []
+    commits = [0]
+    real_commit = store.commit
+
+    def commit(now=None):
+        commits[0] += 1
+        seen.append(("commit", commits[0]))
+        real_commit(now)
+    store.commit = commit
+    real_write = fake.write_launch
+
+    def write_launch(job_dir, launch):
+        seen.append(("launch", int(os.path.basename(job_dir))))
+        real_write(job_dir, launch)
+    fake.write_launch = write_launch
+    job = Engine.submit(eng, ROOT, NewJob(argv=("true",), cwd="/tmp", no_output=True), T0)["id"]
+    Engine.run_pending(eng, T0)
+    assert eng.jobs[job].state == jobs.RUNNING and eng.turn.to_write   # decided, not yet written
+    assert ("launch", job) not in seen
+    eng.end_turn(T0, lambda refused: seen.append(("replies", tuple(sorted(refused)))))
+    # (the spawn's own commit, for ends a failed spawn makes, follows: nothing is staged for it)
+    assert seen[:4] == [("commit", 1), ("replies", ()), ("launch", job), ("commit", 2)]
+    assert fake.spawned == [job] and store.records[job]["state"] == jobs.RUNNING
+
+
+def test_a_start_put_off_for_a_refused_submit_is_never_written(world):
+    """A submit the commit refuses is withdrawn: the start it was given is dropped, not written."""
+    eng, store, fake, _ = world
+    store.commit_error = OSError(28, "No space left on device")
+    job = Engine.submit(eng, ROOT, NewJob(argv=("true",), cwd="/tmp", no_output=True), T0)["id"]
+    Engine.run_pending(eng, T0)
+    fake.write_launch = lambda job_dir, launch: pytest.fail("a withdrawn job's start was written")
+    assert eng.end_turn(T0) == {job}
+    assert job not in eng.jobs and not eng.table.running and fake.spawned == []
+
+
+def test_a_start_freed_by_an_end_in_a_turn_without_submits_rides_its_commit(world):
+    """Without a submit to answer, a start is written at once and shares the end's commit."""
+    eng, store, fake, _ = world
+    a = submit(eng, cpus=2)["id"]
+    start_pending(eng)
+    b = submit(eng, cpus=2)["id"]
+    eng.end_turn(T0)
+    seen = []
+    real_commit = store.commit
+
+    def commit(now=None):
+        seen.append("commit")
+        real_commit(now)
+    store.commit = commit
+    real_write = fake.write_launch
+
+    def write_launch(job_dir, launch):
+        seen.append(("launch", int(os.path.basename(job_dir))))
+        real_write(job_dir, launch)
+    fake.write_launch = write_launch
+    records.write_json(os.path.join(store.job_dir(a), records.EXIT), {"ended": T0 + 1, "code": 0})
+    Engine.shepherd_exited(eng, a)
+    Engine.schedule(eng, T0 + 1)   # as end_turn's reschedule does (TurnEngine's schedule ends a turn)
+    eng.end_turn(T0 + 1, lambda refused: seen.append("replies"))
+    assert eng.jobs[b].state == jobs.RUNNING and fake.spawned == [a, b]
+    assert seen[:3] == [("launch", b), "commit", "replies"], seen
 
 
 def NewJobSetting(job_id, action, seconds=None):

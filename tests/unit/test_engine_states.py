@@ -299,9 +299,7 @@ class EngineStates(RuleBasedStateMachine):
                 out = event()
             except Refused as exc:
                 out = exc
-            refused = eng.commit_turn(self.now)
-            eng.spawn_turn(self.now)
-            refused |= eng.commit_turn(self.now)
+            refused = eng.end_turn(self.now)
         finally:
             self.store.commit_error = self.shepherds.spawn_error = None
         return out, refused

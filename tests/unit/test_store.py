@@ -80,6 +80,20 @@ def test_a_start_the_commit_refused_keeps_the_environment(tmp_path):
     assert s.load_env(job)["forward"] == {"TOKEN": "hunter2"}
 
 
+def test_a_submit_committed_before_its_start_is_written_keeps_the_environment(tmp_path):
+    """The engine answers a submit at its own commit and writes the start it made after it
+    (Starting.write_put_off): that first commit must not let the environment go."""
+    s = _open(tmp_path)
+    job = _add(s, 1, SECRET)
+    _start(job)                              # decided while answering; its record is not written yet
+    s.commit()                               # the submit's commit
+    path = os.path.join(tmp_path, "env", "1")
+    assert os.path.exists(path) and s.load_env(job)["forward"] == {"TOKEN": "hunter2"}
+    s.save_job(job)                          # the start's record (its launch spec holds the environment)
+    s.commit()
+    assert not os.path.exists(path)
+
+
 def test_a_start_put_back_on_a_full_disk_keeps_the_environment(tmp_path, monkeypatch):
     s = _open(tmp_path)
     job = _add(s, 1, SECRET)
