@@ -314,6 +314,12 @@ def _checked_words(a) -> dict:
     return fields
 
 
+def _printing_new() -> None:
+    """What printing a submit's reply imports, while the daemon commits the submit."""
+    from ..core import arrays  # noqa: F401
+    from . import submitted  # noqa: F401
+
+
 def cmd_new(conn, a) -> int:
     out = Out(a["--json"])
     bulk = _bulk(a)
@@ -370,7 +376,7 @@ def cmd_new(conn, a) -> int:
         args["env"] = dict(os.environ)
     from ..wire.framing import FrameError
     try:
-        reply = conn().call("new", **args)
+        reply = conn().call("new", meanwhile=_printing_new, **args)
     except FrameError:
         raise UsageError("the request is larger than the 4 MiB one submit may carry: split the --commands "
                          "file, or drop --env") from None

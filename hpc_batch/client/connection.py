@@ -50,12 +50,18 @@ class Connection:
                 return None
             self.decoder.feed(data)
 
-    def call(self, op: str, **args) -> dict:
-        """Send a request and return its single reply (raises Unreachable on EOF)."""
+    def call(self, op: str, meanwhile=None, **args) -> dict:
+        """Send a request and return its single reply (raises Unreachable on EOF).
+
+        *meanwhile*, if given, is called between the two: work the client has to do anyway (imports
+        for printing the reply) overlaps the daemon's, whose reply waits for a commit's fsync.
+        """
         try:
             self.send(op, **args)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the daemon answered and hung up first (it is refusing us): read why below
+        if meanwhile is not None:
+            meanwhile()
         msg = self.receive()
         if msg is None:
             raise Unreachable(f"hpc-batchd at {self.path} closed the connection without answering "

@@ -144,8 +144,10 @@ class _Conn:
     def __call__(self):
         return self
 
-    def call(self, op, **args):
+    def call(self, op, meanwhile=None, **args):
         assert op == "new"
+        if meanwhile is not None:
+            meanwhile()
         return {"ok": True, "result": self.result}
 
 
