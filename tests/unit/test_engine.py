@@ -309,32 +309,34 @@ def test_strict_backfill_reservation_is_worked_out_afresh(world):
     assert eng.policy_state == {} and eng.turn.resched
 
 
-def test_a_submit_is_answered_before_the_start_it_makes_is_written(world):
-    """The reply waits for the submit's commit only: the launch spec's fsyncs and the start's own
-    commit come after it, and the spawn after that commit."""
-    eng, store, fake, _ = world
-    seen = []
-    commits = [0]
-    real_commit = store.commit
+def _spy_on_commits_and_launches(store, fake) -> list:
+    """The store's commits ("commit") and the launcher's launch specs (("launch", id)), in order."""
+    seen: list = []
+    real_commit, real_write = store.commit, fake.write_launch
 
     def commit(now=None):
-        commits[0] += 1
-        seen.append(("commit", commits[0]))
+        seen.append("commit")
         real_commit(now)
-    store.commit = commit
-    real_write = fake.write_launch
 
     def write_launch(job_dir, launch):
         seen.append(("launch", int(os.path.basename(job_dir))))
         real_write(job_dir, launch)
-    fake.write_launch = write_launch
+    store.commit, fake.write_launch = commit, write_launch
+    return seen
+
+
+def test_a_submit_is_answered_before_the_start_it_makes_is_written(world):
+    """The reply waits for the submit's commit only: the launch spec's fsyncs and the start's own
+    commit come after it, and the spawn after that commit."""
+    eng, store, fake, _ = world
+    seen = _spy_on_commits_and_launches(store, fake)
     job = Engine.submit(eng, ROOT, NewJob(argv=("true",), cwd="/tmp", no_output=True), T0)["id"]
     Engine.run_pending(eng, T0)
     assert eng.jobs[job].state == jobs.RUNNING and eng.turn.to_write   # decided, not yet written
     assert ("launch", job) not in seen
     eng.end_turn(T0, lambda refused: seen.append(("replies", tuple(sorted(refused)))))
     # (the spawn's own commit, for ends a failed spawn makes, follows: nothing is staged for it)
-    assert seen[:4] == [("commit", 1), ("replies", ()), ("launch", job), ("commit", 2)]
+    assert seen[:4] == ["commit", ("replies", ()), ("launch", job), "commit"]
     assert fake.spawned == [job] and store.records[job]["state"] == jobs.RUNNING
 
 
@@ -356,19 +358,7 @@ def test_a_start_freed_by_an_end_in_a_turn_without_submits_rides_its_commit(worl
     start_pending(eng)
     b = submit(eng, cpus=2)["id"]
     eng.end_turn(T0)
-    seen = []
-    real_commit = store.commit
-
-    def commit(now=None):
-        seen.append("commit")
-        real_commit(now)
-    store.commit = commit
-    real_write = fake.write_launch
-
-    def write_launch(job_dir, launch):
-        seen.append(("launch", int(os.path.basename(job_dir))))
-        real_write(job_dir, launch)
-    fake.write_launch = write_launch
+    seen = _spy_on_commits_and_launches(store, fake)
     records.write_json(os.path.join(store.job_dir(a), records.EXIT), {"ended": T0 + 1, "code": 0})
     Engine.shepherd_exited(eng, a)
     Engine.schedule(eng, T0 + 1)   # as end_turn's reschedule does (TurnEngine's schedule ends a turn)
