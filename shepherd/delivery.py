@@ -7,7 +7,8 @@ the buffer bound a relay child is already writing the log: it is waited
 for instead. ``dispatch new --record FILE`` gets record.json copied the
 same way. A copy that outlasts ``delivery_limit``, or that a "stop" on the
 FIFO or a signal to the shepherd interrupts, is killed; delivery.json says
-how it went.
+how it went, unless all went well with nothing to say (then its absence,
+with the buffer's, says so).
 
 These functions run in the Supervisor's poll loop (shepherd/main.py), so
 the FIFO and signals are heard while a copy runs. They take the part of
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
         recorder: Recorder | None   # the record's, when the job has one
         delivery_limit: float
         groups: list[int] | None    # the user's (identity.groups_of), for the children that act as the user
+        delivered: DeliveryRecord | None   # how it went, once known (record_delivery writes it down)
 
         def watch(self, fd: int, handler: Callable[[int], None]) -> None: ...
         def unwatch(self, fd: int) -> None: ...
@@ -88,9 +90,11 @@ def deliver(sup: "Delivering") -> None:
     why = deliver_record(sup)
     if why:
         rec.note = f"{rec.note}; {why}" if rec.note else why
-    if dest is None and rec.ok and not rec.note and not (sup.spec.record or {}).get("to"):
-        # Nothing was to go anywhere and nothing happened: its absence tells the daemon the same
-        # (outcome.delivery_of), and a job without output makes one file fewer.
+    if rec.ok and not rec.note and not (sup.spec.record or {}).get("to"):
+        # All of it is in the log (or nothing was to go anywhere), the buffer is gone, and there
+        # is nothing to say: the record's absence with the buffer's tells the daemon the same
+        # (outcome.delivery_of), so a job makes one file fewer. --notify still learns the log.
+        sup.delivered = rec
         return
     sup.record_delivery(rec)
 

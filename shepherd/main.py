@@ -27,8 +27,8 @@ daemon can stop, reload or crash without touching it. The shepherd:
 6. writes exit.json atomically, then delivers the output as the user
    within a time limit (the FIFO can still interrupt it): the log is
    fsynced before the buffer, its only other copy, is removed; and records
-   that in delivery.json (``delivery``; a job without output and nothing to
-   say of it gets none);
+   that in delivery.json (``delivery``; a delivery that went well with
+   nothing to say of it gets none: the buffer's absence says it);
 7. with ``--notify``, forks the notifier (``notify``), which drops to the
    user, and exits without waiting for it.
 

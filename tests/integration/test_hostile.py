@@ -495,20 +495,36 @@ def test_planted_log_file_receives_nothing(daemon, users, scratch):
 
 # 10. Records --------------------------------------------------------------------------------
 
-def test_a_job_without_output_writes_no_delivery_record_one_with_a_log_does(daemon, users):
-    # --no-output with nothing to report: the record's absence says the same to the daemon
-    # (outcome.delivery_of), one file fewer a job. A log's delivery is still recorded.
+def test_a_delivery_with_nothing_to_say_writes_no_record_a_failed_one_does(daemon, users):
+    # All of the output in the log (or nowhere, with --no-output) and nothing to report: the record's
+    # absence with the buffer's says the same to the daemon (outcome.delivery_of), one file fewer a
+    # job. A delivery that failed is recorded, and its buffer kept.
     alice = users["alice"]
     quiet = daemon.submit("true", flags=("--no-output",), user=alice.pw_name, cwd=alice.pw_dir)
-    logged = daemon.submit("true", user=alice.pw_name, cwd=alice.pw_dir)
-    for j in (quiet, logged):
+    logged = daemon.submit("echo", "kept", user=alice.pw_name, cwd=alice.pw_dir)
+    gone = os.path.join(alice.pw_dir, "gone")
+    os.mkdir(gone)
+    os.chown(gone, alice.pw_uid, alice.pw_gid)
+    lost = daemon.submit("sh", "-c", f"rmdir {gone}; echo lost", flags=("--output", gone),
+                         user=alice.pw_name, cwd=alice.pw_dir)
+    for j in (quiet, logged, lost):
         daemon.wait_finished(j, user=alice.pw_name)
-    assert not os.path.exists(os.path.join(job_dir(daemon, quiet), "delivery.json"))
-    assert not os.path.exists(os.path.join(job_dir(daemon, quiet), "output"))
-    with open(os.path.join(job_dir(daemon, logged), "delivery.json")) as f:
-        assert json.load(f)["ok"] is True
-    shown = json.loads(daemon.ok("show", "--json", str(quiet), user=alice.pw_name))
-    assert shown["exit"] == "0" and not shown.get("output_error") and not shown.get("output_note"), shown
+    for j in (quiet, logged):
+        assert not os.path.exists(os.path.join(job_dir(daemon, j), "delivery.json")), j
+        assert not os.path.exists(os.path.join(job_dir(daemon, j), "output")), j
+        shown = json.loads(daemon.ok("show", "--json", str(j), user=alice.pw_name))
+        assert shown["exit"] == "0" and not shown.get("output_error") and not shown.get("output_note"), shown
+    with open(os.path.join(alice.pw_dir, f"output.{logged}.log")) as f:
+        assert f.read() == "kept\n"
+    record = os.path.join(job_dir(daemon, lost), "delivery.json")
+    st = os.stat(record)
+    assert st.st_uid == 0 and st.st_mode & 0o077 == 0, oct(st.st_mode)
+    with open(record) as f:
+        assert json.load(f)["ok"] is False
+    with open(os.path.join(job_dir(daemon, lost), "output")) as f:
+        assert f.read() == "lost\n"
+    shown = json.loads(daemon.ok("show", "--json", str(lost), user=alice.pw_name))
+    assert "kept at" in (shown.get("output_error") or ""), shown
 
 
 def test_records_are_root_only_and_job_ids_unlistable(daemon, users):
@@ -517,7 +533,8 @@ def test_records_are_root_only_and_job_ids_unlistable(daemon, users):
     daemon.wait_finished(job, user=alice)
     running = daemon.submit("sleep", "30", user=alice, cwd=users["alice"].pw_dir)
     wait_running(daemon, running, user=alice)
-    for j, names in ((job, ("exit.json", "delivery.json", "status.json", "shepherd.pid", "job.json")),
+    # (delivery.json too, where there is one: test_a_delivery_with_nothing_to_say_writes_no_record_a_failed_one_does)
+    for j, names in ((job, ("exit.json", "status.json", "shepherd.pid", "job.json")),
                      (running, ("status.json", "shepherd.pid", "job.json"))):
         for name in names:
             st = os.stat(os.path.join(job_dir(daemon, j), name))
