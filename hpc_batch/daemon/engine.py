@@ -410,6 +410,7 @@ class Engine:
         refused = self.commit_turn(now)
         send = None if meanwhile is None else lambda: meanwhile(refused)
         if self.turn.to_write:
+            self.starting.show_put_off()   # a client that reads its job's /dev entry at once finds it
             if send is not None:
                 send()
                 send = None
@@ -418,6 +419,7 @@ class Engine:
         # The fork is asked for first, so it is under way while the replies wake their clients;
         # a submit is still answered before its shepherd's answer is read.
         self.spawn_turn(now, send)
+        self.turn.shown.clear()
         if meanwhile is not None and held is not None and held():   # spawn_turn committed their cause
             meanwhile(self.commit_turn(now))
         return refused
@@ -503,6 +505,7 @@ class Engine:
                 continue
             self.starting.drop_cgroup(cg)
             self._move(job, QUEUED, now)
+            self.starting.unshow(job)
             try:
                 os.unlink(os.path.join(self.store.job_dir(job.id), records.LAUNCH))
                 self.store.save_job(job)   # queued again: the store keeps its environment

@@ -82,6 +82,13 @@ class Starting:
             return
         self.write(job, running, now)
 
+    def show_put_off(self) -> None:
+        """The /dev entries of the starts :meth:`start` put off say they run, before the answers
+        that say so go out (a withdrawn job is skipped); their spawn then leaves info.json be."""
+        for job in self.turn.to_write:
+            if job.id in self.table.running and job.state == RUNNING and self.show(job):
+                self.turn.shown.add(job.id)
+
     def write_put_off(self, now: float) -> None:
         """Write the starts :meth:`start` put off, once the commit that answers the submits is done.
 
@@ -136,10 +143,8 @@ class Starting:
         def info() -> None:   # needs no pid: done while the fork server forks
             if before is not None:
                 before()
-            try:
-                devdir.write_info(jdir, views.dev_info(job, self.machine), job.uid, self.cfg.admin_gid)
-            except OSError:
-                pass
+            if job.id not in self.turn.shown:   # else written before the answers (show_put_off), as it is now
+                self.show(job)
 
         try:
             pid, start = self.launcher.spawn(job.id, job.user, jdir, info)
@@ -168,6 +173,7 @@ class Starting:
         log.error("job %d: cannot start it yet (%s); it stays queued and is retried", job.id, exc)
         self.move(job, QUEUED, now)
         self.turn.retry_at = now + 2.0
+        self.unshow(job)
 
     def not_now(self, job: Job, cg, why: str, now: float) -> None:
         """A started job whose command never ran (out of pids): back to the queue, retried soon.
@@ -193,12 +199,23 @@ class Starting:
             self.store.save_job(job)
         except OSError:
             self.turn.unsaved.add(job.id)
+        self.show(job)
+        self.turn.retry_at = now + defaults.START_RETRY
+
+    def unshow(self, job: Job) -> None:
+        """A start whose /dev entry said it runs (show_put_off) is back in the queue: so is its entry."""
+        if job.id in self.turn.shown:
+            self.turn.shown.discard(job.id)
+            self.show(job)
+
+    def show(self, job: Job) -> bool:
+        """(Re)write the job's /dev entry's info.json as the job is now; False if it could not be."""
         try:
             devdir.write_info(self.store.job_dir(job.id), views.dev_info(job, self.machine), job.uid,
                               self.cfg.admin_gid)
         except OSError:
-            pass
-        self.turn.retry_at = now + defaults.START_RETRY
+            return False
+        return True
 
     def job_env(self, job: Job) -> dict:
         """The job's environment (launchspec.environment), from its stored one and its user's passwd entry."""

@@ -35,6 +35,9 @@ class Turn:
     # Jobs started in a turn that answers submits: written after the commit that answers them
     # (Starting.write_put_off), so a submit's reply waits for no launch spec's fsyncs.
     to_write: list = field(default_factory=list)
+    # Of them, those whose info.json was written before the answers that name them
+    # (Starting.show_put_off): their spawn does not write it again.
+    shown: set[int] = field(default_factory=set)
     # Jobs submitted this turn whose info.json is written just before the commit: one that
     # starts in the same turn gets its one as it is spawned, not two.
     info_due: list[int] = field(default_factory=list)

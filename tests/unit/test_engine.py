@@ -8,6 +8,7 @@ shepherd to stop (never signal), what result a record means, and that one
 job's trouble ends that job only.
 """
 
+import json
 import os
 import pwd
 import types
@@ -334,10 +335,16 @@ def test_a_submit_is_answered_before_the_start_it_makes_is_written(world):
     Engine.run_pending(eng, T0)
     assert eng.jobs[job].state == jobs.RUNNING and eng.turn.to_write   # decided, not yet written
     assert ("launch", job) not in seen
-    eng.end_turn(T0, lambda refused: seen.append(("replies", tuple(sorted(refused)))))
+    info = os.path.join(store.job_dir(job), records.INFO)
+
+    def replies(refused):   # a client reads its job's /dev entry as soon as it has its answer
+        with open(info) as f:
+            seen.append(("replies", tuple(sorted(refused)), json.load(f)["state"]))
+    eng.end_turn(T0, replies)
     # (the spawn's own commit, for ends a failed spawn makes, follows: nothing is staged for it)
-    assert seen[:4] == ["commit", ("replies", ()), ("launch", job), "commit"]
+    assert seen[:4] == ["commit", ("replies", (), jobs.RUNNING), ("launch", job), "commit"]
     assert fake.spawned == [job] and store.records[job]["state"] == jobs.RUNNING
+    assert not eng.turn.shown
 
 
 def test_a_start_put_off_for_a_refused_submit_is_never_written(world):
@@ -349,6 +356,33 @@ def test_a_start_put_off_for_a_refused_submit_is_never_written(world):
     fake.write_launch = lambda job_dir, launch: pytest.fail("a withdrawn job's start was written")
     assert eng.end_turn(T0) == {job}
     assert job not in eng.jobs and not eng.table.running and fake.spawned == []
+
+
+@pytest.mark.parametrize("fails", ["launch spec", "start's commit"])
+def test_a_put_off_start_the_full_disk_sends_back_says_queued_in_its_entry(world, fails):
+    """Its /dev entry said it runs before the answer; once its start cannot be made durable, it says queued."""
+    eng, store, fake, _ = world
+    full = OSError(28, "No space left on device")
+    if fails == "launch spec":
+        def write_launch(job_dir, launch):
+            raise full
+        fake.write_launch = write_launch
+    else:
+        commits = []
+        real_commit = store.commit
+
+        def commit(now=None):   # the submit's commit works, the start's does not
+            commits.append(now)
+            if len(commits) == 2:
+                raise full
+            real_commit(now)
+        store.commit = commit
+    job = Engine.submit(eng, ROOT, NewJob(argv=("true",), cwd="/tmp", no_output=True), T0)["id"]
+    Engine.run_pending(eng, T0)
+    assert eng.end_turn(T0) == set()                # the submit itself was stored and answered
+    assert eng.jobs[job].state == jobs.QUEUED and fake.spawned == [] and eng.turn.retry_at == T0 + 2
+    with open(os.path.join(store.job_dir(job), records.INFO)) as f:
+        assert json.load(f)["state"] == jobs.QUEUED
 
 
 def test_a_start_freed_by_an_end_in_a_turn_without_submits_rides_its_commit(world):
