@@ -238,13 +238,28 @@ def test_a_fork_server_killed_while_stopped_with_a_bulk_waiting_starts_each_job_
     with open(commands, "w") as f:
         for code in range(1, 6):
             f.write(f"echo {code} >> {work}/runs.{code}; exit {code}\n")
+    # The submit is answered before its starts are written and sent to the server: a trace of the
+    # daemon's sends says when the first start's request is in the stopped server.
+    strace = shutil.which("strace")
+    assert strace, "strace is missing: scripts/install-host-deps --host installs it"
+    trace = os.path.join(scratch, "sends.trace")
+    tracer = subprocess.Popen([strace, "-qq", "-e", "trace=sendto", "-s", "128", "-o", trace,
+                               "-p", str(daemon.proc.pid)])
+    wait_for(lambda: tracer.poll() is not None or _tracer_of(daemon.proc.pid) == tracer.pid,
+             what="strace to attach to the daemon")
     os.kill(server, signal.SIGSTOP)
     try:
-        # The submit is answered once the first start's request has been sent (the daemon sends
-        # its replies while the server forks): from here the request is in the stopped server.
         out = daemon.ok("new", "--no-output", "--commands", commands, "--json", user=USERS["alice"], cwd=work)
+        first = json.loads(out)["ids"][0]
+
+        def sent():
+            with open(trace, "rb") as f:
+                return f'"{first} {USERS["alice"]} '.encode() in f.read()
+        wait_for(sent, what="the daemon to send the first start to the stopped server")
     finally:
         os.kill(server, signal.SIGKILL)
+        tracer.kill()
+        tracer.wait()
     ids = json.loads(out)["ids"]
     assert len(ids) == 5, out
     r = daemon.dispatch("wait", "--json", *map(str, ids), user=USERS["alice"])
