@@ -30,6 +30,7 @@ log: the relay, the final copy and the record's copy.
 
 import errno
 import fcntl
+import mmap
 import os
 import select
 import signal
@@ -45,12 +46,13 @@ except ImportError:  # run as a file: siblings are on sys.path
     import process  # type: ignore[no-redef]
     from base import identity, records, sizes  # type: ignore[no-redef]
 
-CHUNK = 1 << 20          # bytes moved per splice, and the pipe's size
+CHUNK = 1 << 20          # the pipe's size, and the bytes the buffer's copy moves at a time
+READ = 128 << 10         # the most read from the pipe at once, into a buffer reused for every read
 HOLD_OFF = 0.02          # a trickle of output is batched: at most this often a wake-up
 HELD = 0.25              # out of pids past the buffer bound: how often the relay's fork is tried again
 TRICKLE = 64 << 10       # less than this moved in one wake-up counts as a trickle
 STREAM = CHUNK // 2      # this much per HOLD_OFF or more is a stream: a hold-off could fill the pipe
-_SPLICE_FALLBACK = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
+_NO_SENDFILE = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
 _NO_FSYNC = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EROFS)
 
 
@@ -68,39 +70,64 @@ def make_pipe() -> tuple[int, int]:
     return r, w
 
 
-def move(src: int, dst: int, count: int, nonblock: bool = False) -> int:
-    """Move up to *count* bytes from the pipe *src* to *dst*; 0 at EOF.
+class Mover:
+    """Moves the job's bytes from the pipe into a file: a read into one reused buffer, then a write.
 
-    Raises BlockingIOError when *nonblock* and the pipe is empty. splice
-    keeps the data in the kernel; a destination that cannot take it (some
-    filesystems) gets a plain read and write instead.
+    Not splice(2): it takes a call per page the job wrote, and a job writing
+    4 KiB at a time then ran at two thirds of its speed into a file (the
+    1 GiB row of ``bench/run``, with the job and its reader on two CPUs);
+    reads of up to READ keep up with it. Bytes read but not written (the
+    write failed) are held in *left* and go first to the next destination:
+    the state directory filling up loses no output on its way to the log.
+    *guarded* holds SIGTERM off from each read to its write (the relay's
+    "finish" raises in its handler), so a byte is never lost or written
+    twice by it.
     """
-    try:
-        return os.splice(src, dst, count, flags=os.SPLICE_F_NONBLOCK if nonblock else 0)
-    except BlockingIOError:
-        raise
-    except OSError as exc:
-        if exc.errno not in _SPLICE_FALLBACK:
-            raise
-    data = os.read(src, count)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(dst, view):]
-    return len(data)
 
+    def __init__(self, guarded: bool = False):
+        self.guarded = guarded
+        # The buffer, made at the first output (a silent job has none); mapped, so that a job
+        # writing a line now and then makes the shepherd hold the page it reads into, not READ bytes.
+        self.view: memoryview | None = None
+        self.left = memoryview(b"")
+        self.written = 0                        # bytes written in all, partly written moves included
 
-def drain(src: int, dst: int) -> tuple[int, bool]:
-    """Move whatever the pipe holds now, without waiting for more: ``(bytes moved, reached EOF)``."""
-    os.set_blocking(src, False)
-    moved = 0
-    while True:
+    def move(self, src: int, dst: int, count: int = READ) -> int:
+        """Move up to *count* bytes from the non-blocking pipe *src* to *dst*; 0 at EOF.
+
+        Raises BlockingIOError when the pipe is empty, and the write's
+        OSError with what it could not write kept for the next call.
+        """
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM,)) if self.guarded else None
         try:
-            n = move(src, dst, CHUNK, nonblock=True)
-        except BlockingIOError:
-            return moved, False
-        if n == 0:
-            return moved, True
-        moved += n
+            if not self.left:
+                if self.view is None:
+                    self.view = memoryview(mmap.mmap(-1, READ))
+                n = os.readv(src, [self.view[:min(count, READ)]])
+                if n == 0:
+                    return 0
+                self.left = self.view[:n]
+            moved = 0
+            while self.left:
+                n = os.write(dst, self.left)
+                self.left, moved, self.written = self.left[n:], moved + n, self.written + n
+            return moved
+        finally:
+            if old is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def drain(self, src: int, dst: int) -> tuple[int, bool]:
+        """Move whatever the pipe holds now, without waiting for more: ``(bytes moved, reached EOF)``."""
+        os.set_blocking(src, False)
+        moved = 0
+        while True:
+            try:
+                n = self.move(src, dst)
+            except BlockingIOError:
+                return moved, False
+            if n == 0:
+                return moved, True
+            moved += n
 
 
 class Pacer:
@@ -154,7 +181,7 @@ class Filler:
             try:
                 n = os.sendfile(self.dst, self.src, self.done, want)
             except OSError as exc:
-                if exc.errno not in _SPLICE_FALLBACK:
+                if exc.errno not in _NO_SENDFILE:
                     raise
                 n = _pcopy(self.src, self.dst, want, self.done)
             finally:
@@ -260,15 +287,17 @@ class _Finish(Exception):
 
 
 def deliver_as_user(spec: records.LaunchSpec, buf: int, pipe_r, report: int,
-                    groups: list[int] | None = None) -> None:
+                    groups: list[int] | None = None, mover: Mover | None = None) -> None:
     """In a forked child: become the user, write the buffer to the log, then relay the pipe.
 
     With *pipe_r* None this is the final copy. With a pipe it is the relay
     past the buffer bound: it keeps appending until the pipe's EOF, or until
     SIGTERM (the shepherd's "the job has ended") makes it take what is left
     and stop. If the log cannot be written it still drains the pipe, so the
-    job is never killed by a broken pipe over it. Never returns; the exit
-    status and *report* (a line, on failure) say how it went.
+    job is never killed by a broken pipe over it. *mover*: the shepherd's,
+    whose held bytes (a write to the buffer failed) come before the pipe's.
+    Never returns; the exit status and *report* (a line, on failure) say
+    how it went.
     """
     state = {"relaying": False, "finish": False}
 
@@ -298,7 +327,7 @@ def deliver_as_user(spec: records.LaunchSpec, buf: int, pipe_r, report: int,
     except BaseException as exc:  # report it; the job must not notice
         _say(report, describe(dest, exc))
     if pipe_r is not None:
-        ok = _relay(pipe_r, dst if code == 0 else None, filler, state, report, dest)
+        ok = _relay(pipe_r, dst if code == 0 else None, filler, state, report, dest, mover)
         code = 0 if ok else 1
     # Durable before this child says it succeeded: the shepherd then removes the buffer, the
     # only other copy (a job's own files get no such care, but they are the job's own business).
@@ -314,7 +343,7 @@ def deliver_as_user(spec: records.LaunchSpec, buf: int, pipe_r, report: int,
     os._exit(code)
 
 
-def _relay(pipe_r: int, log, filler, state: dict, report: int, dest: str) -> bool:
+def _relay(pipe_r: int, log, filler, state: dict, report: int, dest: str, mover: Mover | None = None) -> bool:
     """The relay's loop: the pipe into *log* until EOF or "finish", then the rest of the buffer.
 
     *log* None (it could not be opened) or a failed write sends the rest of
@@ -323,6 +352,8 @@ def _relay(pipe_r: int, log, filler, state: dict, report: int, dest: str) -> boo
     batches, the buffer's copy (*filler*) taking the waits. True if the log
     got everything.
     """
+    mover = mover or Mover()
+    mover.guarded = True   # SIGTERM raises _Finish here: never between a read and its write
     ok = log is not None
     filler = filler if ok else None
     null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
@@ -343,7 +374,7 @@ def _relay(pipe_r: int, log, filler, state: dict, report: int, dest: str) -> boo
             if state["finish"]:
                 raise _Finish
             while True:
-                moved, eof = drain(pipe_r, sink)
+                moved, eof = mover.drain(pipe_r, sink)
                 if eof:
                     break
                 now = time.monotonic()
@@ -360,7 +391,7 @@ def _relay(pipe_r: int, log, filler, state: dict, report: int, dest: str) -> boo
         except _Finish:
             state["relaying"] = False
             try:
-                drain(pipe_r, sink)
+                mover.drain(pipe_r, sink)
             except OSError as exc:
                 if sink != null:
                     fail(exc)
@@ -387,9 +418,10 @@ def _say(fd: int, line: str) -> None:
 
 
 def fork_as_user(fork, spec: records.LaunchSpec, src: int, pipe_r: int | None = None,
-                 groups: list[int] | None = None) -> tuple[int, int]:
+                 groups: list[int] | None = None, mover: Mover | None = None) -> tuple[int, int]:
     """Fork a child that writes *src*, then the pipe *pipe_r* if given, to ``spec.output`` as the user
-    (with *groups*, the shepherd's ``identity.groups_of``, so the child makes no lookup of its own).
+    (with *groups*, the shepherd's ``identity.groups_of``, so the child makes no lookup of its own;
+    and *mover*, whose bytes held from a failed write go before the pipe's).
 
     *fork* makes the child (the shepherd's fork, or one retried while the
     machine is out of pids); its OSError is the caller's. The child keeps
@@ -407,7 +439,7 @@ def fork_as_user(fork, spec: records.LaunchSpec, src: int, pipe_r: int | None = 
     if pid == 0:
         try:
             process.keep_only(*(fd for fd in (src, pipe_r, report_w) if fd is not None))
-            deliver_as_user(spec, src, pipe_r, report_w, groups)
+            deliver_as_user(spec, src, pipe_r, report_w, groups, mover)
         finally:
             os._exit(1)
     os.close(report_w)
@@ -441,6 +473,7 @@ class OutputPump:
         self.relay_give_up: float | None = None  # mode "held": when to stop retrying the relay's fork
         self.note: str | None = None           # what became of the output past the bound, for delivery.json
         self.pacer = Pacer(time.monotonic())
+        self.mover = Mover()
 
     def start(self, pipe_r: int) -> None:
         """The job is forked: read its end of the pipe from now on."""
@@ -477,13 +510,15 @@ class OutputPump:
                 assert self.sink is not None  # the discard mode's /dev/null
                 dst, want = self.sink, CHUNK
             assert self.pipe_r is not None  # open until the relay takes it over
+            written = self.mover.written
             try:
-                n = move(self.pipe_r, dst, want, nonblock=True)
+                n = self.mover.move(self.pipe_r, dst, want)
             except BlockingIOError:
                 return moved, False
             except OSError as exc:
                 if self.mode != "buffer":
                     return moved, False  # /dev/null refusing a write: nothing better to do
+                self.buffered += self.mover.written - written   # (what it could not write, the relay writes first)
                 self.past_bound(f"the state directory could not hold more ({exc.strerror})")
                 continue
             if n == 0:
@@ -532,7 +567,7 @@ class OutputPump:
     def _start_relay(self) -> None:
         """Fork the child that writes the buffer, then the rest of the pipe, to the log as the user."""
         assert self.pipe_r is not None  # pump calls this only while the pipe is open
-        pid, report_r = fork_as_user(self._fork, self.spec, self.buf, self.pipe_r, self.groups)
+        pid, report_r = fork_as_user(self._fork, self.spec, self.buf, self.pipe_r, self.groups, self.mover)
         self._unwatch(self.pipe_r)
         os.close(self.pipe_r)
         self.pipe_r = None

@@ -46,10 +46,10 @@ def _writer(w, pieces, pause=0.0):
     return t, b"".join(pieces)
 
 
-def _relay(pipe_r, log, filler, finish=False):
+def _relay(pipe_r, log, filler, finish=False, mover=None):
     report_r, report_w = os.pipe()
     state = {"relaying": False, "finish": finish}
-    ok = output._relay(pipe_r, log, filler, state, report_w, "/somewhere/job.log")
+    ok = output._relay(pipe_r, log, filler, state, report_w, "/somewhere/job.log", mover)
     os.close(report_w)
     said = os.read(report_r, 4096).decode()
     os.close(report_r)
@@ -123,6 +123,56 @@ def test_a_log_that_fails_is_reported_and_the_pipe_still_drained(tmp_path):
     ok, said = _relay(r, log, output.Filler(buf, log, len(head)))
     t.join()
     assert not ok and "cannot write /somewhere/job.log" in said
+
+
+def _full():
+    """A descriptor every write to fails as a full disk does (ENOSPC): /dev/full."""
+    return os.open("/dev/full", os.O_WRONLY)
+
+
+def test_bytes_a_failed_write_read_go_first_to_the_next_destination(tmp_path):
+    r, w = output.make_pipe()
+    os.set_blocking(r, False)
+    os.write(w, b"a" * 5000 + b"b" * 5000)
+    mover, full = output.Mover(), _full()
+    with pytest.raises(OSError) as exc:
+        mover.move(r, full, 6000)          # read from the pipe, then the write fails
+    os.close(full)
+    assert exc.value.errno == errno.ENOSPC
+    os.write(w, b"c" * 10)
+    os.close(w)
+    path = tmp_path / "after"
+    dst = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    assert mover.drain(r, dst) == (10010, True)
+    assert path.read_bytes() == b"a" * 5000 + b"b" * 5000 + b"c" * 10
+
+
+def test_the_relay_writes_what_the_buffer_could_not_take_before_the_pipe(tmp_path):
+    buf, head = _buffer(tmp_path, 70000)
+    log = _log(tmp_path, len(head))
+    r, w = output.make_pipe()
+    os.set_blocking(r, False)
+    os.write(w, b"held " * 100)
+    mover, full = output.Mover(), _full()
+    with pytest.raises(OSError):
+        mover.move(r, full)                # the buffer's disk is full: the relay takes over
+    os.close(full)
+    t, rest = _writer(w, [b"rest of the pipe\n"] * 1000)
+    ok, said = _relay(r, log, output.Filler(buf, log, len(head)), mover=mover)
+    t.join()
+    assert (ok, said) == (True, "")
+    assert (tmp_path / "job.log").read_bytes() == head + b"held " * 100 + rest
+
+
+def test_a_full_pipe_is_read_many_pages_at_a_time():
+    r, w = output.make_pipe()
+    os.set_blocking(r, False)
+    for _ in range(64):                     # what a job writing 4 KiB at a time leaves
+        os.write(w, b"x" * 4096)
+    with open(os.devnull, "wb") as null:
+        assert output.Mover().move(r, null.fileno()) == min(output.READ, 64 * 4096)
+    os.close(w)
+    os.close(r)
 
 
 def test_the_buffer_copy_falls_back_to_read_and_write_in_place(tmp_path, monkeypatch):
