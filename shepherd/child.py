@@ -15,10 +15,10 @@ import signal
 
 try:
     from shepherd import process
-    from shepherd.base import cgroup, identity, records
+    from shepherd.base import cgroup, identity, records, sigs
 except ImportError:  # run as a file, as main.py is: siblings are on sys.path
     import process  # type: ignore[no-redef]
-    from base import cgroup, identity, records  # type: ignore[no-redef]
+    from base import cgroup, identity, records, sigs  # type: ignore[no-redef]
 
 _ALL_CPUS = 8192         # CPU ids a mask may name (the kernel keeps those of the cpuset)
 
@@ -31,16 +31,16 @@ def fork() -> int:
     would take the child's SIGTERM for its own. The child unblocks them
     (:func:`run`) once it is ready.
     """
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, process.STOP_SIGNALS)
+    old = sigs.pthread_sigmask(sigs.SIG_BLOCK, process.STOP_SIGNALS)
     try:
         pid = os.fork()
     except OSError:   # EAGAIN out of pids, ENOMEM: no child, so the signals come back at once
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        sigs.pthread_sigmask(sigs.SIG_SETMASK, old)
         raise
     if pid == 0:
-        signal.set_wakeup_fd(-1)
+        sigs.set_wakeup_fd(-1)
         return 0
-    signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    sigs.pthread_sigmask(sigs.SIG_SETMASK, old)
     return pid
 
 
@@ -72,8 +72,8 @@ def run(spec: records.LaunchSpec, pipe_w: int, err_w: int, groups: list[int] | N
                 records.fsync_dir(pidfile[1])
         # Python changed these; jobs must not see it.
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, *process.STOP_SIGNALS):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, process.STOP_SIGNALS)   # blocked by fork(); exec keeps the mask
+            sigs.signal(sig, sigs.SIG_DFL)
+        sigs.pthread_sigmask(sigs.SIG_UNBLOCK, process.STOP_SIGNALS)   # blocked by fork(); exec keeps the mask
         os.setsid()  # its own process group, which the shepherd signals as one
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)

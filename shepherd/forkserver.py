@@ -27,7 +27,6 @@ anything. At EOF (the daemon exited or re-exec'd) the server exits; the
 shepherds it made carry on.
 """
 
-import ctypes  # for _set_cmdline: loaded here, once, not in every child
 import errno
 import gc
 import os
@@ -38,10 +37,10 @@ import sys
 # loaded here once, before gc.freeze(), so each forked shepherd shares them and loads nothing.
 try:
     from shepherd import main as shepherd_main
-    from shepherd.base import proc
+    from shepherd.base import proc, sigs
 except ImportError:  # run as a file: siblings are top-level modules
     import main as shepherd_main  # type: ignore[no-redef]
-    from base import proc  # type: ignore[no-redef]
+    from base import proc, sigs  # type: ignore[no-redef]
 
 PADDING = 320     # bytes of argv kept free for a shepherd's own command line
 ERROR = "error"   # the first word of an answer that carries no shepherd
@@ -51,8 +50,8 @@ _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP, signal.SIGTER
 def serve(sock_fd: int = 3) -> int:
     """Answer fork requests on *sock_fd* until EOF."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGCHLD, _reap)   # a shepherd that exits is collected at once
+        sigs.signal(sig, sigs.SIG_DFL)
+    sigs.signal(signal.SIGCHLD, _reap)   # a shepherd that exits is collected at once
     try:   # specialised code and per-boot facts, shared by every shepherd (see main.warm_up)
         shepherd_main.warm_up()
     except Exception as exc:   # only ever a cost: a shepherd does the same work itself
@@ -138,7 +137,7 @@ def _fork_one(line: bytes, sock_fd: int, area: tuple[int, int] | None) -> str:
     job_id, user, job_dir = request
     # SIGCHLD held back until the shepherd's start time is read: unreaped until then, its pid
     # cannot be another process's, even if it has already exited.
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGCHLD,))
+    old = sigs.pthread_sigmask(sigs.SIG_BLOCK, (signal.SIGCHLD,))
     try:
         try:
             pid = os.fork()
@@ -146,7 +145,7 @@ def _fork_one(line: bytes, sock_fd: int, area: tuple[int, int] | None) -> str:
             return fork_error(exc)
         if pid == 0:  # the shepherd: a session of its own, then the shepherd's main
             try:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+                sigs.pthread_sigmask(sigs.SIG_SETMASK, old)
                 os.close(sock_fd)
                 os.setsid()
                 _become_shepherd(job_id, user, job_dir, area)
@@ -154,7 +153,7 @@ def _fork_one(line: bytes, sock_fd: int, area: tuple[int, int] | None) -> str:
                 os._exit(1)
         return encode_answer(pid, proc.proc_starttime(pid))
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        sigs.pthread_sigmask(sigs.SIG_SETMASK, old)
 
 
 def _reap(signum=None, frame=None) -> None:
@@ -167,7 +166,7 @@ def _become_shepherd(job_id: int, user: str, job_dir: str, area: tuple[int, int]
     status = 1
     try:
         for sig in _DEFAULT_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
+            sigs.signal(sig, sigs.SIG_DFL)
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)
@@ -210,11 +209,25 @@ def _set_cmdline(words: list, area: tuple[int, int]) -> None:
     /proc/PID/cmdline and ps show.
 
     The server was started with PADDING spare bytes of argv for this; a
-    longer command line is cut short (ps then shows its start).
+    longer command line is cut short (ps then shows its start). Written
+    through /proc/self/mem, a plain write to our own (writable) stack: ctypes
+    would map libffi into the server and dirty about 35 pages of each
+    shepherd per call. Where that file cannot be written, ctypes does it.
     """
     start, end = area
     text = b"\0".join(w.encode("utf-8", "surrogateescape") for w in words)[:end - start - 1]
-    ctypes.memmove(start, text + b"\0" * (end - start - len(text)), end - start)
+    data = text + b"\0" * (end - start - len(text))
+    try:
+        fd = os.open("/proc/self/mem", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            if os.pwrite(fd, data, start) == len(data):
+                return
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    import ctypes
+    ctypes.memmove(start, data, len(data))
 
 
 def server_argv(python: str, script: str) -> list:

@@ -53,7 +53,7 @@ import time
 
 try:
     from shepherd import child, control, delivery, notify, output, process
-    from shepherd.base import acl, cgroup, identity, proc, records
+    from shepherd.base import acl, cgroup, identity, proc, records, sigs
     from shepherd.record import recorder
 except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py): siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
@@ -63,7 +63,7 @@ except ImportError:  # run as a file (python -E -s -S .../hpc-batch-shepherd.py)
     import notify  # type: ignore[no-redef]
     import output  # type: ignore[no-redef]
     import process  # type: ignore[no-redef]
-    from base import acl, cgroup, identity, proc, records  # type: ignore[no-redef]
+    from base import acl, cgroup, identity, proc, records, sigs  # type: ignore[no-redef]
     from record import recorder  # type: ignore[no-redef]
 
 
@@ -180,9 +180,9 @@ class Supervisor:
         self.control = control.Reader(ctl_r)
         self.watch(ctl_r, self._on_control)
         self.sig_r, sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(sig_w, warn_on_full_buffer=False)
+        sigs.set_wakeup_fd(sig_w, warn_on_full_buffer=False)
         for sig in process.STOP_SIGNALS:
-            signal.signal(sig, lambda signum, frame: None)  # the wake-up byte carries it
+            sigs.signal(sig, lambda signum, frame: None)  # the wake-up byte carries it
         self.watch(self.sig_r, self._on_signal)
 
     # -- the poll set (the output pump and delivery run in it too) -------------------

@@ -29,11 +29,11 @@ import time
 
 try:
     from shepherd import process
-    from shepherd.base import identity, notifytext
+    from shepherd.base import identity, notifytext, sigs
 except ImportError:  # run as a file: siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
     import process  # type: ignore[no-redef]
-    from base import identity, notifytext  # type: ignore[no-redef]
+    from base import identity, notifytext, sigs  # type: ignore[no-redef]
 
 
 def start(spec, rec, started: float | None, delivered: str | None, groups, fork) -> int | None:
@@ -60,8 +60,8 @@ def start(spec, rec, started: float | None, delivered: str | None, groups, fork)
 
 def _notifier(spec, rec, started, delivered, groups) -> None:
     for sig in (signal.SIGPIPE, *process.STOP_SIGNALS):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, process.STOP_SIGNALS)
+        sigs.signal(sig, sigs.SIG_DFL)
+    sigs.pthread_sigmask(sigs.SIG_UNBLOCK, process.STOP_SIGNALS)
     os.setsid()   # out of the shepherd's session: it outlives the shepherd, reparented to init
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):

@@ -40,11 +40,11 @@ import time
 
 try:
     from shepherd import process
-    from shepherd.base import identity, records, sizes
+    from shepherd.base import identity, records, sigs, sizes
 except ImportError:  # run as a file: siblings are on sys.path
     # The same modules, found as top-level ones: mypy sees each name bound twice.
     import process  # type: ignore[no-redef]
-    from base import identity, records, sizes  # type: ignore[no-redef]
+    from base import identity, records, sigs, sizes  # type: ignore[no-redef]
 
 CHUNK = 1 << 20          # the pipe's size, and the bytes the buffer's copy moves at a time
 READ = 128 << 10         # the most read from the pipe at once, into a buffer reused for every read
@@ -98,7 +98,7 @@ class Mover:
         Raises BlockingIOError when the pipe is empty, and the write's
         OSError with what it could not write kept for the next call.
         """
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM,)) if self.guarded else None
+        old = sigs.pthread_sigmask(sigs.SIG_BLOCK, (signal.SIGTERM,)) if self.guarded else None
         try:
             if not self.left:
                 if self.view is None:
@@ -114,7 +114,7 @@ class Mover:
             return moved
         finally:
             if old is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+                sigs.pthread_sigmask(sigs.SIG_SETMASK, old)
 
     def drain(self, src: int, dst: int) -> tuple[int, bool]:
         """Move whatever the pipe holds now, without waiting for more: ``(bytes moved, reached EOF)``."""
@@ -174,7 +174,7 @@ class Filler:
     def step(self) -> None:
         """Copy the next chunk."""
         want = min(CHUNK, self.size - self.done)
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM,))
+        old = sigs.pthread_sigmask(sigs.SIG_BLOCK, (signal.SIGTERM,))
         try:
             at = os.lseek(self.dst, 0, os.SEEK_CUR)
             os.lseek(self.dst, self.done, os.SEEK_SET)
@@ -190,7 +190,7 @@ class Filler:
                 raise OSError(errno.EIO, "the output buffer shrank while it was copied")
             self.done += n
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            sigs.pthread_sigmask(sigs.SIG_SETMASK, old)
 
     def finish(self) -> None:
         """Copy the rest."""
@@ -306,11 +306,11 @@ def deliver_as_user(spec: records.LaunchSpec, buf: int, pipe_r, report: int,
         if state["relaying"]:
             raise _Finish
 
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGTERM, on_term)
+    sigs.set_wakeup_fd(-1)
+    sigs.signal(signal.SIGTERM, on_term)
     for sig in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+        sigs.signal(sig, sigs.SIG_DFL)
+    sigs.pthread_sigmask(sigs.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
     dest, code, dst, created = spec.output, 1, None, False
     assert dest is not None   # called only for a job with a log (the caller exits 1 if not)
     filler = None

@@ -24,22 +24,27 @@ PER_QUERY = 0xFFFFFFFF           # personality(0xffffffff) answers the persona, 
 PR_SET_THP_DISABLE = 41          # include/uapi/linux/prctl.h
 
 
-def _libc():
+def _ctypes():
+    """ctypes, loaded by the first job that asks for --aslr off or --thp off, never by the fork server:
+    each shepherd would share its pages (tests/unit/test_startup_imports.py allows this import)."""
     import ctypes
-    return ctypes.CDLL(None, use_errno=True)
+    return ctypes
+
+
+def _libc():
+    return _ctypes().CDLL(None, use_errno=True)
 
 
 def _check(ret: int, what: str) -> int:
     if ret == -1:
-        import ctypes
-        err = ctypes.get_errno()
+        err = _ctypes().get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
     return ret
 
 
 def no_aslr() -> None:
     """Add ADDR_NO_RANDOMIZE to this process's persona (raises OSError if the kernel refuses)."""
-    import ctypes
+    ctypes = _ctypes()
     libc = _libc()
     libc.personality.restype = ctypes.c_int
     libc.personality.argtypes = [ctypes.c_ulong]
@@ -49,7 +54,7 @@ def no_aslr() -> None:
 
 def no_thp() -> None:
     """PR_SET_THP_DISABLE for this process and what it execs and forks (raises OSError on refusal)."""
-    import ctypes
+    ctypes = _ctypes()
     libc = _libc()
     libc.prctl.restype = ctypes.c_int
     libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]

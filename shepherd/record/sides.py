@@ -17,9 +17,9 @@ import time
 from . import bounds
 
 try:
-    from shepherd.base import records, sysread
+    from shepherd.base import records, sigs, sysread
 except ImportError:  # run as a file: the base is a top-level package
-    from base import records, sysread  # type: ignore[no-redef]
+    from base import records, sigs, sysread  # type: ignore[no-redef]
 
 # Not typing.TYPE_CHECKING: typing (and re) would be loaded into the fork server (see delivery.py).
 TYPE_CHECKING = False
@@ -187,10 +187,10 @@ class SideTasks:
         if pid == 0:
             code = 1
             try:
-                signal.set_wakeup_fd(-1)
+                sigs.set_wakeup_fd(-1)
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
-                    signal.signal(sig, signal.SIG_DFL)
-                signal.pthread_sigmask(signal.SIG_SETMASK, ())
+                    sigs.signal(sig, sigs.SIG_DFL)
+                sigs.pthread_sigmask(sigs.SIG_SETMASK, ())
                 os.dup2(w, 1)
                 null = os.open(os.devnull, os.O_RDWR)
                 os.dup2(null, 0)

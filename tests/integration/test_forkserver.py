@@ -91,18 +91,18 @@ def test_an_admin_can_kill_a_forked_shepherd(daemon, scratch):
 
 
 def test_with_no_fork_server_to_be_had_the_shepherd_is_execd_and_runs_the_job(daemon_factory, users, scratch):
-    # The fork server imports ctypes at its start; the daemon and a shepherd
-    # that has already started do not need to load it again. So in a mount
-    # namespace of the daemon's own, once the daemon is up, _ctypes is
-    # covered with an empty file and the running server killed: every
-    # server the daemon starts from then on dies at its imports, which is
-    # the failure the exec fallback is there for.
-    import _ctypes
-
+    # Only the fork server imports its own module from the shepherd's directory
+    # at its start: the daemon has it loaded already, and an exec'd shepherd
+    # never needs it. So in a mount namespace of the daemon's own, once the
+    # daemon is up, that file is covered with an empty one and the running
+    # server killed: every server the daemon starts from then on dies at its
+    # imports, which is the failure the exec fallback is there for.
     d = daemon_factory(wrap=["unshare", "--mount", "--propagation", "private", "--"])
     (server,) = wait_for(lambda: _fork_servers(d), what="the first fork server")
+    script = next(a for a in _cmdline(server) if a.endswith("/hpc-batch-shepherd.py"))
     subprocess.run(["nsenter", "--target", str(d.proc.pid), "--mount", "--",
-                    "mount", "--bind", "/dev/null", _ctypes.__file__], check=True)
+                    "mount", "--bind", "/dev/null", os.path.join(os.path.dirname(script), "forkserver.py")],
+                   check=True)
     os.kill(server, signal.SIGKILL)
     wait_for(lambda: server not in _fork_servers(d), what="the server to die")
 

@@ -38,6 +38,12 @@ ALLOWED = {
         "the standard library's hashlib (not a file of this package, so an upgrade of hpc-batch cannot mix "
         "versions through it), for an executable's hash on a cache miss: at start-up it would map OpenSSL's "
         "libcrypto into the fork server and so into every shepherd's share of memory",
+    ("shepherd/process.py", "_ctypes"):
+        "the standard library's ctypes (not a file of this package), for a job with --aslr off or --thp off: "
+        "at start-up it would map libffi into the fork server, and each shepherd would share its pages",
+    ("shepherd/forkserver.py", "_set_cmdline"):
+        "the standard library's ctypes, only where /proc/self/mem cannot be written (the name is written "
+        "through that file): the same reason as process.py's",
 }
 
 # Print what an interpreter has loaded once *entry* ran: {module name: its file}.
@@ -156,8 +162,8 @@ def test_the_daemon_does_not_load_the_client():
 def test_the_fork_server_loads_nothing_after_start_up():
     modules = _fork_server_modules()
     assert "main" in modules and "record" in modules     # the shepherd itself, not just the server
-    # The shepherd's modules serve the exec'd shepherd too, which loads only what its job needs
-    # (ctypes for --aslr/--thp off): the server loads those at its start (forkserver.py's imports).
+    # The shepherd's modules serve the exec'd shepherd too, which loads only what its job needs:
+    # the server loads those at its start (forkserver.py's imports); ctypes aside (ALLOWED).
     assert _problems(modules, lambda name: name == "forkserver") == []
 
 
@@ -186,7 +192,8 @@ def _reading(files):
 def test_the_fork_server_keeps_heavy_stdlib_modules_out():
     # Every module the server holds is mapped, and its pages copied on write, by each shepherd:
     # these are large and the shepherd does without them (posix_spawn for nvidia-smi, str methods
-    # for its parsing, no typing at run time). Listed without json, which itself loads re.
+    # for its parsing, no typing at run time, its name written through /proc/self/mem rather than
+    # ctypes, which maps libffi). Listed without json, which itself loads re.
     shepherd = ROOT / "shepherd"
     code = f"import sys\nsys.path.insert(0, {str(shepherd)!r})\nimport forkserver\nprint(' '.join(sys.modules))"
     out = subprocess.run([sys.executable, "-E", "-s", "-S", "-c", code], cwd=shepherd,
@@ -194,4 +201,4 @@ def test_the_fork_server_keeps_heavy_stdlib_modules_out():
     assert out.returncode == 0, out.stderr
     loaded = set(out.stdout.split())
     assert "main" in loaded and "record" in loaded
-    assert {"typing", "re", "subprocess", "threading"} & loaded == set()
+    assert {"typing", "re", "subprocess", "threading", "ctypes", "_ctypes"} & loaded == set()
