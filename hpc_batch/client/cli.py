@@ -6,7 +6,6 @@ docopt (a usage error exits 2 with the usage), and this module imports as
 little as it can: it runs on every submit.
 """
 
-import os
 import sys
 
 from .. import __version__
@@ -15,6 +14,7 @@ from ..core.jobnames import env_word
 from ..wire.messages import CLIENT_FAILURES, REFUSALS  # (no imports of its own: free for dispatch's start-up)
 from .argscan import scan, scan_flags
 from .cli_usage import SUBCOMMANDS, USAGE
+from .posixcalls import environ, exit_now, getcwd, getenv, getuid, umask
 
 EX_USAGE = CLIENT_FAILURES["usage"]
 EX_UNAVAILABLE = CLIENT_FAILURES["unreachable"]
@@ -331,7 +331,7 @@ def cmd_new(conn, a) -> int:
     if a["--output"] not in (None, "./output.<id>.log") and a["--no-output"]:
         raise UsageError("give --output or --no-output, not both")
     try:
-        cwd = os.getcwd()
+        cwd = getcwd()
     except OSError as exc:
         raise UsageError(f"cannot submit from this directory ({exc.strerror}): cd somewhere that exists") from None
     args = {"argv": argv, "cwd": cwd, "job_env": job_env,
@@ -341,7 +341,7 @@ def cmd_new(conn, a) -> int:
             "exclusive": a["--exclusive"], "numa_local": a["--numa-local"] or a["--numa-local-mem"],
             "numa_local_gpu": a["--numa-local-gpu"] or (a["--numa-local"] and a["--gpu-cores"] not in ("0", None)),
             "no_output": a["--no-output"],
-            "base_env": {k: os.environ[k] for k in ("PATH", "LANG") if k in os.environ}}
+            "base_env": {k: v for k in ("PATH", "LANG") if (v := getenv(k)) is not None}}
     args.update(bulk)
     if "commands" in bulk:
         del args["argv"]
@@ -350,6 +350,7 @@ def cmd_new(conn, a) -> int:
     if a["--notify"] is not None or a["--notify-command"] is not None:
         args.update(_notify_args(a["--notify"], a["--notify-command"]))
     if a["--output"] and a["--output"] != "./output.<id>.log":
+        import os
         args["output"] = os.path.abspath(os.path.expanduser(a["--output"]))
     if not a["--no-output"]:
         from .userio import OutputError, check_destination
@@ -358,6 +359,8 @@ def cmd_new(conn, a) -> int:
         except OutputError as exc:
             return out.fail(str(exc), 1, "refused")
     if a["--record"] is not None:
+        import os
+
         from .userio import OutputError, check_destination
         path = os.path.abspath(os.path.expanduser(a["--record"]))
         try:
@@ -369,11 +372,11 @@ def cmd_new(conn, a) -> int:
                              f"give a directory (record.<id>.json in it)")
     if a["--record-env"]:
         args["record_env"] = True
-    mask = os.umask(0o077)
-    os.umask(mask)
+    mask = umask(0o077)
+    umask(mask)
     args["umask"] = mask
     if a["--env"]:
-        args["env"] = dict(os.environ)
+        args["env"] = environ()
     from ..wire.framing import FrameError
     try:
         reply = conn().call("new", meanwhile=_printing_new, **args)
@@ -392,6 +395,7 @@ def cmd_new(conn, a) -> int:
         where = f"output to {r['output']}" if r.get("output") else "output discarded"
         if "count" in r:
             if r.get("output") and r["count"] > 1:
+                import os
                 where = f"output to {os.path.join(os.path.dirname(r['output']), 'output.<id>.log')}" \
                     if r["output"].endswith(f"output.{r['id']}.log") else where
             cap = f", at most {r['limit']} at once" if r.get("limit") else ""
@@ -490,7 +494,7 @@ def _unlisted(c, a, jobs: list) -> list:
     from ..core.arrays import is_range
     from .listnamed import explain, unmatched
     named = [(word, job_refs([word]) if is_range(word) else job_ref(word, whole=True)) for word in a["<job>"]]
-    return explain(c.call, unmatched(named, jobs), a["--finished"], a["--all"], os.getuid())
+    return explain(c.call, unmatched(named, jobs), a["--finished"], a["--all"], getuid())
 
 
 def cmd_kill(conn, a) -> int:
@@ -823,7 +827,7 @@ def leave(code) -> None:
         sys.exit(code)
     if not isinstance(code, int) or isinstance(code, bool):
         sys.exit(code)
-    os._exit(code & 0xFF)
+    exit_now(code & 0xFF)
 
 
 def _docopt(args: list, verb: str | None):
@@ -864,6 +868,7 @@ def run(verb, sub) -> int:
         return 130
     except BrokenPipeError:
         # The reader went away (dispatch list | head): stop quietly, like other tools.
+        import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
 

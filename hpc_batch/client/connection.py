@@ -5,10 +5,10 @@ Blocking and minimal: it is on the path of every ``dispatch`` call.
 
 # _socket, not socket: socket.py imports enum, a few ms of every dispatch start-up.
 import _socket
-import os
 
 from .. import defaults
 from ..wire import framing, messages
+from .posixcalls import getenv
 
 
 class Unreachable(Exception):
@@ -19,7 +19,7 @@ class Connection:
     """One connection to hpc-batchd."""
 
     def __init__(self, path: str | None = None):
-        self.path = path or os.environ.get(defaults.SOCKET_ENV) or defaults.SOCKET
+        self.path = path or getenv(defaults.SOCKET_ENV) or defaults.SOCKET
         self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             self.sock.connect(self.path)

@@ -8,8 +8,11 @@ courtesy, not the safeguard: the shepherd writes the log as the user, never
 through a link and never into another user's file, whatever the client said.
 """
 
-import os
+import posix
 import stat
+
+from . import posixcalls
+from .posixcalls import W_OK, X_OK, access, dirname, geteuid, lstat, stat_of
 
 
 class OutputError(ValueError):
@@ -27,23 +30,23 @@ def check_destination(cwd: str, output: str | None, flag: str = "--output") -> t
     what = flag.lstrip("-")
     target = output or cwd
     try:
-        st = os.stat(target)
+        st = stat_of(target)
         is_dir = stat.S_ISDIR(st.st_mode)
     except FileNotFoundError:
         is_dir = False
     except OSError as exc:
         raise OutputError(f"cannot use {what} path {target}: {exc.strerror}; pick another {flag}") from None
-    parent = target if is_dir else (os.path.dirname(target) or "/")
-    if not os.path.isdir(parent):
+    parent = target if is_dir else (dirname(target) or "/")
+    if not posixcalls.is_dir(parent):
         raise OutputError(f"{what} directory {parent} does not exist; create it or pick another {flag}")
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not access(parent, W_OK | X_OK):
         raise OutputError(f"cannot write to {parent}: permission denied; "
                           f"pick a directory you can write with {flag}"
                           + (", or use --no-output" if flag == "--output" else ""))
     if is_dir:
         return target, True
     try:
-        lst = os.lstat(target)
+        lst = lstat(target)
     except FileNotFoundError:
         return target, False
     except OSError as exc:
@@ -53,10 +56,10 @@ def check_destination(cwd: str, output: str | None, flag: str = "--output") -> t
                           f"links: remove it or pick another {flag}")
     if not stat.S_ISREG(lst.st_mode):
         raise OutputError(f"{what} path {target} exists and is not a regular file")
-    if lst.st_uid != os.geteuid():
+    if lst.st_uid != geteuid():
         raise OutputError(f"{what} file {target} belongs to another user; hpc-batch never writes into "
                           f"another user's file: pick another {flag}")
-    if not os.access(target, os.W_OK):
+    if not access(target, W_OK):
         raise OutputError(f"cannot overwrite {target}: permission denied")
     return target, False
 
@@ -67,13 +70,13 @@ def read_user_json(path: str, limit: int):
     Read as the user, but still never blocking on a FIFO or a device: only a
     regular file is read. Raises OSError or ValueError saying why not.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    fd = posix.open(path, posix.O_RDONLY | posix.O_NONBLOCK | posix.O_NOCTTY | posix.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if not stat.S_ISREG(posix.fstat(fd).st_mode):
             raise ValueError("not a regular file")
-        data = os.read(fd, limit + 1)
+        data = posix.read(fd, limit + 1)
     finally:
-        os.close(fd)
+        posix.close(fd)
     if len(data) > limit:
         raise ValueError(f"larger than {limit >> 10} KiB, more than any record")
     from shepherd.base.jsoncodec import loads

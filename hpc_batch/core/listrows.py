@@ -21,7 +21,7 @@ instead, which hold no clock at all.
 
 import time
 
-from shepherd.base.records import VERDICTS
+from shepherd.base.verdicts import VERDICTS
 
 from .cut import one_line
 from .durations import format_clock, format_duration

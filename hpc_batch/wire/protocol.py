@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shepherd.base import notifytext
-from shepherd.base.records import VERDICTS
+from shepherd.base.verdicts import VERDICTS
 
 from .. import bounds
 from ..core import arrayref

@@ -37,6 +37,7 @@ import stat
 import time
 
 from .jsoncodec import dumps, dumps_wire, loads
+from .verdicts import VERDICTS as VERDICTS  # (where the words are kept, for those that need no more)
 
 __all__ = ["dumps", "dumps_wire", "loads"]   # re-exported: the codec's users read it from here too
 
@@ -54,7 +55,6 @@ INFO = "info.json"
 KILLED = "killed"
 TIMEOUT = "timeout"
 STOP_REASONS = (KILLED, TIMEOUT)
-VERDICTS = ("clean", "noisy", "unknown")   # a record's verdict: was the machine quiet while the job ran?
 RECORD = "record.json"     # the reproducibility record (shepherd/record/recorder.py), root's, readable by the user
 
 # A fork that failed with one of these may work later (out of pids, out of memory): the job

@@ -68,13 +68,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HEAVY = ('docopt', 're', 'typing', 'json', 'socket', 'enum', 'shlex')
 
 
-def _heavy_loaded(tmp_path, args, sock):
-    """The HEAVY modules a fresh interpreter has loaded after ``main(args)`` against *sock*."""
+# What the site import loads anyway, so only an interpreter started as dispatch is (-S) can show them
+# kept out: os and its helpers, a millisecond of every submit and listing (client/posixcalls.py).
+HEAVY_WITHOUT_SITE = ('os', '_collections_abc', 'posixpath', 'shepherd.base.records')
+
+
+def _heavy_loaded(tmp_path, args, sock, heavy=HEAVY, flags=("-I",)):
+    """The *heavy* modules a fresh interpreter has loaded after ``main(args)`` against *sock*."""
     # -I keeps the user's site out; this checkout goes first on the path, as the tree is what is tested.
     code = (f"import sys; sys.path.insert(0, {ROOT!r}); from hpc_batch.client.cli import main; rc = main({args!r}); "
-            f"print(' '.join(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
+            f"print(' '.join(sorted(m for m in {heavy!r} if m in sys.modules)))")
     env = dict(os.environ, HPC_BATCH_SOCKET=str(sock))
-    return subprocess.run([sys.executable, "-I", "-c", code], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, *flags, "-c", code], env=env, capture_output=True, text=True,
                           cwd=str(tmp_path), timeout=60)
 
 
@@ -86,9 +91,10 @@ def test_dispatch_new_and_list_import_nothing_heavy(tmp_path, args):
     assert r.stdout.strip() == ""
 
 
-def _heavy_loaded_against_a_stand_in(tmp_path, args, result):
+def _heavy_loaded_against_a_stand_in(tmp_path, args, result, **run):
     """``(ops the stand-in daemon was sent, the run)``: ``main(args)`` against a stand-in that
-    answers each request with *result*, as hpc-batchd would, so the reply's path runs too."""
+    answers each request with *result*, as hpc-batchd would, so the reply's path runs too
+    (*run*: :func:`_heavy_loaded`'s *heavy* and *flags*)."""
     from hpc_batch.wire import framing, messages
     path = tmp_path / "d.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -114,7 +120,7 @@ def _heavy_loaded_against_a_stand_in(tmp_path, args, result):
     daemon = threading.Thread(target=answer, daemon=True)
     daemon.start()
     try:
-        r = _heavy_loaded(tmp_path, args, path)
+        r = _heavy_loaded(tmp_path, args, path, **run)
     finally:
         daemon.join(60)
         server.close()
@@ -148,6 +154,30 @@ def test_a_list_and_its_rows_import_nothing_heavy(tmp_path):
     assert lines[0] == "alice 3 true - queued 1d 1G no - -"
     assert lines[1].startswith("alice 4 true ") and " clean finished 0" in lines[1], lines
     assert lines[-1].strip() == ""
+
+
+FINISHED_ROW = {"id": 4, "user": "alice", "command": "true", "state": "finished", "started": 1000.0,
+                "ended": 1002.0, "max_time": 86400, "mem": 1 << 30, "cpus": [0], "exit": "0",
+                "stats": {"cpu_time": 0.5, "peak_mem": 1 << 20, "verdict": "clean"}}
+
+
+@pytest.mark.parametrize("args,result,first", [
+    (["new", "--", "true"], {"id": 3, "state": "running", "mem": 1 << 30, "mem_assigned": True,
+                             "mem_enforced": True, "output": "OUT"}, "job 3 running; memory budget 1G"),
+    (["new", "--no-output", "--env", "--", "true"], {"id": 3, "state": "queued", "mem": 1 << 30,
+                                                     "mem_assigned": True, "mem_enforced": True},
+     "job 3 queued; memory budget 1G"),
+    (["list", "--finished"], {"rows": ["alice 3 true - queued 1d 1G no - -", FINISHED_ROW]},
+     "alice 3 true - queued 1d 1G no - -"),
+])
+def test_a_submit_and_a_list_run_as_dispatch_keep_os_out(tmp_path, args, result, first):
+    result = {k: str(tmp_path / "output.3.log") if v == "OUT" else v for k, v in result.items()}
+    asked, r = _heavy_loaded_against_a_stand_in(tmp_path, args, result, heavy=HEAVY_WITHOUT_SITE,
+                                                flags=("-I", "-S"))
+    assert asked == [args[0]]
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith(first), r.stdout
+    assert r.stdout.splitlines()[-1].strip() == "", r.stdout
 
 
 LIST_CASES = [
