@@ -34,7 +34,7 @@ class Connection:
 
     def send(self, op: str, **args) -> None:
         """Send one request."""
-        self.sock.sendall(framing.encode(messages.request(op, **args)))
+        self.sock.sendall(framing.encode_request(messages.request(op, **args)))
 
     def receive(self):
         """The next message, or None when the daemon closed the connection."""
@@ -60,6 +60,7 @@ class Connection:
             self.send(op, **args)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the daemon answered and hung up first (it is refusing us): read why below
+        framing.codec()   # loaded while the daemon works on the request: the reply needs it
         if meanwhile is not None:
             meanwhile()
         msg = self.receive()

@@ -7,12 +7,13 @@ socket: callers feed bytes in and take frames out (the h11 way), which keeps
 the daemon's event loop and the client's blocking calls on one codec.
 """
 
-from shepherd.base.jsoncodec import dumps_wire, loads
+from . import plainjson
 
 # Annotations are strings and typing is imported for the checker only: this is on the
 # path of every dispatch, where typing (and __future__, and struct) would cost start-up time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from types import ModuleType
     from typing import Any
 
 HEADER_SIZE = 4           # the length, big-endian
@@ -24,12 +25,39 @@ class FrameError(Exception):
     """The peer sent bytes that are not a valid frame (corrupt or oversized)."""
 
 
-def encode(obj: "dict[str, Any]", limit: int = MAX_FRAME) -> bytes:
-    """Serialise one message as a frame; lone surrogates survive (output bytes)."""
-    body = dumps_wire(obj).encode("ascii")
+_codec = None
+
+
+def codec() -> "ModuleType":
+    """The JSON codec (``shepherd.base.jsoncodec``), loaded on first use: a client loads it to read
+    the reply, after its request has gone out (:func:`encode_request`); the daemon at start-up."""
+    global _codec
+    if _codec is None:
+        from shepherd.base import jsoncodec
+        _codec = jsoncodec
+    return _codec
+
+
+def _frame(text: str, limit: int) -> bytes:
+    body = text.encode("ascii")
     if len(body) > limit:
         raise FrameError(f"message of {len(body)} bytes exceeds the {limit}-byte frame limit")
     return len(body).to_bytes(HEADER_SIZE, "big") + body
+
+
+def encode(obj: "dict[str, Any]", limit: int = MAX_FRAME) -> bytes:
+    """Serialise one message as a frame; lone surrogates survive (output bytes)."""
+    return _frame(codec().dumps_wire(obj), limit)
+
+
+def encode_request(obj: "dict[str, Any]", limit: int = MAX_FRAME) -> bytes:
+    """:func:`encode` for a client's request: the same bytes, written without loading the codec
+    when the request is plain data (``plainjson``), so it goes out sooner."""
+    try:
+        text = plainjson.dumps(obj)
+    except plainjson.Unplain:
+        text = codec().dumps_wire(obj)
+    return _frame(text, limit)
 
 
 class Decoder:
@@ -68,7 +96,7 @@ class Decoder:
         body = bytes(self._buf[HEADER_SIZE:end])
         del self._buf[:end]
         try:
-            obj = loads(body.decode("utf-8"))
+            obj = codec().loads(body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise FrameError(f"corrupt frame: not JSON ({exc.__class__.__name__})") from None
         if not isinstance(obj, dict):
