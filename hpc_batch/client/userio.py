@@ -8,11 +8,9 @@ courtesy, not the safeguard: the shepherd writes the log as the user, never
 through a link and never into another user's file, whatever the client said.
 """
 
-import posix
 import stat
 
-from . import posixcalls
-from .posixcalls import W_OK, X_OK, access, dirname, geteuid, lstat, stat_of
+from .posixcalls import W_OK, X_OK, access, dirname, geteuid, is_dir, lstat, stat_of
 
 
 class OutputError(ValueError):
@@ -31,19 +29,19 @@ def check_destination(cwd: str, output: str | None, flag: str = "--output") -> t
     target = output or cwd
     try:
         st = stat_of(target)
-        is_dir = stat.S_ISDIR(st.st_mode)
+        a_dir = stat.S_ISDIR(st.st_mode)
     except FileNotFoundError:
-        is_dir = False
+        a_dir = False
     except OSError as exc:
         raise OutputError(f"cannot use {what} path {target}: {exc.strerror}; pick another {flag}") from None
-    parent = target if is_dir else (dirname(target) or "/")
-    if not posixcalls.is_dir(parent):
+    parent = target if a_dir else (dirname(target) or "/")
+    if not is_dir(parent):
         raise OutputError(f"{what} directory {parent} does not exist; create it or pick another {flag}")
     if not access(parent, W_OK | X_OK):
         raise OutputError(f"cannot write to {parent}: permission denied; "
                           f"pick a directory you can write with {flag}"
                           + (", or use --no-output" if flag == "--output" else ""))
-    if is_dir:
+    if a_dir:
         return target, True
     try:
         lst = lstat(target)
@@ -70,13 +68,14 @@ def read_user_json(path: str, limit: int):
     Read as the user, but still never blocking on a FIFO or a device: only a
     regular file is read. Raises OSError or ValueError saying why not.
     """
-    fd = posix.open(path, posix.O_RDONLY | posix.O_NONBLOCK | posix.O_NOCTTY | posix.O_CLOEXEC)
+    import os  # (record diff only: not on the path of a submit)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(posix.fstat(fd).st_mode):
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError("not a regular file")
-        data = posix.read(fd, limit + 1)
+        data = os.read(fd, limit + 1)
     finally:
-        posix.close(fd)
+        os.close(fd)
     if len(data) > limit:
         raise ValueError(f"larger than {limit >> 10} KiB, more than any record")
     from shepherd.base.jsoncodec import loads
