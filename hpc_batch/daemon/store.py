@@ -164,6 +164,7 @@ class Store:
         self.quarantine = Quarantine(self.quarantine_dir, self.notes)
         self.compactor = Compactor(self.staging, self.cache, self.envs)
         self._loaded: tuple[dict, list] | None = None
+        self._sweep_after_commit: list[int] = []   # jobs dropped by the next commit (remove_job)
 
     # -- set-up -------------------------------------------------------------
     def open(self, inherited_lock: int | None = None) -> None:
@@ -279,6 +280,7 @@ class Store:
                 # spin on a compaction it cannot go on with. It begins again once commits succeed.
                 self.compactor.abandon()
                 raise
+        self._sweep_committed()
         self.cache.fresh.clear()
         self.envs.release_started()
         if self.compactor.due():
@@ -296,6 +298,10 @@ class Store:
         """Unstage the changes of jobs a failed commit refused (they were never acknowledged)."""
         self.staging.forget(job_ids)
         self.cache.fresh -= job_ids
+        # Their drop lines went with the rest: never journalled, their directories go now.
+        for job_id in job_ids & set(self._sweep_after_commit):
+            self._sweep_after_commit.remove(job_id)
+            self.sweeper.take(self.job_dir(job_id), str(job_id))
 
     def _snapshot(self) -> None:
         """Replace the journal by one batch, at once (at start-up: nothing appends meanwhile)."""
@@ -442,13 +448,26 @@ class Store:
         return self.envs.load_env(job)
 
     def remove_job(self, job_id: int) -> None:
-        """Delete a job's directory and everything in it (the sweeper's thread does), and forget its record."""
-        self.sweeper.take(self.job_dir(job_id), str(job_id))
+        """Delete a job's directory and everything in it (the sweeper's thread does), and forget its record.
+
+        A job the journal holds keeps its directory until the commit that drops it is durable: a
+        crash before then finds the job still journalled, with its exit record to collect again
+        (a finished job's end is often in that file alone), never a job whose files are gone.
+        """
         self.staging.owed -= self.staging.owes.pop(job_id, 0)
         self.envs.forget_job(job_id)
         if job_id in self.staging.live:
             self.staging.stage(job_id, {"seq": self.staging.next_seq(), "drop": job_id})
             self.staging.live.discard(job_id)
+            self._sweep_after_commit.append(job_id)
+        else:
+            self.sweeper.take(self.job_dir(job_id), str(job_id))
+
+    def _sweep_committed(self) -> None:
+        """Hand the sweeper the directories of jobs whose drop the journal now holds durably."""
+        for job_id in self._sweep_after_commit:
+            self.sweeper.take(self.job_dir(job_id), str(job_id))
+        self._sweep_after_commit.clear()
 
     def release(self, job_id: int, keep_output: bool) -> None:
         """An ended job's files that served it while it ran go: its /dev info and launch spec, and its

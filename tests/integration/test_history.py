@@ -119,7 +119,8 @@ def test_the_archive_loses_nothing_through_kill_9_and_a_reload(daemon_factory, u
     _archived(d, ids)
     before = json.loads(d.ok("history", "--json", "--limit", "1000", user=ALICE))["jobs"]
     assert [r["id"] for r in before] == ids, "each job once, none lost"
-    assert all(r["code"] == (r["id"] - ids[0] + 1) % 3 for r in before), "every exit code kept"
+    wrong = [(r["id"], r["code"], r.get("state")) for r in before if r["code"] != (r["id"] - ids[0] + 1) % 3]
+    assert not wrong, f"every exit code kept; wrong (id, code, state): {wrong}; the daemon's log:\n{d.log()}"
     d.proc.send_signal(signal.SIGHUP)   # a reload re-execs the daemon in place
     wait_for(lambda: "reloading" in d.log() and d.ping() and d.dispatch("history", user=ALICE).returncode == 0,
              timeout=30, what="the reload")

@@ -254,7 +254,9 @@ def test_an_evicted_jobs_directory_goes_off_the_loop_and_a_leftover_at_the_next_
         _add(s, i)
     s.commit()
     s.remove_job(1)
-    assert not os.path.exists(os.path.join(tmp_path, "jobs", "1"))     # moved aside at once
+    assert os.path.isdir(os.path.join(tmp_path, "jobs", "1"))          # kept until its drop is durable
+    s.commit()
+    assert not os.path.exists(os.path.join(tmp_path, "jobs", "1"))     # then moved aside at once
     s.sweeper.wait()
     assert os.listdir(os.path.join(tmp_path, "gone")) == []
     os.makedirs(os.path.join(tmp_path, "gone", "7", "sub"))            # left by a crash mid-sweep
@@ -263,6 +265,33 @@ def test_an_evicted_jobs_directory_goes_off_the_loop_and_a_leftover_at_the_next_
     assert [j.id for j in s2.load_jobs()] == [2]
     s2.sweeper.wait()
     assert os.listdir(os.path.join(tmp_path, "gone")) == []
+
+
+def test_a_crash_before_the_drop_is_durable_keeps_the_evicted_job_and_its_files(tmp_path):
+    s = _open(tmp_path)
+    job = _add(s, 1)
+    s.commit()
+    _start(job)
+    s.save_job(job)
+    s.commit()
+    with open(os.path.join(tmp_path, "jobs", "1", "exit"), "w") as f:   # what its shepherd wrote
+        f.write("{}")
+    s.remove_job(1)                      # evicted; the loop is killed before the turn's commit
+    s.sweeper.wait()
+    s2 = _reopen(tmp_path, s)
+    assert [(j.id, j.state) for j in s2.load_jobs()] == [(1, jobs.RUNNING)]
+    assert os.path.exists(os.path.join(tmp_path, "jobs", "1", "exit")), "its end is still there to collect"
+
+
+def test_a_refused_submit_removed_before_its_commit_goes_at_once(tmp_path):
+    s = _open(tmp_path)
+    job = _add(s, 1)                     # staged, never committed: the commit that held it failed
+    s.remove_job(1)
+    s.forget({1})
+    s.sweeper.wait()
+    assert not os.path.exists(os.path.join(tmp_path, "jobs", "1"))
+    s.commit()
+    assert _reopen(tmp_path, s).load_jobs() == [] and job.id == 1
 
 
 def _batches(tmp_path):
