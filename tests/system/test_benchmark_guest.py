@@ -373,7 +373,11 @@ def test_strict_waits_while_a_throttle_counter_rises_then_starts(smt_guest, topo
                        for c in topo.cpus))
     g.run(setup, timeout=60, check=True)
     counter = f"{PROBE}/sys/devices/system/cpu/cpu{topo.cpus[-1]}/thermal_throttle/core_throttle_count"
-    bump = f"n=0; while [ ! -e {PROBE}/stop ]; do n=$((n+1)); echo $n > {counter}; sleep 0.05; done"
+    # Each value is written aside and renamed in: the daemon reads a whole number or the last one,
+    # never the empty file a truncating "echo > counter" leaves for a moment (a counter missing from
+    # one reading is not seen to rise, and the job started: the test's own race, not the daemon's).
+    bump = (f"n=0; while [ ! -e {PROBE}/stop ]; do n=$((n+1)); echo $n > {counter}.new; "
+            f"mv -f {counter}.new {counter}; sleep 0.05; done")
     g.put_bytes(f"[Service]\nEnvironment=HPC_BATCH_PROBE_ROOT={PROBE}\n", PROBE_DROPIN, mode=0o644)
     try:
         g.run(f"systemd-run --unit=hpcb-fake-throttle sh -c {shlex.quote(bump)}", timeout=60, check=True)
