@@ -53,6 +53,30 @@ def go(go_w: int) -> None:
     os.close(go_w)
 
 
+def _join(pid: int, path: str) -> None:
+    cgroup.join(path, pid)
+    # The shepherd runs on the housekeeping CPUs; a mask it was pinned to would survive the
+    # move (the kernel keeps the pinned mask within the new cpuset): widen it to the cpuset.
+    os.sched_setaffinity(pid, range(_ALL_CPUS))
+
+
+def place(pid: int, spec: records.LaunchSpec) -> None:
+    """In the shepherd, right after the fork: its child *pid* into the job's cgroup and onto its CPUs.
+
+    Forked on the housekeeping CPUs, the child would otherwise wait there until the shepherd
+    blocks, so its set-up (the pidfile's flush first) followed the shepherd's start snapshot
+    instead of overlapping it. The pid is the shepherd's unreaped child: no other process's.
+    A failure is left to the child, which places itself again in :func:`run` and reports there.
+    """
+    try:
+        if spec.cgroup:
+            _join(pid, spec.cgroup)
+        if spec.cpus:
+            os.sched_setaffinity(pid, spec.cpus)
+    except OSError:
+        pass
+
+
 def run(spec: records.LaunchSpec, pipe_w: int, err_w: int, groups: list[int] | None = None,
            go_r: int | None = None, pidfile: tuple[int, str | None] | None = None) -> None:
     """In the forked child: confine, make the pidfile durable, drop privileges, wait for the
@@ -83,10 +107,7 @@ def run(spec: records.LaunchSpec, pipe_w: int, err_w: int, groups: list[int] | N
         # (err_w and go_r close at exec)
         if spec.cgroup:
             stage = "joining the job's cgroup"
-            cgroup.join(spec.cgroup)
-            # The shepherd runs on the housekeeping CPUs; a mask it was pinned to would survive the
-            # move (the kernel keeps the pinned mask within the new cpuset): widen it to the cpuset.
-            os.sched_setaffinity(0, range(_ALL_CPUS))
+            _join(0, spec.cgroup)
         if spec.cpus:
             stage = "pinning CPUs"
             os.sched_setaffinity(0, spec.cpus)

@@ -235,6 +235,7 @@ class Supervisor:
                        (self.lock_fd, self.job_dir if self.created else None))
             finally:
                 os._exit(127)
+        child.place(pid, spec)
         for fd in (pipe_w, err_w, go_r):
             os.close(fd)
         # The record's start snapshot while the child confines itself and makes the pidfile

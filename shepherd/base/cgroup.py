@@ -10,10 +10,10 @@ import os
 import time
 
 
-def join(path: str) -> None:
-    """Move the calling process into the cgroup at *path*."""
+def join(path: str, pid: int = 0) -> None:
+    """Move process *pid* (0: the calling one) into the cgroup at *path*."""
     with open(os.path.join(path, "cgroup.procs"), "w") as f:
-        f.write("0")
+        f.write(str(pid))
 
 
 def read(path: str, name: str) -> str | None:
