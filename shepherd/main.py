@@ -6,9 +6,10 @@ Like Slurm's slurmstepd, one shepherd sits beside each running job so the
 daemon can stop, reload or crash without touching it. The shepherd:
 
 1. closes every descriptor it inherited, takes the lock on
-   JOB_DIR/shepherd.pid (made empty by the daemon) and writes its pid and
-   start time, fsynced before the command may run: the proof, after a
-   power cut, that it may have;
+   JOB_DIR/shepherd.pid (created here: the daemon removes the last start's)
+   and writes its pid and start time, made durable (and the file's name)
+   before the command may run: the proof, after a power cut, that it may
+   have;
 2. reads launch.json (the daemon's spec), and deletes it once the job is
    forked, so a forwarded environment is in no file while the job runs;
 3. makes the control FIFO, then forks the job: it fdatasyncs the pidfile,
@@ -103,8 +104,9 @@ def main(argv=None) -> int:
 
 
 def _take_lock(job_dir: str) -> tuple[int, bool] | None:
-    """The pidfile's descriptor, locked and written, and whether it had to be created (the daemon
-    makes it, empty and durable, with the launch spec); None when another shepherd holds it."""
+    """The pidfile's descriptor, locked and written, and whether it had to be created (so its name
+    needs a flush too; an older daemon made it, empty and durable); None when another shepherd
+    holds it."""
     path = os.path.join(job_dir, records.PIDFILE)
     try:
         fd, created = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC), False
@@ -151,7 +153,7 @@ class Supervisor:
         self.job_dir = job_dir
         self.spec = spec
         self.lock_fd = lock_fd
-        self.created = created   # the pidfile was not made by the daemon: its name needs an fsync too
+        self.created = created   # the pidfile was made here: its name needs an fsync too
         self.grace = spec.kill_grace
         self.deadline = spec.deadline
         self.delivery_limit = spec.delivery_limit

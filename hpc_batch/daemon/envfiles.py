@@ -3,8 +3,14 @@
 A submit's shared record holds an --array's command once and the clean
 environment's PATH and LANG; its environment file, root-only, holds what
 --env forwarded. This room owns those files' life: written at the submit,
-fsynced by the commit that acknowledges it (store.py), and let go of once
-the last job that needs them has started and that start is durable.
+fsynced by the commit that acknowledges it (store.py). The environment
+file goes once the last job that needs it has started and that start is
+durable (the README: a forwarded environment is dropped once the job
+starts); the shared record, with the clean environment's PATH and LANG,
+once the last job has ended. So a job with a clean environment can always
+be started again from the store, and its launch spec need not be flushed
+(launcher.write_launch); one with a forwarded environment has only its
+flushed launch spec once it has started.
 """
 
 import json
@@ -13,7 +19,7 @@ import os
 
 from shepherd.base.records import fsync, fsync_dir, write_atomic
 
-from ..core.jobs import QUEUED, WAITING, Job
+from ..core.jobs import FINISHED, QUEUED, WAITING, Job
 from .statefiles import dump, unlink
 
 log = logging.getLogger("hpc-batchd")
@@ -24,7 +30,7 @@ UNSTARTED = (QUEUED, WAITING)
 class Shared:
     """What the jobs of one submit share, stored once: see the module docstring."""
 
-    __slots__ = ("key", "argv", "base", "secret", "refs", "unstarted", "pending")
+    __slots__ = ("key", "argv", "base", "secret", "refs", "unstarted", "unended", "pending")
 
     def __init__(self, key: int, argv: list | None, base: dict, secret: bool, pending: bool = False):
         self.key = key              # the submit's first job id
@@ -32,7 +38,8 @@ class Shared:
         self.base = base            # PATH and LANG for the clean environment
         self.secret = secret        # env/<key> holds a forwarded environment
         self.refs = 0               # live job records that refer to it
-        self.unstarted = 0          # of them, jobs that have not started (they still need the environment)
+        self.unstarted = 0          # of them, jobs that have not started (they still need the environment file)
+        self.unended = 0            # of them, jobs that have not ended (they still need the record)
         self.pending = pending      # a bulk still being stored, a slice a turn: none of it is acknowledged
 
     def record(self) -> dict:
@@ -76,7 +83,9 @@ class SharedRecords:
         self.records: dict[int, Shared] = {}
         self.key_of: dict[int, int] = {}   # live job -> its Shared's key
         self.unstarted: set[int] = set()   # jobs with a Shared that have not started
-        # Of them, saved this batch (with the state saved): let go if started once it is durable.
+        self.unended: set[int] = set()     # jobs with a Shared that have not ended (holds unstarted)
+        # Of them, saved this batch (with the state saved): let go of what a start or an end no
+        # longer needs once the batch is durable.
         self.release: dict[int, tuple[Job, str]] = {}
         self.unsynced: set[int] = set()    # env files written since the last commit, not yet fsynced
 
@@ -92,11 +101,11 @@ class SharedRecords:
 
     def let_go(self, sh: Shared) -> None:
         """Drop what of a shared record no job needs any more: its environment once every job has
-        started, the record itself once no job holds it or, without an argv, once every job has started.
+        started, the record itself once no job holds it or, without an argv, once every job has ended.
 
         Its journal line goes at the next compaction.
         """
-        if not sh.refs or (sh.argv is None and not sh.unstarted):
+        if not sh.refs or (sh.argv is None and not sh.unended):
             self.drop_shared(sh)
         elif not sh.unstarted:
             self.drop_env(sh)
@@ -120,10 +129,13 @@ class SharedRecords:
         if job.state in UNSTARTED:
             sh.unstarted += 1
             self.unstarted.add(job.id)
+        if job.state != FINISHED:
+            sh.unended += 1
+            self.unended.add(job.id)
 
     def sweep(self) -> None:
         """Remove shared records nothing refers to, and environments no unstarted job needs."""
-        for key in [k for k, sh in self.records.items() if not sh.refs or (sh.argv is None and not sh.unstarted)]:
+        for key in [k for k, sh in self.records.items() if not sh.refs or (sh.argv is None and not sh.unended)]:
             del self.records[key]
         for directory, suffix in ((self.shared_dir, ".json"), (self.env_dir, "")):
             try:
@@ -169,17 +181,21 @@ class SharedRecords:
                           job.id, path, getattr(exc, "strerror", None) or exc)
         return env
 
-    def release_started(self) -> None:
-        """Once a batch is durable: let go of what the jobs it started (or ended) no longer need."""
+    def release_done(self) -> None:
+        """Once a batch is durable: let go of what the jobs it started or ended no longer need."""
         for job_id, (job, saved) in self.release.items():
+            sh = self.records.get(self.key_of.get(job_id, -1))
             # Back in the queue (a start whose record could not be written), or started since this
             # batch saved it unstarted (the start's own record is in a later batch).
-            if job.state in UNSTARTED or saved in UNSTARTED:
-                continue
-            self.unstarted.discard(job_id)
-            sh = self.records.get(self.key_of.get(job_id, -1))
+            if job.state not in UNSTARTED and saved not in UNSTARTED and job_id in self.unstarted:
+                self.unstarted.discard(job_id)
+                if sh is not None:
+                    sh.unstarted -= 1
+            if job.state == FINISHED and saved == FINISHED and job_id in self.unended:
+                self.unended.discard(job_id)
+                if sh is not None:
+                    sh.unended -= 1
             if sh is not None:
-                sh.unstarted -= 1
                 self.let_go(sh)
         self.release.clear()
 
@@ -192,4 +208,7 @@ class SharedRecords:
             if job_id in self.unstarted:
                 self.unstarted.discard(job_id)
                 sh.unstarted -= 1
+            if job_id in self.unended:
+                self.unended.discard(job_id)
+                sh.unended -= 1
             self.let_go(sh)

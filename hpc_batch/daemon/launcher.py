@@ -53,27 +53,32 @@ def shepherd_script() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(shepherd.__file__)), SHEPHERD + ".py")
 
 
-def write_launch(job_dir: str, launch: records.LaunchSpec) -> None:
-    """Write the shepherd's spec (root-only: it holds the job's environment), durably.
+def write_launch(job_dir: str, launch: records.LaunchSpec, durable: bool) -> None:
+    """Write the shepherd's spec (root-only: it holds the job's environment).
 
     A job started before (queued again because its shepherd could not fork
     it) has that shepherd's records: they go first, so that no daemon ever
-    reads them as this start's. The spec is fsynced, and then the directory,
-    before the commit that says the job is running: after a power cut, a
-    start the journal holds always has its spec (the stored environment is
-    gone by then). The same fsync makes the name of the shepherd's pidfile,
-    created empty here, durable: the shepherd then only fdatasyncs what it
-    writes in it before the command may run, and a pidfile still empty after
-    a power cut proves the command never ran.
+    reads them as this start's, and their going is flushed (the directory),
+    so that no power cut brings them back. No pidfile is made here: the
+    shepherd creates it, and its child makes it durable, name and contents,
+    before the command may run. After a power cut, a start the journal holds
+    whose pidfile is empty or gone never ran its command: it is queued again
+    (``recovery``), from its spec when the spec is *durable* (flushed, file
+    and directory, before the start's commit: a forwarded environment, which
+    the store lets go of at the start), else from the clean environment the
+    store keeps until the job ends. Then the start's commit is the only
+    flush on the daemon's way to a job.
     """
+    removed = False
     for name in (records.EXIT, records.STATUS, records.DELIVERY, records.PIDFILE):
         try:
             os.unlink(os.path.join(job_dir, name))
+            removed = True
         except FileNotFoundError:
             pass
-    os.close(os.open(os.path.join(job_dir, records.PIDFILE),
-                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-    launch.write(os.path.join(job_dir, records.LAUNCH))
+    launch.write(os.path.join(job_dir, records.LAUNCH), durable=durable)
+    if removed and not durable:
+        records.fsync_dir(job_dir)
 
 
 _SIGDEF = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP, signal.SIGTERM, signal.SIGCHLD)
@@ -260,8 +265,8 @@ _UNANSWERED = object()   # a request the server may have acted on, but never ans
 def claimed(job_dir: str, settle: float = 0.5) -> tuple[int, int] | None:
     """``(pid, start)`` of the shepherd that has taken this start of the job, if one has.
 
-    The daemon made the pidfile empty for this start (:func:`write_launch`);
-    a shepherd writes its pid in it as soon as it holds its lock, before
+    The daemon removed the last start's pidfile (:func:`write_launch`); a
+    shepherd creates it and writes its pid in it as soon as it holds its lock, before
     anything else, and keeps it there after it ends. So a pid in it is this
     start's shepherd, alive or not: the caller watches it through a pidfd
     checked against its start time, and collects its exit record (or its

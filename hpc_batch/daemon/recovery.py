@@ -90,12 +90,20 @@ def readopt(p: Parts, job: Job) -> str:
     if os.path.exists(os.path.join(jdir, records.EXIT)):
         p.ending.collect(job.id)
         return f"job {job.id}: ended while the daemon was down; collected its exit record"
-    if records.read_pidfile(jdir) is None and os.path.exists(os.path.join(jdir, records.LAUNCH)):
-        # Its launch spec is unread: either the shepherd never started, or it
-        # is starting right now. Look again shortly before deciding, so a
-        # second shepherd is never started beside a first.
-        running.recheck_at = time.time() + defaults.SHEPHERD_START_GRACE
-        return f"job {job.id}: its shepherd has not started yet; checking again shortly"
+    if records.read_pidfile(jdir) is None:
+        if os.path.exists(os.path.join(jdir, records.LAUNCH)):
+            # Its launch spec is unread: either the shepherd never started, or it
+            # is starting right now. Look again shortly before deciding, so a
+            # second shepherd is never started beside a first.
+            running.recheck_at = time.time() + defaults.SHEPHERD_START_GRACE
+            return f"job {job.id}: its shepherd has not started yet; checking again shortly"
+        if p.store.keeps_env(job) and not p.launcher.shepherd_alive(jdir):
+            # Only a crash of the machine takes a spec the start's commit followed (it is not
+            # flushed); no durable pidfile says its command never ran.
+            p.starting.not_now(job, cg, "its launch spec did not survive a crash of the machine, "
+                               "and its command never ran (its shepherd's pidfile was never written)",
+                               time.time())
+            return f"job {job.id}: its start did not survive a crash of the machine; queued again"
     return lost(p, job, p.launcher.vanished(jdir))
 
 
@@ -114,10 +122,9 @@ def recheck(p: Parts, job_id: int) -> None:
     elif p.launcher.shepherd_alive(jdir):   # its lock taken, its pidfile not written yet: look again
         running.recheck_at = time.time() + defaults.START_RETRY
     elif records.read_pidfile(jdir) is None and os.path.exists(launch := os.path.join(jdir, records.LAUNCH)):
-        if records.read_record(launch, records.LaunchSpec) is None:
-            # Fsynced before the start's commit (launcher.write_launch), so only a damaged disk (or a spec
-            # written by an older daemon, cut by a power cut) leaves it unreadable: a shepherd
-            # started now could only fail on it, and its stored environment is gone.
+        if records.read_record(launch, records.LaunchSpec) is None and not p.store.keeps_env(job):
+            # Cut short by a crash of the machine, and started by an older daemon, which let the
+            # stored environment go at the start: nothing is left to start it with.
             lost(p, job, f"its launch spec {launch} did not survive a crash of the machine before "
                          f"its shepherd read it; it is not known to have started")
             return

@@ -2,7 +2,8 @@
 
 Flux's start.c, for this daemon. :meth:`Starting.start` is the scheduler's
 decision carried out for one job, in the order a crash needs: the launch
-spec (the environment, fsynced), then the record that says running; the
+spec (the environment: flushed when it is a forwarded one, which the
+store lets go of at the start), then the record that says running; the
 spawn (:meth:`Starting.spawn`) waits for the turn's commit. In a turn that
 answers submits, those writes wait for the commit that answers them and
 ride one of their own (:meth:`Starting.write_put_off`). A start that
@@ -104,11 +105,12 @@ class Starting:
     def write(self, job: Job, running: Running, now: float) -> None:
         """A start's cgroup, launch spec and record; its spawn waits for the commit that holds them.
 
-        Order matters for crash safety: the launch spec (with the environment,
-        fsynced) first, then the record that says "running", then the spawn,
-        which waits for the commit (after which the store lets go of the
-        stored environment). A crash or power cut in between leaves either a
-        queued job or a launch spec the next daemon can start.
+        Order matters for crash safety: the launch spec first, then the record
+        that says "running", then the spawn, which waits for the commit. A
+        crash in between leaves either a queued job or a launch spec the next
+        daemon can start; a power cut, a start whose command never ran (no
+        durable pidfile), queued again from its flushed spec (a forwarded
+        environment) or from the clean environment the store keeps.
         """
         jdir = self.store.job_dir(job.id)
         alloc = running.alloc
@@ -120,7 +122,7 @@ class Starting:
                 cg = self.cgroups.create_job(self.cfg.cgroup_root, job.id, alloc.cpus, alloc.mems, alloc.mem,
                                         self.cfg.max_pids, minors)
                 running.cgroup = cg
-            self.launcher.write_launch(jdir, self.launch_spec(job, alloc, cg))
+            self.launcher.write_launch(jdir, self.launch_spec(job, alloc, cg), durable=not self.store.keeps_env(job))
         except OSError as exc:
             self._requeue(job, cg, exc, now)
             return
@@ -176,16 +178,21 @@ class Starting:
         self.unshow(job)
 
     def not_now(self, job: Job, cg, why: str, now: float) -> None:
-        """A started job whose command never ran (out of pids): back to the queue, retried soon.
+        """A started job whose command never ran (out of pids, or a crash of the machine): back to
+        the queue, retried soon.
 
-        The environment it was to get (its launch spec's) goes back to the
-        store, which had let go of it once the start was durable; the launch
-        spec stays until the next start replaces it, so a crash before this
-        turn's commit leaves a running job the next daemon queues again (``recovery.recheck``).
+        A clean environment the store keeps until the job ends. A forwarded
+        one (let go of at the start) comes back from the launch spec, which
+        stays until the next start replaces it, so a crash before this turn's
+        commit leaves a running job the next daemon queues again
+        (``recovery.recheck``).
         """
-        spec = records.read_record(os.path.join(self.store.job_dir(job.id), records.LAUNCH), records.LaunchSpec)
-        env = spec.env if spec is not None else None
-        if env is None:
+        keeps, env = self.store.keeps_env(job), None
+        if not keeps:
+            spec = records.read_record(os.path.join(self.store.job_dir(job.id), records.LAUNCH),
+                                       records.LaunchSpec)
+            env = spec.env if spec is not None else None
+        if not keeps and env is None:
             self.drop_cgroup(cg)
             self.finish(job, Result(ERROR, note=f"{why}, and its launch spec is gone"), now)
             return
@@ -195,7 +202,8 @@ class Starting:
         log.warning("job %d: %s; it is queued again", job.id, why)
         self.move(job, QUEUED, now)
         try:
-            self.store.unstart(job, env)
+            if env is not None:
+                self.store.unstart(job, env)
             self.store.save_job(job)
         except OSError:
             self.turn.unsaved.add(job.id)

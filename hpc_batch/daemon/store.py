@@ -282,7 +282,7 @@ class Store:
                 raise
         self._sweep_committed()
         self.cache.fresh.clear()
-        self.envs.release_started()
+        self.envs.release_done()
         if self.compactor.due():
             try:
                 self.compactor.step()
@@ -391,13 +391,14 @@ class Store:
 
         A finished job's record may skip the journal (*durable* False): its
         shepherd's exit record is already on disk, and a lost update is
-        re-collected from it. A job that started or ended lets go of its
-        environment once the commit that records it is durable.
+        re-collected from it. A job that started lets go of its forwarded
+        environment, and one that ended of its submit's shared record, once
+        the commit that records it is durable.
         """
-        if job.id in self.envs.unstarted:
-            # Whether it started is decided at the commit, from the job as it is then and as this
-            # write says: the commit that makes its start durable lets its environment go, not this
-            # write, nor a commit of its submit while its start is still to be written.
+        if job.id in self.envs.unended:
+            # Whether it started (or ended) is decided at the commit, from the job as it is then and
+            # as this write says: the commit that makes its start durable lets its environment go,
+            # not this write, nor a commit of its submit while its start is still to be written.
             self.envs.release[job.id] = (job, job.state)
         data = job.to_dict()
         sh = self.envs.records.get(self.envs.key_of.get(job.id, -1))
@@ -417,23 +418,29 @@ class Store:
             self.staging.pending.append((job.id, job_line(seq, delta, same_argv=argv is not None)))
             self.staging.live.add(job.id)
 
+    def keeps_env(self, job: Job) -> bool:
+        """True when the store holds *job*'s environment until it ends: a clean one (its submit's
+        PATH and LANG). A forwarded one goes at the start, so its launch spec alone holds it then;
+        so does a job an older daemon started (it let the whole record go at the start)."""
+        sh = self.envs.records.get(self.envs.key_of.get(job.id, -1))
+        return sh is not None and not sh.secret and job.id in self.envs.unended
+
     def unstart(self, job: Job, env: dict) -> None:
         """A started job goes back to the queue, its command never run (out of pids): it needs an
         environment again. *env* is the one its launch spec held, stored as forwarded.
 
-        The submit's environment may be gone already (it goes once every job has started): then
+        A forwarded environment went at the start (and an older daemon let the whole record go):
         it is written again, fsynced by the next commit. Any job's launch environment serves its
         submit: the daemon sets its own variables afresh at each start.
         """
         envs = self.envs
         key = envs.key_of.get(job.id, shared_key(job))
         sh = envs.records.get(key)
-        if sh is None:   # let go of when every job had started: a record of its own again
+        if sh is None:   # let go of by an older daemon: a record of its own again
             sh = envs.records[key] = Shared(key, None, {}, True)
             sh.refs = sum(1 for k in envs.key_of.values() if k == key) + (job.id not in envs.key_of)
             envs.key_of[job.id] = key
-        if not sh.unstarted and (sh.secret or sh.argv is None):
-            sh.secret = True
+        if not sh.unstarted and sh.secret:
             envs.write_env(key, {"forward": env, "job_env": {}})
             envs.unsynced.add(key)
             envs.write_shared(sh, self.staging.batch + 1)
@@ -442,6 +449,9 @@ class Store:
         if job.id not in envs.unstarted:
             envs.unstarted.add(job.id)
             sh.unstarted += 1
+        if job.id not in envs.unended:
+            envs.unended.add(job.id)
+            sh.unended += 1
 
     def load_env(self, job: Job) -> dict:
         """A job's stored environment: ``base``, and ``forward`` and ``job_env`` while it has not started."""

@@ -6,8 +6,10 @@ fork server and every shepherd (-f), and each fsync or fdatasync call once.
 The same trace (with unlinks, renames and execs, and -y naming each
 descriptor's file) shows that a job's log is fsynced before its output
 buffer, the only other copy, is removed, and what makes a start safe from
-a power cut: the launch spec is durable before the commit that says the job
-runs, and the shepherd's pidfile before the command is exec'd.
+a power cut: the shepherd's pidfile, and its name, are durable before the
+command is exec'd (so a start whose pidfile is empty or gone never ran), and
+the launch spec of a job with a forwarded environment, its only durable copy
+once the job starts, before the commit that says the job runs.
 """
 
 import os
@@ -74,13 +76,13 @@ def _measure(d, scratch, trace):
     bulk = _settled(d, scratch, trace) - base - singles
     print(f"fsyncs: {singles / 5:.1f} per lone job, {bulk / 40:.2f} per job of a 40-job array")
     # 2 journal commits for a lone job: its submit's, which answers the client, and its start's
-    # (the start is written after that answer, so the client waits for no launch spec); 2 for its
-    # launch spec (file, then the directory, which also holds the pidfile's name), 1 for the
-    # pidfile's data (before the command runs: the proof, after a power cut, that it may have),
-    # 2 for its exit record.
-    assert singles <= 5 * 7
+    # (the start is written after that answer, so the client waits for no launch spec); none for
+    # its launch spec (a clean environment: the store keeps it until the end); 2 for the pidfile,
+    # its data and its name (before the command runs: the proof, after a power cut, that it may
+    # have); 2 for its exit record.
+    assert singles <= 5 * 6
     # The array's submit is one commit; its ends and starts share one a turn.
-    assert bulk <= 40 * 6 + 2
+    assert bulk <= 40 * 5 + 2
 
 
 def _log_before_buffer(d, scratch, trace):
@@ -109,12 +111,17 @@ def _log_before_buffer(d, scratch, trace):
                 if call in (b"fsync", b"fdatasync") and b"<" + exit_tmp in args and res == 0]
     assert flushed and recorded, (flushed, recorded)
     assert flushed[0] < recorded[0], "the exit record was made durable before the output buffer"
-    _start_order(d, job, trace)
+    _start_order(d, job, trace, ["echo", "kept"], spec_flushed=False)
+    forwarded = d.submit("echo", "forwarded", flags=("--env", "--output", log + ".env"))
+    assert d.dispatch("wait", str(forwarded)).returncode == 0
+    _settled(d, scratch, trace)
+    _start_order(d, forwarded, trace, ["echo", "forwarded"], spec_flushed=True)
 
 
-def _start_order(d, job, trace):
-    """Power-cut safety of a start: its launch spec is durable before the journal's commit, and the
-    pidfile before the command runs (no pidfile then proves the command never ran)."""
+def _start_order(d, job, trace, argv, spec_flushed):
+    """Power-cut safety of a start: the pidfile and its name are durable before the command runs (no
+    pidfile then proves the command never ran); the launch spec of a forwarded environment is durable
+    before the journal's commit, and a clean one's is not flushed at all."""
     jdir = os.path.join(d.state_dir, "jobs", str(job))
     with open(trace, "rb") as f:   # each call where it starts (strace splits one another process interrupts)
         starts = [(m.group(1), m.group(2)) for m in START.finditer(f.read())]
@@ -126,11 +133,17 @@ def _start_order(d, job, trace):
         found = [i for i, (call, args) in enumerate(starts) if i > after and pred(call, args)]
         assert found, f"no {what} in the trace"
         return found[0]
-    spec = first(synced(f"{jdir}/launch.json.tmp"), "fsync of the launch spec")
-    renamed = first(lambda call, args: call.startswith(b"rename") and f'"{jdir}/launch.json"'.encode() in args,
-                    "rename of the launch spec", spec)
-    first(synced(f"{d.state_dir}/journal>"), "journal commit after the launch spec's rename", renamed)
+    if spec_flushed:
+        spec = first(synced(f"{jdir}/launch.json.tmp"), "fsync of the launch spec")
+        renamed = first(lambda call, args: call.startswith(b"rename") and f'"{jdir}/launch.json"'.encode() in args,
+                        "rename of the launch spec", spec)
+        first(synced(f"{d.state_dir}/journal>"), "journal commit after the launch spec's rename", renamed)
+    else:
+        assert not [a for c, a in starts if synced(f"{jdir}/launch.json")(c, a)], "a clean job's spec was flushed"
     pid_synced = first(synced(f"{jdir}/shepherd.pid>"), "fsync of the pidfile")
-    ran = first(lambda call, args: call in (b"execve", b"execveat") and b'["echo", "kept"]' in args,
+    ran = first(lambda call, args: call in (b"execve", b"execveat") and
+                ("[" + ", ".join(f'"{a}"' for a in argv) + "]").encode() in args,
                 "exec of the job")   # execveat: the child runs the very file it resolved (fexecve)
     assert pid_synced < ran, "the job ran before its pidfile was durable"
+    named = first(synced(f"{jdir}>"), "fsync of the job's directory (the pidfile's name)", pid_synced)
+    assert named < ran, "the job ran before its pidfile's name was durable"

@@ -180,6 +180,13 @@ class MemoryStore:
     def unstart(self, job, env):
         self.env[job.id] = {"forward": env}
 
+    def keeps_env(self, job):
+        # As the real store: a clean environment until the job ends (a forwarded one goes at the
+        # start). A job put in records by hand (as an older daemon left it) has none.
+        env = self.env.get(job.id)
+        return (env is not None and env.get("forward") is None and not env.get("job_env")
+                and job.state != jobs.FINISHED)
+
     def release(self, job_id, keep_output):
         for name in (records.INFO, records.LAUNCH) + (() if keep_output else (records.OUTPUT,)):
             try:
@@ -204,8 +211,8 @@ class FakeLauncher:
         self.listening = True
         self._next = 40000
 
-    def write_launch(self, job_dir, launch):
-        self.last_launch = launch
+    def write_launch(self, job_dir, launch, durable):
+        self.last_launch, self.last_durable = launch, durable
         launch.write(os.path.join(job_dir, records.LAUNCH))   # as the real one: it stays there
 
     def spawn(self, job_id, user, job_dir, meanwhile=None):

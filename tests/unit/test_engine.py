@@ -319,9 +319,9 @@ def _spy_on_commits_and_launches(store, fake) -> list:
         seen.append("commit")
         real_commit(now)
 
-    def write_launch(job_dir, launch):
+    def write_launch(job_dir, launch, durable):
         seen.append(("launch", int(os.path.basename(job_dir))))
-        real_write(job_dir, launch)
+        real_write(job_dir, launch, durable)
     store.commit, fake.write_launch = commit, write_launch
     return seen
 
@@ -353,7 +353,7 @@ def test_a_start_put_off_for_a_refused_submit_is_never_written(world):
     store.commit_error = OSError(28, "No space left on device")
     job = Engine.submit(eng, ROOT, NewJob(argv=("true",), cwd="/tmp", no_output=True), T0)["id"]
     Engine.run_pending(eng, T0)
-    fake.write_launch = lambda job_dir, launch: pytest.fail("a withdrawn job's start was written")
+    fake.write_launch = lambda job_dir, launch, durable: pytest.fail("a withdrawn job's start was written")
     assert eng.end_turn(T0) == {job}
     assert job not in eng.jobs and not eng.table.running and fake.spawned == []
 
@@ -364,7 +364,7 @@ def test_a_put_off_start_the_full_disk_sends_back_says_queued_in_its_entry(world
     eng, store, fake, _ = world
     full = OSError(28, "No space left on device")
     if fails == "launch spec":
-        def write_launch(job_dir, launch):
+        def write_launch(job_dir, launch, durable):
             raise full
         fake.write_launch = write_launch
     else:

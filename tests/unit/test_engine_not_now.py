@@ -56,14 +56,28 @@ def test_a_shepherd_that_could_not_fork_the_job_puts_it_back(world):  # noqa: F8
     eng, store, fake, hooks = world
     job = submit(eng)["id"]
     start_pending(eng)
+    kept = store.env[job]
     rec = _not_started(store, job, {"PATH": "/bin", "HPC_BATCH_JOB_ID": str(job), "FOO": "bar"})
     done = end(eng, store, job, **rec)
     assert done.state == jobs.QUEUED and (job, "finished") not in hooks.events
-    assert store.env[job] == {"forward": {"PATH": "/bin", "HPC_BATCH_JOB_ID": str(job), "FOO": "bar"}}
+    assert store.env[job] is kept, "the store kept its environment: the spec's is not read back"
     eng.tick(T0 + defaults.START_RETRY)
     assert fake.spawned == [job, job]
-    assert fake.last_launch.env["FOO"] == "bar"
+    assert fake.last_launch.env["HPC_BATCH_JOB_ID"] == str(job) and "FOO" not in fake.last_launch.env
     assert end(eng, store, job, code=4).result.code == 4
+
+
+def test_a_job_started_by_an_older_daemon_is_put_back_with_its_specs_environment(world):  # noqa: F811
+    """An older daemon let a job's stored environment go at its start: its launch spec's is stored again."""
+    eng, store, fake, hooks = world
+    job = submit(eng)["id"]
+    start_pending(eng)
+    del store.env[job]
+    rec = _not_started(store, job, {"PATH": "/bin", "HPC_BATCH_JOB_ID": str(job), "FOO": "bar"})
+    assert end(eng, store, job, **rec).state == jobs.QUEUED
+    assert store.env[job] == {"forward": {"PATH": "/bin", "HPC_BATCH_JOB_ID": str(job), "FOO": "bar"}}
+    eng.tick(T0 + defaults.START_RETRY)
+    assert fake.spawned == [job, job] and fake.last_launch.env["FOO"] == "bar"
 
 
 def test_without_its_spec_or_once_killed_it_ends_instead(world):  # noqa: F811
@@ -72,6 +86,7 @@ def test_without_its_spec_or_once_killed_it_ends_instead(world):  # noqa: F811
     start_pending(eng)
     rec = _not_started(store, lost, {})
     os.unlink(os.path.join(store.job_dir(lost), records.LAUNCH))   # nothing to queue it again with
+    del store.env[lost]                                            # (an older daemon let it go)
     result = end(eng, store, lost, **rec).result
     assert result.kind == jobs.ERROR and "cannot fork the job" in result.note
     killed = submit(eng)["id"]
@@ -143,3 +158,37 @@ def test_after_a_power_cut_an_empty_launch_spec_ends_the_job_as_lost(world):  # 
     result = eng.jobs[6].result
     assert fake.spawned == [] and eng.jobs[6].state == jobs.FINISHED
     assert result.kind == jobs.LOST and "did not survive a crash" in result.note, result
+
+
+def test_after_a_power_cut_a_start_without_its_spec_or_pidfile_is_queued_again(world):  # noqa: F811
+    """A clean environment's launch spec is not flushed: a power cut may take it (or leave it empty)
+    after the start's commit. No durable pidfile says the command never ran, and the store kept the
+    environment: the job is queued again, at once when the spec is gone, and started afresh. A
+    forwarded environment's spec is flushed; without it, nothing is left to start it with."""
+    eng, store, fake, hooks = world
+    clean = {"base": {"PATH": "/bin"}, "forward": None, "job_env": {}}
+    for job_id, env, spec in ((8, clean, None), (9, clean, b""), (10, {**clean, "forward": {"A": "b"}}, None)):
+        _recorded_running(store, job_id)
+        store.env[job_id] = env
+        if spec is not None:
+            open(os.path.join(store.job_dir(job_id), records.LAUNCH), "wb").close()
+    eng.recover()
+    assert eng.jobs[8].state == jobs.QUEUED, "no spec at all: nothing can be starting"
+    assert eng.jobs[9].state == jobs.RUNNING, "an empty spec: looked at again after the grace"
+    assert eng.jobs[10].result.kind == jobs.LOST
+    eng.tick(T0 + defaults.SHEPHERD_START_GRACE + 100)
+    assert eng.jobs[9].state == jobs.QUEUED and (8, "finished") not in hooks.events
+    eng.tick(T0 + defaults.SHEPHERD_START_GRACE + 100 + defaults.START_RETRY)
+    assert sorted(fake.spawned) == [8, 9] and fake.last_launch.env["PATH"] == "/bin"
+    assert end(eng, store, 8, code=0).result.code == 0 and end(eng, store, 9, code=1).result.code == 1
+
+
+def test_only_a_forwarded_environments_launch_spec_is_flushed(world):  # noqa: F811
+    """The store keeps a clean environment until the job ends, so its spec needs no fsync; a
+    forwarded one goes at the start (the README), so its spec is its only durable copy."""
+    eng, store, fake, _ = world
+    for env, durable in (({}, False), ({"job_env": {"TOKEN": "x"}}, True)):
+        job = submit(eng, **env)["id"]
+        start_pending(eng)
+        assert fake.spawned[-1] == job and fake.last_durable is durable, env
+        end(eng, store, job, code=0)

@@ -187,7 +187,7 @@ class Shepherds(FakeLauncher):
         self.store = store
         self.alive: set[int] = set()
 
-    def write_launch(self, job_dir, launch):
+    def write_launch(self, job_dir, launch, durable):
         os.makedirs(job_dir, exist_ok=True)
         launch.write(os.path.join(job_dir, records.LAUNCH), durable=False)
 

@@ -40,6 +40,12 @@ def _start(job):
     jobs.move(job, jobs.RUNNING, 1.8e9 + 1, alloc=Allocation(cpus=(0,), mem_by_node=(), gpus=(), exclusive=False))
 
 
+def _end(job, store):
+    """The job's end, written as the engine writes it (not journalled: its exit record holds it)."""
+    jobs.move(job, jobs.FINISHED, 1.8e9 + 3, result=jobs.Result(jobs.EXITED, code=0))
+    store.save_job(job, durable=False)
+
+
 def _read(path):
     with open(path, "rb") as f:
         return f.read()
@@ -367,7 +373,7 @@ def test_submits_wait_while_the_state_filesystem_is_below_its_reserve(tmp_path):
     assert str(tmp_path) in why and "--state-reserve" in why and "\n" not in why
 
 
-def test_commands_share_their_environment_and_a_lone_jobs_shared_record_goes_at_its_start(tmp_path):
+def test_commands_share_their_environment_and_a_lone_jobs_shared_record_goes_at_its_end(tmp_path):
     s = _open(tmp_path)
     lines = [_job(i, argv=["/bin/sh", "-c", f"echo {i}"], first=1) for i in (1, 2)]
     s.add_jobs(lines, SECRET, None)                 # --commands: each its own argv, one environment
@@ -380,7 +386,12 @@ def test_commands_share_their_environment_and_a_lone_jobs_shared_record_goes_at_
         _start(job)
         s.save_job(job)
     s.commit()
-    assert os.listdir(os.path.join(tmp_path, "env")) == [] and os.listdir(os.path.join(tmp_path, "shared")) == []
+    assert os.listdir(os.path.join(tmp_path, "env")) == [], "a forwarded environment goes at the start"
+    assert sorted(os.listdir(os.path.join(tmp_path, "shared"))) == ["1.json", "3.json"]
+    for job in (*lines, lone):
+        _end(job, s)
+    s.commit()
+    assert os.listdir(os.path.join(tmp_path, "shared")) == []
     assert [j.argv[-1] for j in _reopen(tmp_path, s).load_jobs()] == ["echo 1", "echo 2", "true"]
 
 
@@ -416,14 +427,40 @@ def test_a_durable_start_whose_command_never_ran_gets_its_environment_back(tmp_p
     s.unstart(job, launch_env)
     s.save_job(job)
     s.commit()
-    assert s.load_env(job)["forward"] == launch_env
+    # A forwarded environment comes back from the launch spec; a clean one was kept.
+    want = launch_env if env is SECRET else None
+    assert s.load_env(job).get("forward") == want and s.load_env(job)["base"] == env["base"]
     again = _reopen(tmp_path, s)                 # and after a restart
     (back,) = again.load_jobs()
-    assert back.state == jobs.QUEUED and again.load_env(back)["forward"] == launch_env
+    assert back.state == jobs.QUEUED and again.load_env(back).get("forward") == want
     _start(back)
     again.save_job(back)
     again.commit()                               # started for real: gone again
     assert not os.path.exists(os.path.join(tmp_path, "env", "1"))
+
+
+def test_a_clean_environment_is_kept_until_the_end_and_a_forwarded_one_until_the_start(tmp_path):
+    """The launch spec of a job with a clean environment is not flushed: after a power cut the
+    store must still be able to start it again. A forwarded one goes at the start (the README)."""
+    s = _open(tmp_path)
+    clean, forwarded = _add(s, 1, {"base": {"PATH": "/bin", "LANG": "C"}}), _add(s, 2, SECRET)
+    s.commit()
+    assert s.keeps_env(clean) and not s.keeps_env(forwarded)
+    for job in (clean, forwarded):
+        _start(job)
+        s.save_job(job)
+    s.commit()
+    assert s.keeps_env(clean) and s.load_env(clean)["base"] == {"PATH": "/bin", "LANG": "C"}
+    assert not os.path.exists(os.path.join(tmp_path, "env", "2"))
+    again = _reopen(tmp_path, s)                 # a power cut while they run
+    running = {j.id: j for j in again.load_jobs()}
+    assert again.keeps_env(running[1]) and again.load_env(running[1])["base"]["LANG"] == "C"
+    assert not again.keeps_env(running[2])
+    _end(running[1], again)
+    again.commit()
+    assert not again.keeps_env(running[1])
+    assert not os.path.exists(os.path.join(tmp_path, "shared", "1.json"))
+    assert os.path.exists(os.path.join(tmp_path, "shared", "2.json")), "job 2 runs on"
 
 
 def test_a_jobs_dict_is_what_asdict_gives_in_json_and_shares_nothing_with_it():
