@@ -184,18 +184,20 @@ class SharedRecords:
     def release_done(self) -> None:
         """Once a batch is durable: let go of what the jobs it started or ended no longer need."""
         for job_id, (job, saved) in self.release.items():
+            # Not started after all (a start whose record could not be written), or started since
+            # this batch saved it unstarted (the start's own record is in a later batch).
+            started = job.state not in UNSTARTED and saved not in UNSTARTED and job_id in self.unstarted
+            ended = job.state == FINISHED and saved == FINISHED and job_id in self.unended
+            if not (started or ended):
+                continue
             sh = self.records.get(self.key_of.get(job_id, -1))
-            # Back in the queue (a start whose record could not be written), or started since this
-            # batch saved it unstarted (the start's own record is in a later batch).
-            if job.state not in UNSTARTED and saved not in UNSTARTED and job_id in self.unstarted:
+            if started:
                 self.unstarted.discard(job_id)
-                if sh is not None:
-                    sh.unstarted -= 1
-            if job.state == FINISHED and saved == FINISHED and job_id in self.unended:
+            if ended:
                 self.unended.discard(job_id)
-                if sh is not None:
-                    sh.unended -= 1
             if sh is not None:
+                sh.unstarted -= started
+                sh.unended -= ended
                 self.let_go(sh)
         self.release.clear()
 

@@ -187,15 +187,15 @@ class Starting:
         commit leaves a running job the next daemon queues again
         (``recovery.recheck``).
         """
-        keeps, env = self.store.keeps_env(job), None
-        if not keeps:
+        env = None
+        if not self.store.keeps_env(job):
             spec = records.read_record(os.path.join(self.store.job_dir(job.id), records.LAUNCH),
                                        records.LaunchSpec)
             env = spec.env if spec is not None else None
-        if not keeps and env is None:
-            self.drop_cgroup(cg)
-            self.finish(job, Result(ERROR, note=f"{why}, and its launch spec is gone"), now)
-            return
+            if env is None:
+                self.drop_cgroup(cg)
+                self.finish(job, Result(ERROR, note=f"{why}, and its launch spec is gone"), now)
+                return
         self.drop_cgroup(cg)
         if job.id in self.bench.held:
             self.unquiet(job)     # its cores are quieted afresh at its next start

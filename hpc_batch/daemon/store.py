@@ -164,7 +164,7 @@ class Store:
         self.quarantine = Quarantine(self.quarantine_dir, self.notes)
         self.compactor = Compactor(self.staging, self.cache, self.envs)
         self._loaded: tuple[dict, list] | None = None
-        self._sweep_after_commit: list[int] = []   # jobs dropped by the next commit (remove_job)
+        self._sweep_after_commit: set[int] = set()   # jobs dropped by the next commit (remove_job)
 
     # -- set-up -------------------------------------------------------------
     def open(self, inherited_lock: int | None = None) -> None:
@@ -299,8 +299,8 @@ class Store:
         self.staging.forget(job_ids)
         self.cache.fresh -= job_ids
         # Their drop lines went with the rest: never journalled, their directories go now.
-        for job_id in job_ids & set(self._sweep_after_commit):
-            self._sweep_after_commit.remove(job_id)
+        for job_id in job_ids & self._sweep_after_commit:
+            self._sweep_after_commit.discard(job_id)
             self.sweeper.take(self.job_dir(job_id), str(job_id))
 
     def _snapshot(self) -> None:
@@ -469,7 +469,7 @@ class Store:
         if job_id in self.staging.live:
             self.staging.stage(job_id, {"seq": self.staging.next_seq(), "drop": job_id})
             self.staging.live.discard(job_id)
-            self._sweep_after_commit.append(job_id)
+            self._sweep_after_commit.add(job_id)
         else:
             self.sweeper.take(self.job_dir(job_id), str(job_id))
 
