@@ -11,9 +11,16 @@ import time
 
 
 def join(path: str, pid: int = 0) -> None:
-    """Move process *pid* (0: the calling one) into the cgroup at *path*."""
-    with open(os.path.join(path, "cgroup.procs"), "w") as f:
-        f.write(str(pid))
+    """Move process *pid* (0: the calling one) into the cgroup at *path*.
+
+    One write(2), as the kernel wants it, with no file object: a freshly forked shepherd or job
+    child would fault in the pages of io's objects for it.
+    """
+    fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, str(pid).encode())
+    finally:
+        os.close(fd)
 
 
 def read(path: str, name: str) -> str | None:

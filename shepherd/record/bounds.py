@@ -19,10 +19,8 @@ except ImportError:
         from hashlib import sha256  # type: ignore[no-redef]
 
 try:
-    from shepherd.base import records
     from shepherd.base.jsoncodec import dumps_canonical
 except ImportError:  # run as a file: the base is a top-level package
-    from base import records  # type: ignore[no-redef]
     from base.jsoncodec import dumps_canonical  # type: ignore[no-redef]
 
 MAX_BYTES = 256 << 10        # a record's size bound
@@ -48,10 +46,17 @@ def digest(record: dict) -> str:
     return "sha256:" + sha256(dumps_canonical(body).encode()).hexdigest()
 
 
+def _written(record: dict) -> bytes:
+    """The record's file, its ``digest`` set: the canonical text :func:`digest` hashes (compact,
+    keys sorted), with the digest added as its last key. One serialisation gives both."""
+    text = dumps_canonical({k: v for k, v in record.items() if k != "digest"})
+    record["digest"] = "sha256:" + sha256(text.encode()).hexdigest()
+    return f'{text[:-1]}{"," if len(text) > 2 else ""}"digest":"{record["digest"]}"}}'.encode()
+
+
 def bounded(record: dict, limit: int = MAX_BYTES) -> bytes:
     """The record's JSON, with parts dropped (and named in ``cut``) until it fits *limit*."""
-    record["digest"] = digest(record)
-    data = records.dumps(record).encode()
+    data = _written(record)
     for path in _CUTS:
         if len(data) <= limit:
             break
@@ -65,8 +70,7 @@ def bounded(record: dict, limit: int = MAX_BYTES) -> bytes:
         for parent in parents:
             del parent[path[-1]]
         record.setdefault("cut", []).append(".".join(path))
-        record["digest"] = digest(record)
-        data = records.dumps(record).encode()
+        data = _written(record)
     if len(data) > limit:   # nothing left to drop: keep what identifies the run
         judged = record["verdict"] if isinstance(record.get("verdict"), dict) else {}
         keep = ("schema", "job", "complete", "cut")
@@ -75,6 +79,5 @@ def bounded(record: dict, limit: int = MAX_BYTES) -> bytes:
                              "reasons": [cap(str(r)) for r in (judged.get("reasons") or [])[:LIST_CAP // 8]],
                              "causes": [cap(str(c)) for c in (judged.get("causes") or [])[:LIST_CAP // 8]]}
         record.setdefault("cut", []).append("everything else (over the size bound)")
-        record["digest"] = digest(record)
-        data = records.dumps(record).encode()
+        data = _written(record)
     return data

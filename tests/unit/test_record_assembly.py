@@ -44,6 +44,18 @@ def test_the_digest_does_not_depend_on_key_order_and_changes_with_one_value():
     assert bounds.digest(c) != bounds.digest(a)
 
 
+@pytest.mark.parametrize("rec", [{}, {"schema": 1, "job": 7, "kernel": {"release": "6.1"}, "zeta": [1, 2.5, None]},
+                                 {"digest": "sha256:stale", "b": "\u00e9\n\"", "a": True}])
+def test_a_written_record_is_its_canonical_text_with_its_digest_of_that_text(rec):
+    data = bounds.bounded(dict(rec))
+    out = json.loads(data)
+    body = {k: v for k, v in rec.items() if k != "digest"}
+    assert out == dict(body, digest=bounds.digest(rec)) and out["digest"] != "sha256:stale"
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    assert data.startswith(canonical[:-1]) and data.endswith(b'"digest":"' + out["digest"].encode() + b'"}')
+    assert out["digest"] == "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
 def test_user_strings_are_capped_and_a_huge_record_is_cut_to_its_bound_naming_what_went():
     long_arg = "x" * 100_000
     sw = software.software(_spec(argv=["./bench", long_arg], env={f"K{i}": "v" * 100 for i in range(5000)}), True)
