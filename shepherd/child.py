@@ -15,10 +15,10 @@ import signal
 
 try:
     from shepherd import process
-    from shepherd.base import cgroup, identity, records, sigs
+    from shepherd.base import cgroup, identity, records, sigs, sysread
 except ImportError:  # run as a file, as main.py is: siblings are on sys.path
     import process  # type: ignore[no-redef]
-    from base import cgroup, identity, records, sigs  # type: ignore[no-redef]
+    from base import cgroup, identity, records, sigs, sysread  # type: ignore[no-redef]
 
 _POSSIBLE = "/sys/devices/system/cpu/possible"
 _ALL_CPUS = 8192         # CPU ids a mask may name (the kernel keeps those of the cpuset)
@@ -31,20 +31,10 @@ def _possible_cpus() -> tuple[int, ...]:
     ids costs os.sched_setaffinity 0.1 ms a call to build, twice a job under cgroups.
     """
     try:
-        fd = os.open(_POSSIBLE, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            text = os.read(fd, 4096).decode().strip()
-        finally:
-            os.close(fd)
-        cpus: list[int] = []
-        for part in text.split(","):
-            first, _, last = part.partition("-")
-            cpus.extend(range(int(first), int(last or first) + 1))
-        if cpus:
-            return tuple(cpus)
+        cpus = sysread.parse_cpulist(sysread.Source().read(_POSSIBLE).strip())
     except (OSError, ValueError):
-        pass
-    return tuple(range(_ALL_CPUS))
+        cpus = []
+    return tuple(cpus) or tuple(range(_ALL_CPUS))
 
 
 POSSIBLE_CPUS = _possible_cpus()

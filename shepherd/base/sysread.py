@@ -85,6 +85,20 @@ class Source:
             return []
 
 
+def parse_cpulist(text: str) -> list[int]:
+    """The CPUs (or nodes) of a kernel list such as ``"0-3,8,10-11"`` (spaces also separate); sorted."""
+    out: set[int] = set()
+    for part in text.replace(" ", ",").split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise ValueError(f"bad range {part!r}")
+        out.update(range(first, last + 1))
+    return sorted(out)
+
+
 def format_cpulist(ids, sep: str = ",") -> str:
     """Numbers in the kernel's list format: ``(0, 1, 2, 3, 8)`` -> ``"0-3,8"``.
 

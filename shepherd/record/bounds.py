@@ -40,17 +40,25 @@ def cap(text: str, limit: int = STRING_CAP) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
+def _digested(record: dict) -> str:
+    """The text a record's digest is of: the record without its digest, keys sorted, compact."""
+    return dumps_canonical({k: v for k, v in record.items() if k != "digest"})
+
+
+def _sha256(text: str) -> str:
+    return "sha256:" + sha256(text.encode()).hexdigest()
+
+
 def digest(record: dict) -> str:
     """``sha256:<hex>`` of the record without its digest, keys sorted, compact."""
-    body = {k: v for k, v in record.items() if k != "digest"}
-    return "sha256:" + sha256(dumps_canonical(body).encode()).hexdigest()
+    return _sha256(_digested(record))
 
 
 def _written(record: dict) -> bytes:
-    """The record's file, its ``digest`` set: the canonical text :func:`digest` hashes (compact,
-    keys sorted), with the digest added as its last key. One serialisation gives both."""
-    text = dumps_canonical({k: v for k, v in record.items() if k != "digest"})
-    record["digest"] = "sha256:" + sha256(text.encode()).hexdigest()
+    """The record's file, its ``digest`` set: the text :func:`digest` hashes, with the digest
+    added as its last key. One serialisation gives both."""
+    text = _digested(record)
+    record["digest"] = _sha256(text)
     return f'{text[:-1]}{"," if len(text) > 2 else ""}"digest":"{record["digest"]}"}}'.encode()
 
 
