@@ -110,7 +110,8 @@ def show(job: Job, machine: Machine, *, position: int | None, why: str | None, c
 
 def wait_entry(job_id: int, job: Job | None) -> dict[str, Any]:
     """One job of a ``dispatch wait`` reply; *job* None for one forgotten (``--keep-finished``) while
-    waited for, which is said rather than guessed (its wait status is that of a lost job)."""
+    waited for that the history cannot answer for either (pruned, busy, or none kept this run),
+    which is said rather than guessed (its wait status is that of a lost job)."""
     if job is None:
         return {"id": job_id, "state": "unknown", "exit": None, "wait_status": wait_status(None), "note": None}
     res = job.result

@@ -71,6 +71,8 @@ class StreamState:
     wait_left: int = 0                   # ... how many of them are still to end
     wait_paged: bool = False             # ... and whether its client takes the answer in pages
     wait_rest: list | None = None        # ... a paged wait's rest: the ids the archive answers for
+    wait_found: dict | None = None       # ... the archive's entries for jobs forgotten while waited for
+    wait_asking: list | None = None      # ... the ids of the question about those, while under way
     watching: bool = False               # a watch: told of each of its user's job changes
 
 
@@ -228,6 +230,15 @@ class Streams:
     def archived_wait(self, conn: Conn, answer: dict[str, Any]) -> None:
         """The archive's entries for the jobs of a wait it no longer holds (or why it cannot say)."""
         st = self.states[conn]
+        if st.wait_asking is not None:   # about jobs forgotten while waited for (answer_wait asked)
+            asked, st.wait_asking = st.wait_asking, None
+            found = st.wait_found if st.wait_found is not None else {}
+            found.update(zip(asked, answer["result"]["jobs"] if answer.get("ok") else ()))
+            for job_id in asked:   # what the archive cannot say (pruned, unreadable) is said to be unknown
+                found.setdefault(job_id, views.wait_entry(job_id, None))
+            st.wait_found = found
+            self.answer_wait(conn)
+            return
         if answer.get("ok"):
             st.wait_archived = answer["result"]["jobs"]
         elif st.wait_rest is not None:
@@ -248,14 +259,19 @@ class Streams:
             return   # the archive's part is still to come: archived_wait answers
         if self.held_back(conn):
             return   # answered when its user's unread replies drop below the budget
-        conn.last = time.monotonic()   # the idle clock for reading the answer starts now
-        # A job forgotten (--keep-finished) while we waited is None: its entry says so rather than guess.
         jobs = self.engine.jobs
         archived = st.wait_archived or []
         plan = st.waiting if st.wait_plan is None else st.wait_plan
+        found = st.wait_found or {}
+        if st.wait_asking is not None or self._ask_forgotten(conn, st, plan, found):
+            return   # archived_wait answers once the archive has said how they ended
+        conn.last = time.monotonic()   # the idle clock for reading the answer starts now
 
         def entry(x: Any) -> dict[str, Any]:
-            return views.wait_entry(x, jobs.get(x)) if isinstance(x, int) else archived[x[1]]
+            if not isinstance(x, int):
+                return archived[x[1]]
+            job = jobs.get(x)
+            return views.wait_entry(x, job) if job is not None or x not in found else found[x]
         done, n = waitpages.cut(plan, entry, protocol.WAIT_PAGE_JOBS, protocol.WAIT_PAGE_BYTES)
         if n == len(plan):
             self.reply(conn, protocol.ok(jobs=done, more=None) if st.wait_paged else protocol.ok(jobs=done),
@@ -267,6 +283,29 @@ class Streams:
             # The rest by id, each ended: the client's next waits are answered at once, a page each.
             rest = [x if isinstance(x, int) else archived[x[1]]["id"] for x in plan[n:]]
             self.reply(conn, protocol.ok(jobs=done, more=rest), close=True)
+
+    def _ask_forgotten(self, conn: Conn, st: StreamState, plan: list, found: dict) -> bool:
+        """Ask the archive how the jobs of the answer's first page that the daemon forgot
+        (``--keep-finished``) while they were waited for ended; True: asked, archived_wait goes on.
+
+        A job is let go only once its row is durable in the archive (archive.py), so it is there to
+        be read; said to be unknown instead, its exit status would be lost to the waiter. The pages
+        after the first are asked for by id, which the archive answers the same way (:meth:`wait`).
+        """
+        jobs = self.engine.jobs
+        lost = [x for x in plan[:protocol.WAIT_PAGE_JOBS] if isinstance(x, int) and x not in found and x not in jobs]
+        if not lost:
+            return False
+        st.wait_asking = lost   # (set first: an archive could answer before ask_archive returns)
+        busy = self.ask_archive(conn, self.engine.archive_query(conn.caller, "wait", None, time.time(),
+                                                                 refs=tuple(lost)))
+        if busy is None:
+            return True
+        # The archive cannot take the question now (too many under way): they are said to be unknown.
+        st.wait_asking = None
+        found.update((job_id, views.wait_entry(job_id, None)) for job_id in lost)
+        st.wait_found = found
+        return False
 
     # -- watch --------------------------------------------------------------------
     def watch(self, conn: Conn, req: Any, now: float) -> None:

@@ -9,9 +9,10 @@ import os
 import pwd
 import signal
 import sqlite3
+import subprocess
 
 import pytest
-from conftest import USERS, wait_for
+from conftest import DISPATCH, USERS, descendants, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -222,3 +223,44 @@ def test_wait_answers_for_a_job_the_daemon_no_longer_holds_from_the_history(daem
     assert answer["jobs"][1]["state"] == "finished" and answer["jobs"][1]["exit"] == "7"
     # Another user's archived job is still no such job to bob.
     assert d.dispatch("wait", str(first), user=BOB).returncode == 3
+
+
+def _asleep_on_the_daemon(pid):
+    """Whether the dispatch under *pid* (runuser's child) holds a socket and sleeps: its request sent,
+    it waits for the answer."""
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            fds = [os.readlink(f"/proc/{p}/fd/{fd}") for fd in os.listdir(f"/proc/{p}/fd")]
+        except (OSError, IndexError):
+            continue
+        if state == "S" and any(fd.startswith("socket:") for fd in fds):
+            return True
+    return False
+
+
+def test_a_wait_under_way_keeps_the_exit_codes_of_jobs_let_go_before_it_is_answered(daemon_factory, users):
+    # --keep-finished 2: nearly every element is let go (archived, then forgotten) after the wait
+    # was asked and before its last job ends; each still comes back with its own exit code.
+    d = daemon_factory("--keep-finished", "2")
+    n = 24
+    gate = d.submit("sleep", "300", flags=("--no-output",), user=ALICE, cwd=_home(ALICE))
+    ids = _bulk(d, n, flags=("--after", str(gate)), cmd=("sh", "-c", "exit $((HPC_BATCH_ARRAY_INDEX % 4))"))
+    waiting = subprocess.Popen(["runuser", "-u", ALICE, "--", "env", f"HPC_BATCH_SOCKET={d.socket}",
+                                DISPATCH, "wait", "--json", f"{ids[0]}-{ids[-1]}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: _asleep_on_the_daemon(waiting.pid), what="dispatch wait to be waiting")
+    d.ok("kill", str(gate), user=ALICE)
+    out, err = waiting.communicate(timeout=180)
+    answer = json.loads(out)
+    got = [(j["id"], j["state"], j["exit"], j["wait_status"]) for j in answer["jobs"]]
+    assert got == [(job, "finished", str(i % 4), i % 4) for i, job in enumerate(ids, 1)], (got, err)
+    assert answer["exit"] == waiting.returncode == 1
+    held = d.jobs("--finished", user=ALICE)
+    assert len(set(ids) - set(held)) >= n - 4, "the daemon let go of most of the jobs it answered for"
+    # new --wait on a bulk: every element exits 0, and so does it.
+    r = d.dispatch("new", "--no-output", "--array", f"1-{n}", "--wait", "--", "true", user=ALICE,
+                   cwd=_home(ALICE), timeout=180)
+    ends = r.stdout.splitlines()[1:]
+    assert r.returncode == 0 and len(ends) == n and all(e.endswith("finished: exit 0") for e in ends), r.stdout

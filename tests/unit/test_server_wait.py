@@ -9,6 +9,8 @@ replies drain.
 import socket
 import types
 
+import pytest
+
 from hpc_batch.core import waitpages
 from hpc_batch.core.jobs import FINISHED, RUNNING
 from hpc_batch.daemon import access
@@ -207,3 +209,49 @@ def test_a_rest_holds_job_numbers_only():
     srv = finished(1)
     reply = wait_once(srv, ["j1"], rest=True)
     assert not reply["ok"] and reply["code"] == "bad_request"
+
+
+def _forgotten_while_waited(archive_answers):
+    """A wait on jobs 1-4, all running; each ends, then 2 and 3 are let go (``--keep-finished``)
+    before the last end answers it. The archive answers with *archive_answers(query)*: a reply,
+    or a str (busy: the question not taken). Returns the reply and the questions asked."""
+    srv = server(4)
+    conn, peer = connect(srv)
+    asked = []
+
+    def ask_archive(c, query):
+        asked.append(query)
+        answer = archive_answers(query)
+        if isinstance(answer, str):
+            return answer
+        srv.streams.archived_wait(c, answer)
+        return None
+    srv.engine.archive_query = lambda caller, kind, ref, now, refs=(): refs
+    srv.streams.ask_archive = ask_archive
+    srv.streams.wait(conn, protocol.WaitJobs(ids=(1, 2, 3, 4), paged=True), 0.0)
+    for i in (1, 2, 3):
+        srv.engine.jobs[i].state = FINISHED
+        srv.job_event(i, "finished")
+    del srv.engine.jobs[2], srv.engine.jobs[3]   # archived, then forgotten
+    srv.engine.jobs[4].state = FINISHED
+    srv.job_event(4, "finished")
+    return read_reply(srv, conn, peer), asked
+
+
+def test_jobs_let_go_while_waited_for_are_answered_from_the_archive():
+    def archive(refs):
+        return protocol.ok(jobs=[{"id": r, "state": FINISHED, "exit": str(r), "wait_status": r} for r in refs])
+    reply, asked = _forgotten_while_waited(archive)
+    assert asked == [(2, 3)]   # the forgotten ones only, once
+    jobs = reply["result"]["jobs"]
+    assert [(j["id"], j["state"]) for j in jobs] == [(1, FINISHED), (2, FINISHED), (3, FINISHED), (4, FINISHED)]
+    assert [j["wait_status"] for j in jobs[1:3]] == [2, 3] and reply["result"]["more"] is None
+
+
+@pytest.mark.parametrize("archive", [lambda refs: "the history archive is busy answering others",
+                                     lambda refs: protocol.error("job 2 was forgotten after 30 days", "not_found")])
+def test_jobs_let_go_while_waited_for_that_the_archive_cannot_answer_for_are_unknown(archive):
+    reply, asked = _forgotten_while_waited(archive)
+    assert asked == [(2, 3)]
+    assert reply["ok"] and [(j["id"], j["state"]) for j in reply["result"]["jobs"]] == \
+        [(1, FINISHED), (2, "unknown"), (3, "unknown"), (4, FINISHED)]
