@@ -149,7 +149,8 @@ def end_fields(job: Job) -> dict[str, Any]:
 
 def forgotten_end(job_id: int) -> dict[str, Any]:
     """The ``end`` event's fields for an attached job forgotten (``--keep-finished``) while a slow
-    client still read its output: as a wait entry says it, ``unknown``."""
+    client still read its output, when how it ended was not kept (the streams keep it from the
+    job's end): as a wait entry says it, ``unknown``."""
     return {"id": job_id, "state": "unknown", "exit": None, "wait_status": wait_status(None), "note": None}
 
 

@@ -57,6 +57,7 @@ class AttachState:
     fd: int | None        # the job's output buffer, open once the job has started
     offset: int           # how far the client has it
     ending: bool = False  # the job has ended: send the rest, then the end event
+    end: dict | None = None   # ... its fields, taken at the end: it may be let go before they are sent
     done: bool = False    # the end event is queued: close once it is sent
 
 
@@ -119,6 +120,8 @@ class Streams:
                 attach = self.states[conn].attach
                 assert attach is not None  # every conn in attached streams
                 attach.ending = True
+                job = self.engine.jobs.get(job_id)
+                attach.end = views.end_fields(job) if job is not None else None
             self.pump(conn)
 
     def on_inotify(self) -> None:
@@ -392,8 +395,10 @@ class Streams:
                 return
         if st.ending:
             job = self.engine.jobs.get(st.job)
-            # A job forgotten (--keep-finished) while a slow client read the rest: as wait says it.
-            end = protocol.event("end", **views.forgotten_end(st.job)) if job is None else self._end_event(job)
+            if job is not None:
+                end = self._end_event(job)
+            else:   # let go (--keep-finished) while a slow client read the rest: as it ended
+                end = protocol.event("end", **(st.end or views.forgotten_end(st.job)))
             conn.out += framing.encode(end)
             st.done = True
             conn.closing = True

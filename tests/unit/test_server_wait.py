@@ -1,4 +1,5 @@
-"""The server's side of ``dispatch wait`` (its streams) and of the reply budget, with a stand-in engine.
+"""The server's side of ``dispatch wait`` and an attach's end (its streams) and of the reply budget,
+with a stand-in engine.
 
 A real Server on a socketpair: what is checked is how much work a wait
 costs (each distinct ref looked up once, each end a count down, one answer)
@@ -6,6 +7,7 @@ and that a user past --max-reply-bytes-per-user is not read until their
 replies drain.
 """
 
+import os
 import socket
 import types
 
@@ -255,3 +257,37 @@ def test_jobs_let_go_while_waited_for_that_the_archive_cannot_answer_for_are_unk
     assert asked == [(2, 3)]
     assert reply["ok"] and [(j["id"], j["state"]) for j in reply["result"]["jobs"]] == \
         [(1, FINISHED), (2, "unknown"), (3, "unknown"), (4, FINISHED)]
+
+
+def test_an_attach_behind_on_output_ends_as_its_job_did_even_once_the_job_is_let_go(tmp_path):
+    from hpc_batch.core.jobs import Result
+    from hpc_batch.daemon.streams import CHUNK, AttachState, StreamState
+    srv = server(1)
+    conn, peer = connect(srv)
+    buffer = tmp_path / "output"
+    buffer.write_bytes(b"x" * (CHUNK * 8))   # more than one pump sends: the client falls behind
+    fd = os.open(buffer, os.O_RDONLY)   # the stream's: it closes it once the end is sent
+    attach = AttachState(job=1, fd=fd, offset=0)
+    try:
+        srv.streams.states[conn] = StreamState(attach=attach)
+        srv.streams.attached[1] = {conn}
+        job = srv.engine.jobs[1]
+        job.state, job.result = FINISHED, Result("exited", code=5)
+        srv.job_event(1, "finished")
+        assert not attach.done                             # output still to send
+        del srv.engine.jobs[1]                             # let go (--keep-finished) meanwhile
+        dec = framing.Decoder(framing.MAX_REPLY)
+        peer.settimeout(5)
+        events = []
+        while not events or events[-1]["event"] != "end":
+            srv._flush(conn)
+            srv.streams.pump(conn)
+            dec.feed(peer.recv(1 << 20))
+            while (msg := dec.next()) is not None:
+                events.append(msg)
+    finally:
+        if not attach.done:
+            os.close(fd)
+    assert sum(len(e["data"]) for e in events if e["event"] == "output") == CHUNK * 8
+    end = events[-1]
+    assert (end["state"], end["exit"], end["wait_status"]) == (FINISHED, "5", 5), end
