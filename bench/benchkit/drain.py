@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
+from functools import partial
 
-from . import floor, spooler
+from . import cpushare, floor, spooler
 from .context import Context
 from .report import Figure, second_target
 from .rows import DRAIN_VS_TSP
@@ -48,6 +50,15 @@ def _array(d: ScratchDaemon, n: int) -> float:
 SLOTS = 2  # the drain's slots: *d* is pinned to 2 CPUs, tsp runs -S 2, the floor 2 at a time
 
 
+def _costed(n: int, seconds: list[float], cpu: list[cpushare.PerJob], run: Callable[[], float],
+            daemon: ScratchDaemon | None = None) -> None:
+    """*run()*, a drain of *n* jobs: its seconds into *seconds*, what each job cost into *cpu*."""
+    pids = (daemon.proc.pid if daemon.proc else None, daemon.fork_server()) if daemon else (None, None)
+    before = cpushare.read(*pids)
+    seconds.append(run())
+    cpu.append(cpushare.per_job(before, cpushare.read(*pids), n))
+
+
 def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
     """Rows drain_* on *d* (pinned to 2 CPUs) and a `--records none` twin; each round drains every kind once."""
     plan, n = ctx.plan, ctx.plan.drain_jobs
@@ -64,23 +75,24 @@ def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
     arr_free: list[float] = []
     loop: list[float] = []
     single: list[float] = []
+    cpu: dict[str, list[cpushare.PerJob]] = {k: [] for k in ("floor", "array", "bare", "free", "loop")}
     try:
         for i in range(plan.drain_runs):
             ctx.say(f"drain round {i + 1} of {plan.drain_runs}: {n} jobs each")
             if spool is not None:
                 ts.append(spool.drain(["true"], n))
-            fl.append(floor.drain(os.path.join(ctx.scratch, "floor-drain"), n, SLOTS))
+            _costed(n, fl, cpu["floor"], lambda: floor.drain(os.path.join(ctx.scratch, "floor-drain"), n, SLOTS))
             d.wait_idle()
             if array and bare is not None and free is not None:
                 # Which goes first turns round by round, so none always follows the floor's disk writes.
-                twins = [(d, arr), (bare, arr_bare), (free, arr_free)]
-                for daemon, into in twins[i % 3:] + twins[:i % 3]:
+                twins = [(d, arr, "array"), (bare, arr_bare, "bare"), (free, arr_free, "free")]
+                for daemon, into, kind in twins[i % 3:] + twins[:i % 3]:
                     daemon.wait_idle()
-                    into.append(_array(daemon, n))
+                    _costed(n, into, cpu[kind], partial(_array, daemon, n), daemon)
             for _ in range(plan.submit_refs):
                 single.append(d.timed("new", "--no-output", "--", "true"))
                 d.wait_idle()
-            loop.append(_loop(d, n))
+            _costed(n, loop, cpu["loop"], lambda: _loop(d, n), d)
     finally:
         if spool is not None:
             spool.stop()
@@ -102,6 +114,9 @@ def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
                                        a.value.median / tsp.median if tsp else None, DRAIN_VS_TSP))
     else:
         a.missing = nr.missing = un.missing = "no --array: dispatch new refuses it as a usage error"
+    for fig, kind in ((fr, "floor"), (a, "array"), (nr, "bare"), (un, "free"), (lo, "loop")):
+        if cpu[kind]:
+            fig.details.append(cpushare.describe(cpu[kind]))
     lo.value = summarize(rates(n, loop), "jobs/s")
     lo.baseline = summarize([1 / s for s in single], "jobs/s")
     lo.details.append(f"One submit with the daemon idle took {summarize(single, 'ms').text()}.")

@@ -22,7 +22,7 @@ from typing import Any
 from hpc_batch import defaults
 from hpc_batch.wire import framing, messages
 
-from .procs import kill_under
+from .procs import kill_under, processes
 
 BIN = os.path.dirname(sys.executable)
 PYTHON = sys.executable
@@ -112,6 +112,13 @@ class ScratchDaemon:
             if time.monotonic() > deadline:
                 raise DaemonError(f"hpc-batchd did not serve within {timeout:.0f} s:\n{self.log_text()[-2000:]}")
             time.sleep(poll)
+
+    def fork_server(self) -> int | None:
+        """The pid of its shepherd fork server (None: it has none now)."""
+        if self.proc is None:
+            return None
+        return next((pid for pid, ppid, argv in processes() if ppid == self.proc.pid and "--fork-server" in argv),
+                    None)
 
     def offered_cpus(self) -> int:
         """CPUs the daemon offers to jobs (from its status)."""
