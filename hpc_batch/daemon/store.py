@@ -7,6 +7,7 @@ through /dev/hpc-batch, but cannot list anyone's)::
     journal              every job record, shared record and id floor, appended
                          and fsynced a batch at a time (see journal.py); the truth
     jobs/<id>/job.json   the job record; a cache of the journal, written without fsyncs
+                         (jobs/ is chattr +T where it can be: statefiles.spread_subdirectories)
     shared/<id>.json     what the jobs of the submit whose first job is <id> share:
                          an --array's command (stored once, not per element) and the
                          clean environment's PATH and LANG; a cache likewise
@@ -57,7 +58,7 @@ from .envfiles import Shared, SharedRecords, shared_key
 from .jobcache import JobCache
 from .journal import Journal, job_line
 from .quarantine import Quarantine
-from .statefiles import dump
+from .statefiles import dump, spread_subdirectories
 from .stateload import StateError, StateLoader, StateLocked
 
 log = logging.getLogger("hpc-batchd")
@@ -186,6 +187,7 @@ class Store:
                 raise StateError(f"state directory {d} is owned by uid {st.st_uid}, "
                                  f"not by the daemon's uid {os.geteuid()}")
             os.chmod(d, mode)
+        spread_subdirectories(self.jobs_dir)   # a hint to ext4's allocator (statefiles.py says why)
         path = os.path.join(self.root, "daemon.lock")
         if inherited_lock is not None:
             os.set_inheritable(inherited_lock, False)
