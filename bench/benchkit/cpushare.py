@@ -22,6 +22,8 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .procs import read_text
+
 TICK = 1 / os.sysconf("SC_CLK_TCK")   # seconds in a clock tick, the unit of every figure read here
 BUSY_COLUMNS = (0, 1, 2, 5, 6)        # of a cpu line, after its name: user nice system irq softirq
 MAIN, THREADS, SERVER, SHEPHERDS = ("the daemon's main thread", "its other threads", "its fork server",
@@ -57,28 +59,20 @@ class Reading:
     parts: dict[str, int] = field(default_factory=dict)
 
 
-def _text(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def read(daemon: int | None = None, fork_server: int | None = None, proc: str = "/proc") -> Reading:
     """The machine's busy ticks, and the parts of *daemon* (a pid) and its *fork_server* that can be read."""
     parts: dict[str, int] = {}
-    whole = _text(f"{proc}/{daemon}/stat") if daemon else None
-    main = _text(f"{proc}/{daemon}/task/{daemon}/stat") if daemon else None
+    whole = read_text(f"{proc}/{daemon}/stat") if daemon else None
+    main = read_text(f"{proc}/{daemon}/task/{daemon}/stat") if daemon else None
     if whole is not None and main is not None:
         u, s, _, _ = task_ticks(whole)
         mu, ms, _, _ = task_ticks(main)
         parts[MAIN], parts[THREADS] = mu + ms, (u + s) - (mu + ms)
-    server = _text(f"{proc}/{fork_server}/stat") if fork_server else None
+    server = read_text(f"{proc}/{fork_server}/stat") if fork_server else None
     if server is not None:
         u, s, cu, cs = task_ticks(server)
         parts[SERVER], parts[SHEPHERDS] = u + s, cu + cs
-    return Reading(busy_ticks(_text(f"{proc}/stat") or ""), parts)
+    return Reading(busy_ticks(read_text(f"{proc}/stat") or ""), parts)
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,18 @@ import signal
 from shepherd.base import proc, records
 
 
-def read_proc(pid: int, name: str) -> str | None:
-    """/proc/PID/NAME as text, or None when the process (or file) is gone."""
+def read_text(path: str) -> str | None:
+    """A /proc or /sys file as text, or None when it (or its process) is gone."""
     try:
-        with open(f"/proc/{pid}/{name}", "rb") as f:
+        with open(path, "rb") as f:
             return f.read().decode(errors="replace")
     except OSError:
         return None
+
+
+def read_proc(pid: int, name: str) -> str | None:
+    """/proc/PID/NAME as text, or None when the process (or file) is gone."""
+    return read_text(f"/proc/{pid}/{name}")
 
 
 def processes() -> list[tuple[int, int, list[str]]]:

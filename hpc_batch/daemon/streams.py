@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..core import arrayref, views, waitpages
@@ -72,7 +72,7 @@ class StreamState:
     wait_left: int = 0                   # ... how many of them are still to end
     wait_paged: bool = False             # ... and whether its client takes the answer in pages
     wait_rest: list | None = None        # ... a paged wait's rest: the ids the archive answers for
-    wait_found: dict | None = None       # ... the archive's entries for jobs forgotten while waited for
+    wait_found: dict = field(default_factory=dict)   # ... the archive's entries for jobs forgotten meanwhile
     wait_asking: list | None = None      # ... the ids of the question about those, while under way
     watching: bool = False               # a watch: told of each of its user's job changes
 
@@ -235,11 +235,9 @@ class Streams:
         st = self.states[conn]
         if st.wait_asking is not None:   # about jobs forgotten while waited for (answer_wait asked)
             asked, st.wait_asking = st.wait_asking, None
-            found = st.wait_found if st.wait_found is not None else {}
-            found.update(zip(asked, answer["result"]["jobs"] if answer.get("ok") else ()))
+            st.wait_found.update(zip(asked, answer["result"]["jobs"] if answer.get("ok") else ()))
             for job_id in asked:   # what the archive cannot say (pruned, unreadable) is said to be unknown
-                found.setdefault(job_id, views.wait_entry(job_id, None))
-            st.wait_found = found
+                st.wait_found.setdefault(job_id, views.wait_entry(job_id, None))
             self.answer_wait(conn)
             return
         if answer.get("ok"):
@@ -265,8 +263,8 @@ class Streams:
         jobs = self.engine.jobs
         archived = st.wait_archived or []
         plan = st.waiting if st.wait_plan is None else st.wait_plan
-        found = st.wait_found or {}
-        if st.wait_asking is not None or self._ask_forgotten(conn, st, plan, found):
+        found = st.wait_found
+        if st.wait_asking is not None or self._ask_forgotten(conn, st, plan):
             return   # archived_wait answers once the archive has said how they ended
         conn.last = time.monotonic()   # the idle clock for reading the answer starts now
 
@@ -274,7 +272,7 @@ class Streams:
             if not isinstance(x, int):
                 return archived[x[1]]
             job = jobs.get(x)
-            return views.wait_entry(x, job) if job is not None or x not in found else found[x]
+            return found[x] if job is None and x in found else views.wait_entry(x, job)
         done, n = waitpages.cut(plan, entry, protocol.WAIT_PAGE_JOBS, protocol.WAIT_PAGE_BYTES)
         if n == len(plan):
             self.reply(conn, protocol.ok(jobs=done, more=None) if st.wait_paged else protocol.ok(jobs=done),
@@ -287,7 +285,7 @@ class Streams:
             rest = [x if isinstance(x, int) else archived[x[1]]["id"] for x in plan[n:]]
             self.reply(conn, protocol.ok(jobs=done, more=rest), close=True)
 
-    def _ask_forgotten(self, conn: Conn, st: StreamState, plan: list, found: dict) -> bool:
+    def _ask_forgotten(self, conn: Conn, st: StreamState, plan: list) -> bool:
         """Ask the archive how the jobs of the answer's first page that the daemon forgot
         (``--keep-finished``) while they were waited for ended; True: asked, archived_wait goes on.
 
@@ -295,7 +293,7 @@ class Streams:
         be read; said to be unknown instead, its exit status would be lost to the waiter. The pages
         after the first are asked for by id, which the archive answers the same way (:meth:`wait`).
         """
-        jobs = self.engine.jobs
+        jobs, found = self.engine.jobs, st.wait_found
         lost = [x for x in plan[:protocol.WAIT_PAGE_JOBS] if isinstance(x, int) and x not in found and x not in jobs]
         if not lost:
             return False
@@ -307,7 +305,6 @@ class Streams:
         # The archive cannot take the question now (too many under way): they are said to be unknown.
         st.wait_asking = None
         found.update((job_id, views.wait_entry(job_id, None)) for job_id in lost)
-        st.wait_found = found
         return False
 
     # -- watch --------------------------------------------------------------------
