@@ -9,7 +9,7 @@ import time
 from . import floor, procs
 from .context import Context
 from .report import Figure
-from .rows import MANY_SHEPHERDS, SHEPHERD_PSS_BOUND
+from .rows import MANY_MIN_JOB_MEM, MANY_SHEPHERDS, SHEPHERD_PSS_BOUND
 from .scratchd import PYTHON, DaemonError, ScratchDaemon
 from .stats import summarize
 
@@ -77,11 +77,12 @@ def _floor_pss(ctx: Context, k: int) -> list[int]:
         return _footprint(pids, 0.0)[0]
 
 
-def _many(ctx: Context, figs: dict[str, Figure]) -> None:
-    """Row shepherd_pss_many: its floor always; its shepherds only where a daemon can run that many jobs."""
+def measure_many(ctx: Context, figs: dict[str, Figure]) -> None:
+    """Row shepherd_pss_many (5b): its floor always; its shepherds only where a daemon can run that many
+    jobs (one whose jobs' budgets are floored at MANY_MIN_JOB_MEM, see rows)."""
     fig, n = figs["shepherd_pss_many"], MANY_SHEPHERDS
     cpus = len(os.sched_getaffinity(0))
-    d = ctx.daemon("many") if cpus >= n else None
+    d = ctx.daemon("many", args=("--min-job-mem", f"{MANY_MIN_JOB_MEM >> 20}M")) if cpus >= n else None
     pss, base = [], []
     for _ in range(ctx.plan.shepherd_rounds):
         if d is not None:
@@ -130,4 +131,3 @@ def measure(ctx: Context, d: ScratchDaemon, figs: dict[str, Figure]) -> None:
     figs["shepherd_rss"].value, figs["shepherd_rss"].baseline = summarize(rss, "MiB"), summarize(brss, "MiB")
     figs["shepherd_wakeups"].value = summarize(woke, "count")
     figs["shepherd_wakeups"].baseline = summarize(bwoke, "count")
-    _many(ctx, figs)
